@@ -1,0 +1,247 @@
+"""The library's entry points: the boundary where options, environment and TF meet.
+
+:func:`rewrite_graph_def` runs the four stages (import -> decide -> rewrite -> export) on a
+GraphDef and each function of its library and returns the new GraphDef with a report.
+This module is the only one that reads environment variables (TensorFlow's
+``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_*`` list edits and level) and the only one that
+detects the local machine (``target="auto"``).
+
+Overrides apply in one order: list profile -> list file -> environment variables ->
+``allow=``/``deny=``/... arguments.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Literal, Mapping, Sequence
+
+import networkx as nx
+
+from . import dtypes as dt
+from .decide import DecideOptions, Plan, decide
+from .errors import AmpRewriteError, InvalidGraphError, ListError, TargetError
+from .graph_io import export_graph_def, import_graph_def, parse_graph_def
+from .lists import ListContext, ListEdit, OpLists, edits_from_environ, load_lists
+from .op_registry import OpRegistry, default_registry
+from .report import build_report
+from .rewrite import RewriteStats, apply_plan
+from .targets import Target, detect_target, parse_target
+from .tensor_names import CONTROL, node_name
+
+__all__ = ["RewriteResult", "rewrite_graph_def", "resolve_lists", "resolve_target"]
+
+log = logging.getLogger(__name__)
+
+Precision = Literal["float16", "bfloat16"]
+
+
+@dataclass(frozen=True)
+class RewriteResult:
+    """The rewritten GraphDef, the JSON-ready report, and the plan of every graph.
+
+    ``plans`` maps ``""`` (the main graph) and each rewritten function name to its plan.
+    """
+
+    graph_def: Any
+    report: dict[str, Any]
+    plans: Mapping[str, Plan] = field(default_factory=dict)
+
+
+def resolve_target(target: str | Target) -> Target:
+    """``"auto"`` detects this machine; anything else is parsed (see ``parse_target``)."""
+    if isinstance(target, str) and target.strip().lower() == "auto":
+        return detect_target()
+    return parse_target(target)
+
+
+def _edits(category: str, action: str, ops: Iterable[str] | str) -> list[ListEdit]:
+    if isinstance(ops, str):
+        ops = [o for o in (x.strip() for x in ops.split(",")) if o]
+    return [ListEdit(action, category, op, "argument") for op in ops]  # type: ignore[arg-type]
+
+
+def resolve_lists(
+    lists: str | os.PathLike[str],
+    *,
+    target: Target,
+    precision: Precision,
+    lists_file: str | os.PathLike[str] | None = None,
+    add: Mapping[str, Iterable[str] | str] | None = None,
+    remove: Mapping[str, Iterable[str] | str] | None = None,
+    level: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[OpLists, str]:
+    """Build the effective lists (and level) for a target, in the documented order.
+
+    ``environ`` is read for TensorFlow's list variables; pass ``{}`` to ignore them.
+    """
+    env_edits, env_level = edits_from_environ(environ if environ is not None else {})
+    arg_edits: list[ListEdit] = []
+    for category, ops in (add or {}).items():
+        arg_edits += _edits(category, "add", ops)
+    for category, ops in (remove or {}).items():
+        arg_edits += _edits(category, "remove", ops)
+    effective_level = (level or env_level or "DEFAULT").upper()
+    if effective_level not in ("DEFAULT", "TENSOR_CORES_ONLY", "TREAT_INFER_AS_DENY", "UNSAFE_FORCE_ALL"):
+        raise ListError(
+            f"unknown level {level!r}; expected DEFAULT, TENSOR_CORES_ONLY, TREAT_INFER_AS_DENY "
+            "or UNSAFE_FORCE_ALL"
+        )
+    backend = "cuda" if target.kind == "gpu" else "onednn"
+    if effective_level == "UNSAFE_FORCE_ALL" and backend == "onednn":
+        raise ListError("level UNSAFE_FORCE_ALL cannot be used for CPU (oneDNN) targets, as in TensorFlow")
+    context = ListContext(precision, backend, target.cuda_version, target.cudnn_version)
+    op_lists = load_lists(
+        lists, context=context, user_file=lists_file, edits=env_edits + arg_edits,
+        level=effective_level,  # type: ignore[arg-type]
+    )
+    return op_lists, effective_level
+
+
+def _check_cycles(g: nx.MultiDiGraph, where: str) -> None:
+    """Raise unless every cycle of ``g`` goes through a NextIteration node."""
+    view = nx.subgraph_view(g, filter_edge=lambda u, v, k: g.nodes[u]["op"] != "NextIteration")
+    if nx.is_directed_acyclic_graph(view):
+        return
+    cycle = nx.find_cycle(view)
+    names = " -> ".join(repr(u) for u, *_ in cycle[:8])
+    raise InvalidGraphError(
+        f"{where} has a cycle not closed by a NextIteration node: {names}", node=cycle[0][0]
+    )
+
+
+def _default_preserve(g: nx.MultiDiGraph) -> set[str]:
+    """Graph outputs when no fetches are given: nodes nothing reads from."""
+    return {n for n in g.nodes if g.out_degree(n) == 0}
+
+
+def rewrite_graph_def(
+    graph_def: Any,
+    *,
+    target: str | Target = "auto",
+    precision: Precision = "float16",
+    lists: str | os.PathLike[str] = "default",
+    lists_file: str | os.PathLike[str] | None = None,
+    fetches: Sequence[str] | None = None,
+    add: Mapping[str, Iterable[str] | str] | None = None,
+    remove: Mapping[str, Iterable[str] | str] | None = None,
+    level: str | None = None,
+    exclude: str | None = None,
+    use_env: bool = True,
+    registry: OpRegistry | None = None,
+) -> RewriteResult:
+    """Rewrite a GraphDef (and its function library) to mixed precision.
+
+    Parameters
+    ----------
+    graph_def
+        A ``tf.compat.v1.GraphDef`` or its serialized bytes.  Never modified.
+    target
+        ``"auto"`` (this machine), ``"gpu:8.0"`` (a GPU of that compute capability; several
+        comma-separated capabilities describe GPU:0, GPU:1, ...), ``"cpu"``, or a
+        :class:`~amp_rewrite.targets.Target`.
+    precision
+        ``"float16"`` or ``"bfloat16"``.
+    lists
+        A packaged profile (``"default"``, ``"tensorflow"``) or a path to a list file;
+        ``lists_file`` is layered on top.  ``add``/``remove`` map a category (``"allow"``,
+        ``"infer"``, ``"deny"``, ``"clear"``) to op names and are applied last.
+    fetches
+        Nodes (or tensors) that must be preserved exactly, as Grappler's fetch set.  When
+        ``None``, the graph's outputs (nodes nothing reads from) are preserved, so outputs
+        keep their dtypes.
+    level
+        ``DEFAULT``, ``TENSOR_CORES_ONLY``, ``TREAT_INFER_AS_DENY`` or ``UNSAFE_FORCE_ALL``.
+    exclude
+        A regular expression; matching node names keep float32 (preserved).
+    use_env
+        Honour TensorFlow's ``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_*`` variables.
+
+    Returns
+    -------
+    RewriteResult
+        ``.graph_def`` (a new GraphDef) and ``.report`` (a JSON-serializable dict).
+
+    Raises
+    ------
+    AmpRewriteError
+        For input that is not a valid graph, unknown lists or ops, or a bad target.
+    """
+    if precision not in ("float16", "bfloat16"):
+        raise TargetError(f"unknown precision {precision!r}; expected 'float16' or 'bfloat16'")
+    if isinstance(graph_def, (bytes, bytearray)):
+        graph_def = parse_graph_def(bytes(graph_def))
+    elif not hasattr(graph_def, "node") or not hasattr(graph_def, "library"):
+        raise AmpRewriteError(f"expected a GraphDef or its bytes, got {type(graph_def).__name__}")
+    registry = registry or default_registry()
+    tgt = resolve_target(target)
+    op_lists, lvl = resolve_lists(
+        lists, target=tgt, precision=precision, lists_file=lists_file, add=add, remove=remove,
+        level=level, environ=os.environ if use_env else {},
+    )
+    try:
+        exclude_re = re.compile(exclude) if exclude else None
+    except re.error as exc:
+        raise AmpRewriteError(f"bad --exclude regular expression {exclude!r}: {exc}") from None
+
+    imported = import_graph_def(graph_def, registry)
+    g = imported.graph
+    _check_cycles(g, "the graph")
+    if fetches is None:
+        preserve = _default_preserve(g)
+    else:
+        preserve = set()
+        for f in fetches:
+            try:
+                name = node_name(f)
+            except ValueError:
+                raise InvalidGraphError(f"bad fetch name {f!r}") from None
+            if name not in g:
+                raise InvalidGraphError(f"fetch {f!r} names a node that does not exist", node=name)
+            preserve.add(name)
+    if exclude_re is not None:
+        preserve |= {n for n in g.nodes if exclude_re.search(n)}
+
+    options = DecideOptions(force_all=lvl == "UNSAFE_FORCE_ALL", preserve=frozenset(preserve))
+    plans: dict[str, Plan] = {}
+    stats: dict[str, RewriteStats] = {}
+    plans[""] = decide(g, op_lists, tgt, precision, registry, options)
+    stats[""] = apply_plan(g, plans[""])
+    skipped_functions = dict(imported.skipped_functions)
+    for fname in sorted(imported.functions):
+        fg = imported.functions[fname]
+        try:
+            _check_cycles(fg, f"function {fname}")
+            keep = {n for n, d in fg.nodes(data=True) if d["synthetic"] == "retval"}
+            if exclude_re is not None:
+                keep |= {n for n in fg.nodes if exclude_re.search(n)}
+            f_options = DecideOptions(options.force_all, frozenset(keep))
+            plan = decide(fg, op_lists, tgt, precision, registry, f_options)
+            fstats = apply_plan(fg, plan)
+        except InvalidGraphError as exc:
+            # TensorFlow optimizes each function separately and keeps a function it cannot
+            # optimize as it was; do the same, and say so in the report.
+            log.warning("function %s left unchanged: %s", fname, exc)
+            skipped_functions[fname] = str(exc)
+            del imported.functions[fname]  # export then copies the original FunctionDef
+            continue
+        plans[fname] = plan
+        stats[fname] = fstats
+    out = export_graph_def(imported, registry)
+    report = build_report(
+        imported, plans, stats, target=tgt, precision=precision, lists=op_lists, level=lvl,
+        skipped_functions=skipped_functions,
+    )
+    if report["skipped"]:
+        log.info("amp_rewrite: graph unchanged: %s", report["skipped"])
+    else:
+        log.info(
+            "amp_rewrite: converted %d of %d nodes to %s using %d cast(s) to %s and %d to float32 "
+            "(target %s, lists %s)",
+            report["converted_nodes"], report["total_nodes"], precision, report["casts_to_low"],
+            precision, report["casts_to_high"], tgt.description, op_lists.profile,
+        )
+    return RewriteResult(out, report, plans)

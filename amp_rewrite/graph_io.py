@@ -1,0 +1,407 @@
+"""Import and export: GraphDef / FunctionDef protobufs <-> the networkx IR.
+
+This is the only module that reads or writes protobuf messages.  Import builds one
+``MultiDiGraph`` for the GraphDef and one per function in its library (see
+:mod:`amp_rewrite.ir` for the schema); export turns them back into a GraphDef.  Nodes the
+rewrite did not touch are emitted as copies of their original NodeDef, and functions with no
+changed node as copies of their original FunctionDef, so a round trip without changes is
+byte-identical.  The caller's protobuf is never modified.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import networkx as nx
+
+from . import ir
+from .errors import GraphFormatError, InvalidGraphError
+from .op_registry import OpRegistry, OpSignature, signature_from_opdef
+from .tensor_names import CONTROL, format_graph_input, parse_function_input, parse_graph_input
+from .type_attrs import output_arg_ranges
+
+__all__ = [
+    "ImportedGraph",
+    "parse_graph_def",
+    "load_graph_def",
+    "import_graph_def",
+    "export_graph_def",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ImportedGraph:
+    """A GraphDef in IR form: the main graph, its function bodies, and what was not loaded.
+
+    ``functions`` holds a graph for every function of the library that can be rewritten;
+    ``skipped_functions`` maps the others (parametrized functions, bodies that cannot be
+    resolved) to the reason.  ``source`` is the original GraphDef (never modified).
+    """
+
+    graph: nx.MultiDiGraph
+    functions: dict[str, nx.MultiDiGraph]
+    skipped_functions: dict[str, str] = field(default_factory=dict)
+    source: Any = None
+
+
+def _graph_def_class() -> Any:
+    from tensorflow.core.framework import graph_pb2
+
+    return graph_pb2.GraphDef
+
+
+def parse_graph_def(data: bytes, *, path: str | None = None) -> Any:
+    """Parse serialized GraphDef bytes.  :class:`GraphFormatError` if they are not one."""
+    from google.protobuf.message import DecodeError
+
+    gd = _graph_def_class()()
+    try:
+        gd.ParseFromString(data)
+    except (DecodeError, ValueError, RuntimeError) as exc:
+        raise GraphFormatError(f"not a GraphDef (protobuf could not parse it: {exc})", path=path) from None
+    if data and not gd.node and not gd.library.function:
+        # Random bytes sometimes parse as an empty message made of unknown fields.
+        raise GraphFormatError("not a GraphDef (no nodes and no functions found)", path=path)
+    return gd
+
+
+def load_graph_def(path: str | os.PathLike[str]) -> Any:
+    """Read a frozen GraphDef from ``.pb`` (binary) or ``.pbtxt`` (text) file."""
+    from google.protobuf import text_format
+
+    p = os.fspath(path)
+    try:
+        with open(p, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise GraphFormatError(f"cannot read file: {exc.strerror}", path=p) from None
+    if p.endswith((".pbtxt", ".txt")):
+        gd = _graph_def_class()()
+        try:
+            text_format.Parse(data.decode("utf-8"), gd)
+        except (text_format.ParseError, UnicodeDecodeError) as exc:
+            raise GraphFormatError(f"not a text GraphDef: {exc}", path=p) from None
+        return gd
+    return parse_graph_def(data, path=p)
+
+
+# ----------------------------------------------------------------------------------- import
+
+
+def _attr_values(node_def: Any) -> tuple[dict[str, int | tuple[int, ...]], dict[str, int], str]:
+    types: dict[str, int | tuple[int, ...]] = {}
+    ints: dict[str, int] = {}
+    label = ""
+    for key, value in node_def.attr.items():
+        kind = value.WhichOneof("value")
+        if kind == "type":
+            types[key] = int(value.type)
+        elif kind == "list":
+            if value.list.type:
+                types[key] = tuple(int(t) for t in value.list.type)
+        elif kind == "i":
+            ints[key] = int(value.i)
+        elif kind == "s" and key == "_kernel":
+            label = value.s.decode("utf-8", "replace")
+    return types, ints, label
+
+
+def _add_proto_node(g: nx.MultiDiGraph, node_def: Any, index: int) -> None:
+    if node_def.name in g:
+        raise InvalidGraphError(f"duplicate node name {node_def.name!r}", node=node_def.name)
+    if not node_def.name:
+        raise InvalidGraphError("a node has an empty name")
+    types, ints, label = _attr_values(node_def)
+    ir.add_node(
+        g,
+        node_def.name,
+        op=node_def.op,
+        device=node_def.device,
+        order=(index, 0),
+        dtypes=types,
+        ints=ints,
+        attr_names=tuple(sorted(node_def.attr.keys())),
+        label=label,
+        proto=node_def,
+    )
+
+
+def _check_input_order(node: str, inputs: list[str]) -> None:
+    seen_control = False
+    for text in inputs:
+        if text.startswith("^"):
+            seen_control = True
+        elif seen_control:
+            raise InvalidGraphError(
+                f"node {node!r} lists data input {text!r} after a control input", node=node
+            )
+
+
+def _import_main(gd: Any) -> nx.MultiDiGraph:
+    g = nx.MultiDiGraph(kind="graph", name="")
+    for i, node_def in enumerate(gd.node):
+        _add_proto_node(g, node_def, i)
+    for node_def in gd.node:
+        dst = node_def.name
+        inputs = list(node_def.input)
+        _check_input_order(dst, inputs)
+        port = 0
+        for pos, text in enumerate(inputs):
+            try:
+                ref = parse_graph_input(text)
+            except ValueError as exc:
+                raise InvalidGraphError(f"node {dst!r}: {exc}", node=dst) from None
+            if ref.node not in g:
+                raise InvalidGraphError(
+                    f"node {dst!r} has input {text!r}, which names a node that does not exist",
+                    node=dst,
+                )
+            if ref.is_control:
+                g.add_edge(ref.node, dst, key=-1 - pos, src_port=CONTROL, dst_port=CONTROL, pos=pos, text=text)
+            else:
+                ir.add_data_edge(g, ref.node, ref.port, dst, port, text)
+                port += 1
+    return g
+
+
+def _is_parametrized(sig_def: Any) -> bool:
+    if sig_def.attr:
+        return True
+    return any(
+        a.type_attr or a.number_attr or a.type_list_attr
+        for a in list(sig_def.input_arg) + list(sig_def.output_arg)
+    )
+
+
+def _op_signature(
+    op: str, registry: OpRegistry, signatures: Mapping[str, OpSignature]
+) -> OpSignature | None:
+    sig = registry.op(op)
+    if sig is None:
+        sig = signatures.get(op)
+    return sig
+
+
+def _import_function(
+    fdef: Any, registry: OpRegistry, signatures: Mapping[str, OpSignature]
+) -> nx.MultiDiGraph:
+    """Build the IR of one function body; ``ValueError`` when it cannot be resolved."""
+    sig_def = fdef.signature
+    g = nx.MultiDiGraph(kind="function", name=sig_def.name)
+    n_args = len(sig_def.input_arg)
+    for i, arg in enumerate(sig_def.input_arg):
+        if arg.name in g:
+            raise ValueError(f"duplicate argument {arg.name!r}")
+        ir.add_node(
+            g, arg.name, op="_Arg", device="", order=(i - n_args, 0),
+            dtypes={"T": int(arg.type)}, ints={"index": i}, synthetic="arg",
+        )
+        g.nodes[arg.name]["dirty"] = False
+    for i, node_def in enumerate(fdef.node_def):
+        if node_def.name in g:
+            raise ValueError(f"node name {node_def.name!r} is used twice (or as an argument)")
+        _add_proto_node(g, node_def, i)
+    body_count = len(fdef.node_def)
+    ret_nodes = []
+    for i, out in enumerate(sig_def.output_arg):
+        name = f"{out.name}_RetVal"
+        while name in g:
+            name += "_"
+        ir.add_node(
+            g, name, op="_Retval", device="", order=(body_count + i, 0),
+            dtypes={"T": int(out.type)}, ints={"index": i}, synthetic="retval",
+        )
+        g.nodes[name]["dirty"] = False
+        g.nodes[name]["ret_key"] = out.name
+        ret_nodes.append((name, fdef.ret.get(out.name)))
+
+    def resolve(text: str) -> tuple[str, int]:
+        ref = parse_function_input(text)
+        if ref.node not in g:
+            raise ValueError(f"input {text!r} names a node that does not exist")
+        data = g.nodes[ref.node]
+        if ref.out_arg is None or data["synthetic"] == "arg":
+            return ref.node, 0 if ref.out_arg is None else ref.index
+        if ref.out_arg == "":
+            return ref.node, ref.index
+        sig = _op_signature(data["op"], registry, signatures)
+        if sig is None:
+            raise ValueError(f"op {data['op']!r} of node {ref.node!r} is unknown")
+        ranges = output_arg_ranges(sig, data["dtypes"], data["ints"], ref.node)
+        if ref.out_arg not in ranges or ref.index >= ranges[ref.out_arg][1]:
+            raise ValueError(f"input {text!r}: {data['op']} has no output {ref.out_arg}:{ref.index}")
+        return ref.node, ranges[ref.out_arg][0] + ref.index
+
+    for node_def in fdef.node_def:
+        dst = node_def.name
+        inputs = list(node_def.input)
+        _check_input_order(dst, inputs)
+        port = 0
+        for pos, text in enumerate(inputs):
+            if text.startswith("^"):
+                src = text[1:]
+                if src not in g:
+                    raise ValueError(f"control input {text!r} of {dst!r} names a node that does not exist")
+                g.add_edge(src, dst, key=-1 - pos, src_port=CONTROL, dst_port=CONTROL, pos=pos, text=text)
+            else:
+                src, src_port = resolve(text)
+                ir.add_data_edge(g, src, src_port, dst, port, text)
+                port += 1
+    for name, text in ret_nodes:
+        if text is None:
+            raise ValueError(f"output {g.nodes[name]['ret_key']!r} has no ret entry")
+        src, src_port = resolve(text)
+        ir.add_data_edge(g, src, src_port, name, 0, text)
+    return g
+
+
+def import_graph_def(graph_def: Any, registry: OpRegistry) -> ImportedGraph:
+    """Build the IR of ``graph_def`` and its function library.  Does not modify ``graph_def``.
+
+    Raises :class:`InvalidGraphError` for duplicate names, dangling inputs or malformed
+    input strings in the main graph.  Functions that cannot be resolved, or that are
+    parametrized (their signature has type attributes, which Grappler does not optimize
+    either), are listed in ``skipped_functions`` and left as they are.
+    """
+    signatures: dict[str, OpSignature] = {}
+    for fdef in graph_def.library.function:
+        signatures[fdef.signature.name] = signature_from_opdef(fdef.signature)
+    main = _import_main(graph_def)
+    main.graph["signatures"] = signatures
+    main.graph["source"] = graph_def
+    functions: dict[str, nx.MultiDiGraph] = {}
+    skipped: dict[str, str] = {}
+    for fdef in graph_def.library.function:
+        name = fdef.signature.name
+        if _is_parametrized(fdef.signature):
+            skipped[name] = "parametrized function (its signature has type attributes)"
+            continue
+        try:
+            fg = _import_function(fdef, registry, signatures)
+        except (ValueError, InvalidGraphError) as exc:
+            skipped[name] = f"cannot resolve its body: {exc}"
+            log.warning("function %s is left unchanged: %s", name, skipped[name])
+            continue
+        fg.graph["signatures"] = signatures
+        fg.graph["source"] = fdef
+        functions[name] = fg
+    return ImportedGraph(main, functions, skipped, graph_def)
+
+
+# ----------------------------------------------------------------------------------- export
+
+
+def _set_type_attr(attr_map: Any, name: str, value: int | tuple[int, ...]) -> None:
+    if isinstance(value, tuple):
+        attr_map[name].list.type[:] = list(value)
+    else:
+        attr_map[name].type = value
+
+
+def _edge_text(
+    g: nx.MultiDiGraph, src: str, src_port: int, registry: OpRegistry
+) -> str:
+    """Spell a reference to ``src:src_port`` for an edge the rewrite created."""
+    if g.graph["kind"] == "graph":
+        from .tensor_names import TensorRef
+
+        return format_graph_input(TensorRef(src, src_port))
+    data = g.nodes[src]
+    if data["synthetic"] == "arg":
+        return src
+    sig = _op_signature(data["op"], registry, g.graph["signatures"])
+    assert sig is not None, f"op {data['op']} vanished from the registry"
+    for arg, (start, count) in output_arg_ranges(sig, data["dtypes"], data["ints"], src).items():
+        if start <= src_port < start + count:
+            return f"{src}:{arg}:{src_port - start}"
+    raise AssertionError(f"output {src_port} of {src} does not exist")
+
+
+def _node_inputs(g: nx.MultiDiGraph, name: str, registry: OpRegistry) -> list[str]:
+    data_edges = []
+    control_edges = []
+    for u, _, d in g.in_edges(name, data=True):
+        if d["dst_port"] == CONTROL:
+            control_edges.append((d["pos"], d["text"] or "^" + u))
+        else:
+            text = d["text"] or _edge_text(g, u, d["src_port"], registry)
+            data_edges.append((d["dst_port"], text))
+    data_edges.sort()
+    control_edges.sort()
+    return [t for _, t in data_edges] + [t for _, t in control_edges]
+
+
+def _build_node_def(g: nx.MultiDiGraph, name: str, registry: OpRegistry, node_def_cls: Any) -> Any:
+    data = g.nodes[name]
+    nd = node_def_cls()
+    if data["proto"] is not None:
+        nd.CopyFrom(data["proto"])
+        nd.op = data["op"]
+        for attr in sorted(data.get("changed_attrs", ())):
+            _set_type_attr(nd.attr, attr, data["dtypes"][attr])
+    else:
+        nd.name = name
+        nd.op = data["op"]
+        nd.device = data["device"]
+        for attr in sorted(data["dtypes"]):
+            _set_type_attr(nd.attr, attr, data["dtypes"][attr])
+        for attr, value in sorted(data.get("bools", {}).items()):
+            nd.attr[attr].b = value
+    del nd.input[:]
+    nd.input.extend(_node_inputs(g, name, registry))
+    return nd
+
+
+def _export_nodes(g: nx.MultiDiGraph, registry: OpRegistry, node_def_cls: Any) -> list[Any]:
+    out = []
+    for name in ir.ordered_nodes(g):
+        data = g.nodes[name]
+        if data["synthetic"]:
+            continue
+        if data["dirty"]:
+            out.append(_build_node_def(g, name, registry, node_def_cls))
+        else:
+            out.append(data["proto"])
+    return out
+
+
+def _export_function(fg: nx.MultiDiGraph, registry: OpRegistry) -> Any:
+    from tensorflow.core.framework import function_pb2, node_def_pb2
+
+    source = fg.graph["source"]
+    if not any(d["dirty"] for _, d in fg.nodes(data=True)):
+        return source
+    fdef = function_pb2.FunctionDef()
+    fdef.CopyFrom(source)
+    del fdef.node_def[:]
+    fdef.node_def.extend(_export_nodes(fg, registry, node_def_pb2.NodeDef))
+    for name, data in fg.nodes(data=True):
+        if data["synthetic"] == "retval":
+            (text,) = _node_inputs(fg, name, registry)
+            fdef.ret[data["ret_key"]] = text
+    return fdef
+
+
+def export_graph_def(imported: ImportedGraph, registry: OpRegistry) -> Any:
+    """Build a new GraphDef from the IR.  Untouched nodes and functions are copied verbatim."""
+    from tensorflow.core.framework import node_def_pb2
+
+    source = imported.source
+    gd = _graph_def_class()()
+    # Copy everything (versions, library, unknown fields) and then replace what changed.
+    gd.CopyFrom(source)
+    if any(d["dirty"] for _, d in imported.graph.nodes(data=True)):
+        del gd.node[:]
+        gd.node.extend(_export_nodes(imported.graph, registry, node_def_pb2.NodeDef))
+    for i, fdef in enumerate(source.library.function):
+        fg = imported.functions.get(fdef.signature.name)
+        if fg is not None:
+            new = _export_function(fg, registry)
+            if new is not fdef:
+                gd.library.function[i].CopyFrom(new)
+    return gd

@@ -1,0 +1,126 @@
+"""The networkx graph model (IR) shared by every stage.
+
+Schema (one ``networkx.MultiDiGraph`` per GraphDef and one per FunctionDef body):
+
+Graph attributes (``g.graph``)
+    ``kind``: ``"graph"`` or ``"function"``; ``name``: ``""`` or the function name;
+    ``signatures``: mapping function name -> :class:`~amp_rewrite.op_registry.OpSignature`
+    of the library (a node whose op is a function name is a call); ``source``: the original
+    protobuf, opaque to everything but :mod:`amp_rewrite.graph_io`.
+
+Node attributes (node key = node name)
+    ``op`` (str), ``device`` (str), ``order`` (tuple used to sort nodes on export: original
+    nodes ``(index, 0)``, inserted nodes ``(index of their producer, k)``), ``dtypes``
+    (dict attr name -> dtype int, or tuple of dtype ints for ``list(type)`` attrs), ``ints``
+    (dict attr name -> int, for ``number_attr`` lookups), ``attr_names`` (tuple of every attr
+    name on the NodeDef), ``label`` (the ``_kernel`` attr, ``""`` if absent), ``proto`` (the
+    original NodeDef or ``None`` for inserted nodes; opaque), ``synthetic`` (``"arg"`` /
+    ``"retval"`` for the argument and return nodes made for a function body, else ``None``),
+    ``dirty`` (True once the rewrite changed the node, so export rebuilds it).
+
+Edge attributes (key: the destination port for data edges, ``-1 - position`` for control edges)
+    ``src_port`` (int, :data:`~amp_rewrite.tensor_names.CONTROL` for control edges),
+    ``dst_port`` (int, ``CONTROL`` for control edges), ``pos`` (position among the node's
+    control inputs, or the data port), ``text`` (the input string as it was written, reused
+    on export; ``None`` for edges the rewrite created).
+
+Nothing here imports protobuf or TensorFlow.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import networkx as nx
+
+from .tensor_names import CONTROL
+
+__all__ = [
+    "data_inputs",
+    "control_inputs",
+    "consumers",
+    "ordered_nodes",
+    "add_node",
+    "add_data_edge",
+]
+
+
+def data_inputs(g: nx.MultiDiGraph, name: str) -> list[tuple[str, int]]:
+    """The data inputs of ``name`` as ``(producer, output port)``, in input-port order."""
+    ins = [
+        (d["dst_port"], u, d["src_port"])
+        for u, _, d in g.in_edges(name, data=True)
+        if d["dst_port"] != CONTROL
+    ]
+    ins.sort()
+    return [(u, p) for _, u, p in ins]
+
+
+def control_inputs(g: nx.MultiDiGraph, name: str) -> list[str]:
+    """The control inputs of ``name`` in their original order."""
+    ins = [(d["pos"], u) for u, _, d in g.in_edges(name, data=True) if d["dst_port"] == CONTROL]
+    ins.sort()
+    return [u for _, u in ins]
+
+
+def consumers(g: nx.MultiDiGraph, name: str, port: int) -> list[tuple[str, int, int]]:
+    """Regular consumers of output ``port`` of ``name`` as ``(consumer, dst_port, key)``.
+
+    Sorted by the consumer's order and port so callers iterate deterministically.
+    """
+    out = [
+        (g.nodes[v]["order"], v, d["dst_port"], k)
+        for _, v, k, d in g.out_edges(name, keys=True, data=True)
+        if d["src_port"] == port and d["dst_port"] != CONTROL
+    ]
+    out.sort()
+    return [(v, q, k) for _, v, q, k in out]
+
+
+def ordered_nodes(g: nx.MultiDiGraph) -> list[str]:
+    """Node names sorted by their ``order`` attribute (original GraphDef order)."""
+    return sorted(g.nodes, key=lambda n: g.nodes[n]["order"])
+
+
+def add_node(
+    g: nx.MultiDiGraph,
+    name: str,
+    *,
+    op: str,
+    device: str,
+    order: tuple[int, int],
+    dtypes: dict[str, int | tuple[int, ...]],
+    ints: dict[str, int] | None = None,
+    attr_names: tuple[str, ...] = (),
+    label: str = "",
+    proto: object = None,
+    synthetic: str | None = None,
+) -> None:
+    """Add a node with the full schema.  Mutates ``g``."""
+    g.add_node(
+        name,
+        op=op,
+        device=device,
+        order=order,
+        dtypes=dtypes,
+        ints=ints or {},
+        attr_names=attr_names,
+        label=label,
+        proto=proto,
+        synthetic=synthetic,
+        dirty=proto is None,
+    )
+
+
+def add_data_edge(
+    g: nx.MultiDiGraph, src: str, src_port: int, dst: str, dst_port: int, text: str | None
+) -> None:
+    """Connect ``src:src_port`` to input ``dst_port`` of ``dst``.  Mutates ``g``."""
+    g.add_edge(src, dst, key=dst_port, src_port=src_port, dst_port=dst_port, pos=dst_port, text=text)
+
+
+def iter_data_edges(g: nx.MultiDiGraph) -> Iterator[tuple[str, str, int, int]]:
+    """Every data edge as ``(src, dst, src_port, dst_port)``."""
+    for u, v, d in g.edges(data=True):
+        if d["dst_port"] != CONTROL:
+            yield u, v, d["src_port"], d["dst_port"]

@@ -1,0 +1,118 @@
+"""The rewrite report: a plain, JSON-serializable dict that explains every decision.
+
+Layout::
+
+    {
+      "target": "gpu:8.0", "precision": "float16", "lists": "default", "level": "DEFAULT",
+      "total_nodes": 120,          # nodes of the main graph and of every rewritten function
+      "converted_nodes": 40,       # nodes with at least one type attribute converted
+      "converted_attrs": 44,       # (node, type attribute) pairs converted
+      "casts_to_low": 6, "casts_to_high": 3,
+      "skipped": null,             # or why nothing was done
+      "unknown_ops": {"MyOp": 2},
+      "skipped_functions": {"f": "reason"},
+      "nodes": {name: {"op", "color", "dtype", "reason", "attrs": {attr: {...}}}},
+      "casts": [{"name", "source", "dtype", "consumers"}],
+      "functions": {fname: {"total_nodes", ..., "nodes", "casts"}}
+    }
+
+``color`` is ``allow`` (runs in low precision), ``deny`` (kept float32 by a deny rule),
+``infer`` / ``clear`` (on that list, left float32), or ``none`` (on no list / not float).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from . import dtypes as dt
+from .decide import Plan
+from .graph_io import ImportedGraph
+from .rewrite import RewriteStats
+from .targets import Target
+
+__all__ = ["build_report"]
+
+
+def _graph_section(plan: Plan, stats: RewriteStats, total: int) -> dict[str, Any]:
+    converted_nodes = {n for n, _ in stats.converted}
+    nodes: dict[str, Any] = {}
+    for name, nd in plan.nodes.items():
+        entry: dict[str, Any] = {
+            "op": nd.op,
+            "color": nd.color,
+            "dtype": dt.name(nd.dtype),
+            "reason": nd.reason,
+        }
+        if len(nd.attrs) > 1:
+            entry["attrs"] = {
+                str(ta): {"color": d.color, "dtype": dt.name(d.dtype), "reason": d.reason}
+                for ta, d in nd.attrs.items()
+            }
+        if nd.attrs and any(d.source for d in nd.attrs.values()):
+            entry["deny_source"] = next(d.source for d in nd.attrs.values() if d.source)
+        nodes[name] = entry
+    casts = [
+        {"name": c.name, "source": f"{c.source}:{c.port}", "dtype": dt.name(c.dst_dtype),
+         "consumers": list(c.consumers)}
+        for c in stats.casts
+    ]
+    return {
+        "total_nodes": total,
+        "converted_nodes": len(converted_nodes),
+        "converted_attrs": len(stats.converted),
+        "casts_to_low": sum(1 for c in stats.casts if c.dst_dtype != dt.FLOAT),
+        "casts_to_high": sum(1 for c in stats.casts if c.dst_dtype == dt.FLOAT),
+        "skipped": plan.skipped,
+        "nodes": nodes,
+        "casts": casts,
+    }
+
+
+def build_report(
+    imported: ImportedGraph,
+    plans: Mapping[str, Plan],
+    stats: Mapping[str, RewriteStats],
+    *,
+    target: Target,
+    precision: str,
+    lists: Any,
+    level: str,
+    skipped_functions: Mapping[str, str],
+) -> dict[str, Any]:
+    """Assemble the report for one :func:`~amp_rewrite.api.rewrite_graph_def` call.  Pure."""
+    main_total = sum(1 for _, d in imported.graph.nodes(data=True) if d["proto"] is not None)
+    main = _graph_section(plans[""], stats[""], main_total)
+    functions = {}
+    for fname in sorted(plans):
+        if not fname:
+            continue
+        fg = imported.functions[fname]
+        total = sum(1 for _, d in fg.nodes(data=True) if d["proto"] is not None)
+        functions[fname] = _graph_section(plans[fname], stats[fname], total)
+    sections = [main, *functions.values()]
+    unknown: dict[str, int] = {}
+    for plan in plans.values():
+        for nd in plan.nodes.values():
+            if nd.reason.startswith("op ") and "not in the op registry" in nd.reason:
+                unknown[nd.op] = unknown.get(nd.op, 0) + 1
+    converted = sum(s["converted_attrs"] for s in sections)
+    skipped = plans[""].skipped
+    if skipped is None and converted == 0 and not any(p.renames for p in plans.values()):
+        skipped = f"no allow-list op found on an eligible device ({target.description})"
+    return {
+        "target": target.description,
+        "precision": precision,
+        "lists": getattr(lists, "profile", str(lists)),
+        "level": level,
+        "total_nodes": sum(s["total_nodes"] for s in sections),
+        "converted_nodes": sum(s["converted_nodes"] for s in sections),
+        "converted_attrs": converted,
+        "casts_to_low": sum(s["casts_to_low"] for s in sections),
+        "casts_to_high": sum(s["casts_to_high"] for s in sections),
+        "skipped": skipped,
+        "unknown_ops": dict(sorted(unknown.items())),
+        "skipped_functions": dict(sorted(skipped_functions.items())),
+        "nodes": main["nodes"],
+        "casts": main["casts"],
+        "functions": functions,
+    }
