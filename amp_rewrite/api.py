@@ -23,7 +23,7 @@ import networkx as nx
 from . import dtypes as dt
 from .decide import DecideOptions, Plan, decide
 from .errors import AmpRewriteError, InvalidGraphError, ListError, TargetError
-from .graph_io import export_graph_def, import_graph_def, parse_graph_def
+from .graph_io import export_graph_def, import_graph_def, parse_graph_def, reachable_functions
 from .lists import ListContext, ListEdit, OpLists, edits_from_environ, load_lists
 from .op_registry import OpRegistry, default_registry
 from .report import build_report
@@ -130,6 +130,7 @@ def rewrite_graph_def(
     remove: Mapping[str, Iterable[str] | str] | None = None,
     level: str | None = None,
     exclude: str | None = None,
+    functions: Literal["all", "reachable"] = "all",
     use_env: bool = True,
     registry: OpRegistry | None = None,
 ) -> RewriteResult:
@@ -157,6 +158,10 @@ def rewrite_graph_def(
         ``DEFAULT``, ``TENSOR_CORES_ONLY``, ``TREAT_INFER_AS_DENY`` or ``UNSAFE_FORCE_ALL``.
     exclude
         A regular expression; matching node names keep float32 (preserved).
+    functions
+        ``"all"`` rewrites every function of the library (a SavedModel's signatures may call
+        functions the GraphDef itself does not); ``"reachable"`` only those the graph calls,
+        as Grappler does.
     use_env
         Honour TensorFlow's ``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_*`` variables.
 
@@ -187,7 +192,13 @@ def rewrite_graph_def(
     except re.error as exc:
         raise AmpRewriteError(f"bad --exclude regular expression {exclude!r}: {exc}") from None
 
+    if functions not in ("all", "reachable"):
+        raise AmpRewriteError(f"functions must be 'all' or 'reachable', not {functions!r}")
     imported = import_graph_def(graph_def, registry)
+    if functions == "reachable":
+        keep = reachable_functions(graph_def)
+        for fname in sorted(set(imported.functions) - keep):
+            del imported.functions[fname]
     g = imported.graph
     _check_cycles(g, "the graph")
     if fetches is None:

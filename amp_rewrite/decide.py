@@ -16,8 +16,8 @@ the same order and with the same rules (see ``shared/design/grappler_amp.md``):
    TensorList clusters are then forced to one colour.
 3. *Between allow.*  Clear and infer attributes on a forward path from an allow op to an
    allow op (and eligible) become allow.
-4. *Infer after allow* (bfloat16 only).  An infer attribute fed directly by an allow one
-   becomes allow, in node order.
+4. *Infer after allow.*  An infer attribute fed directly by an allow one becomes allow,
+   in node order (TensorFlow 2.21 runs this pass in every mode, not only for bfloat16).
 5. *Through clear.*  Clear attributes connected, in either direction, to an allow attribute
    through eligible clear attributes become allow.
 6. *Clean-up.*  Allow-list attributes whose type cannot be the target type are removed.
@@ -40,7 +40,7 @@ import networkx as nx
 from . import dtypes as dt
 from . import ir
 from .errors import InvalidGraphError
-from .op_registry import OpRegistry, OpSignature
+from .op_registry import KernelSpec, OpRegistry, OpSignature
 from .targets import Target, parse_device_name
 from .type_attrs import NodeTypes, TypeAttr, get_dtype, node_types, opaque_node_types
 from .type_graph import TypeGraph, build_type_graph
@@ -152,6 +152,27 @@ class _Lists:
             if op in getattr(self, name):
                 return name
         return None
+
+
+def _kernel_matches(
+    kernels: Iterable[KernelSpec], label: str, types: Mapping[str, int | tuple[int, ...]]
+) -> bool:
+    """Whether one of ``kernels`` accepts a node with these type attrs and kernel label."""
+    for kernel in kernels:
+        if kernel.label != label:
+            continue
+        for attr, allowed in kernel.constraints:
+            val = types.get(attr)
+            if val is None:
+                break
+            if isinstance(val, tuple):
+                if not all(t in allowed for t in val):
+                    break
+            elif val not in allowed:
+                break
+        else:
+            return True
+    return False
 
 
 class _Painter:
@@ -304,24 +325,12 @@ class _Painter:
         cached = self._kernel_cache.get(key)
         if cached is not None:
             return cached
-        found = False
-        for kernel in self.registry.kernels(op, parsed.type):
-            if kernel.label != data["label"]:
-                continue
-            ok = True
-            for attr, allowed in kernel.constraints:
-                val = types.get(attr)
-                if val is None:
-                    ok = False
-                elif isinstance(val, tuple):
-                    ok = all(t in allowed for t in val)
-                else:
-                    ok = val in allowed
-                if not ok:
-                    break
-            if ok:
-                found = True
-                break
+        # Like TensorFlow's kernel lookup, fall back to DEVICE_DEFAULT registrations (used by
+        # GPU and pluggable devices for ops such as IdentityN) when no kernel of the device
+        # type matches.
+        found = _kernel_matches(self.registry.kernels(op, parsed.type), data["label"], types) or (
+            _kernel_matches(self.registry.kernels(op, "DEFAULT"), data["label"], types)
+        )
         self._kernel_cache[key] = found
         return found
 
@@ -540,8 +549,9 @@ class _Painter:
                             self.reason[y] = f"{cat[y]} op on a path between allow-list ops"
                         stack.append(y)
 
-        # Pass 4 (bfloat16 only): infer ops fed directly by allow, in node order.
-        if self.precision == "bfloat16":
+        # Pass 4: infer ops fed directly by allow, in node order.  The design notes say this
+        # pass is bfloat16-only; TensorFlow 2.21 runs it in every mode (seen in its logs).
+        if True:
             for v in range(n):
                 if not (proc[v] and v not in self.deny and v not in self.allow and cat[v] == "infer"
                         and self.is_f32(v) and self.supports_dtype(v)):

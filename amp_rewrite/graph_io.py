@@ -29,6 +29,7 @@ __all__ = [
     "load_graph_def",
     "import_graph_def",
     "export_graph_def",
+    "reachable_functions",
 ]
 
 log = logging.getLogger(__name__)
@@ -291,6 +292,38 @@ def import_graph_def(graph_def: Any, registry: OpRegistry) -> ImportedGraph:
         fg.graph["source"] = fdef
         functions[name] = fg
     return ImportedGraph(main, functions, skipped, graph_def)
+
+
+def _called_functions(node_defs: Any, library: set[str]) -> set[str]:
+    called = set()
+    for nd in node_defs:
+        if nd.op in library:
+            called.add(nd.op)
+        for value in nd.attr.values():
+            kind = value.WhichOneof("value")
+            if kind == "func" and value.func.name in library:
+                called.add(value.func.name)
+            elif kind == "list":
+                called.update(f.name for f in value.list.func if f.name in library)
+    return called
+
+
+def reachable_functions(graph_def: Any) -> set[str]:
+    """Names of library functions called, directly or through other functions, by the graph.
+
+    Calls are ops named after a function and ``func`` / ``list(func)`` attributes (While
+    bodies, If branches, PartitionedCall targets).  Grappler optimizes exactly these.
+    """
+    by_name = {f.signature.name: f for f in graph_def.library.function}
+    names = set(by_name)
+    todo = list(_called_functions(graph_def.node, names))
+    seen = set(todo)
+    while todo:
+        fdef = by_name[todo.pop()]
+        for callee in _called_functions(fdef.node_def, names) - seen:
+            seen.add(callee)
+            todo.append(callee)
+    return seen
 
 
 # ----------------------------------------------------------------------------------- export

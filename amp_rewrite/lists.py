@@ -52,7 +52,9 @@ Layers and override order
    semantics.
 3. Gates are evaluated for the :class:`ListContext` (precision, backend, CUDA/cuDNN versions).
 4. Level ``TENSOR_CORES_ONLY`` with float16 on cuda empties infer, deny and clear (allow is
-   unchanged), like TensorFlow, *before* the edits.
+   unchanged) before the edits, and -- exactly like TensorFlow, which never reads those lists'
+   environment variables at this level -- edits of infer, deny and clear are then ignored
+   (with a warning); allow edits still apply.
 5. ``edits`` in order: ``add`` inserts the op into a list, ``remove`` erases it from that list
    (and nothing else: like TensorFlow, an edit can leave an op on two lists).
 6. Validation: an op on two lists is an error.
@@ -586,13 +588,16 @@ def load_lists(
         if entry.applies(context):
             lists[entry.category][op] = (entry.reason, entry.origin)
 
-    # TensorFlow empties these lists for this level before applying its environment edits, so
-    # an edit can still put an op back.
+    # TENSOR_CORES_ONLY (float16 on cuda): TensorFlow returns empty infer, deny and clear lists
+    # without even reading their environment edits, so edits of those lists are ignored too
+    # (verified against TF 2.21); allow and its edits are unaffected.
+    frozen: tuple[Category, ...] = ()
     if level == "TENSOR_CORES_ONLY" and context.precision == "float16" and context.backend == "cuda":
-        for category in ("infer", "deny", "clear"):
+        frozen = ("infer", "deny", "clear")
+        for category in frozen:
             lists[category].clear()
 
-    _apply_edits(lists, edits, known, merged)
+    _apply_edits(lists, edits, known, merged, frozen)
     _check_conflicts(lists)
 
     if level == "TREAT_INFER_AS_DENY":
@@ -618,13 +623,25 @@ def _apply_edits(
     edits: Sequence[ListEdit],
     is_known_op: Callable[[str], bool],
     entries: Mapping[str, _Entry],
+    frozen: Sequence[Category] = (),
 ) -> None:
-    """Apply ``edits`` to ``lists`` in place, in order.  Unknown op names are an error."""
+    """Apply ``edits`` to ``lists`` in place, in order, skipping edits of ``frozen`` lists.
+
+    Unknown op names are an error (even in skipped edits: a typo is a typo).
+    """
     # An op the loaded files name (e.g. an unregistered internal op) may be edited too.
     unknown = [f"{e.op} ({e.origin})" for e in edits if e.op not in entries and not is_known_op(e.op)]
     if unknown:
         raise ListError("list edit(s) name unknown op(s), not in TensorFlow's op registry: " + "; ".join(unknown))
+    ignored = [f"{e.action} {e.op} ({e.origin})" for e in edits if e.category in frozen]
+    if ignored:
+        logger.warning(
+            "level TENSOR_CORES_ONLY keeps the %s lists empty; ignoring edit(s): %s",
+            "/".join(frozen), "; ".join(ignored),
+        )
     for edit in edits:
+        if edit.category in frozen:
+            continue
         table = lists[edit.category]
         if edit.action == "add":
             # setdefault: re-adding an op keeps the reason of the entry already there.
