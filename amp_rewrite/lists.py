@@ -315,13 +315,15 @@ def _looks_like_path(ref: str) -> bool:
     return ref.endswith(".toml") or "/" in ref or os.sep in ref
 
 
-def _resolve(ref: str | os.PathLike[str], base_dir: Traversable | None) -> tuple[Traversable | Path, str, str]:
-    """Find a profile reference: ``(file, label, location)``.
+def _resolve(
+    ref: str | os.PathLike[str], base_dir: Traversable | None, *, path_only: bool = False
+) -> tuple[Traversable | Path, str, str]:
+    """Find a profile reference: ``(file, label, location)``.  Reads nothing but directories.
 
-    A packaged name wins over a path; anything else that looks like a path is a file, relative
-    to ``base_dir`` (the extending file's folder) when given and relative.
+    A packaged name wins over a path (unless ``path_only``); anything else that looks like a
+    path is a file, relative to ``base_dir`` (the extending file's folder) when given.
     """
-    if not isinstance(ref, os.PathLike):
+    if not isinstance(ref, os.PathLike) and not path_only:
         if not isinstance(ref, str) or not ref:
             raise ListError(f"a profile must be a profile name or a path, got {ref!r}")
         names = available_profiles()
@@ -561,7 +563,7 @@ def load_lists(
     known = is_known_op if is_known_op is not None else _tensorflow_knows_op
 
     if user_file is not None:
-        user_source, user_label, user_location = _resolve(user_file, None)
+        user_source, user_label, user_location = _resolve(user_file, None, path_only=True)
         user_layer = _parse_layer(
             _read_toml(user_source, user_location), user_label, user_location,
             _parent_of(user_source), Path(user_location).stem,
