@@ -1,0 +1,280 @@
+"""TensorFlow's own auto_mixed_precision Grappler pass, run offline as a reference ("oracle").
+
+The standard Linux ``tensorflow`` wheel is a CUDA build: GPU kernels are registered even with no
+GPU or driver present, so the CUDA mode of the pass can run on a CPU-only machine against a
+*virtual cluster* that declares fake GPUs (design doc §0.3).  :func:`tf_amp_rewrite` builds
+
+* a ``MetaGraphDef`` holding a copy of the GraphDef (with its function library) and the fetch
+  node names in collection ``train_op`` (this is what Grappler's item builder turns into the
+  fetch / nodes-to-preserve set),
+* a ``ConfigProto`` whose rewrite options run only the AMP optimizer, once
+  (``meta_optimizer_iterations=ONE``, ``min_graph_nodes=-1``),
+* a ``tensorflow.python.grappler.cluster.Cluster`` of ``NamedDevice`` protos: one GPU per entry
+  of ``gpus`` (``environment = {architecture, cuda, cudnn}``) plus ``CPU:0``,
+
+and returns ``tf_optimizer.OptimizeGraph``'s GraphDef.  Nodes with an empty device string are
+placed by Grappler's virtual placer on the default device: the GPU with the smallest id if the
+cluster has one, else ``CPU:0``.
+
+Modes:
+
+* ``"cuda"``: by-name optimizer ``auto_mixed_precision`` (CUDA mode, target ``DT_HALF``).
+* ``"bf16"``: by-name ``auto_mixed_precision_onednn_bfloat16`` (target ``DT_BFLOAT16``; this
+  wheel is a oneDNN build, so it runs).
+* ``"fp16_cpu"``: there is no by-name entry for the oneDNN float16 mode, so the toggle
+  ``auto_mixed_precision = ON`` is used with every other default optimizer turned OFF
+  (``disable_model_pruning`` too); the meta optimizer then runs FP16_CPU mode *and then* CUDA
+  mode (the latter is a no-op without GPUs in the cluster).
+* ``"cpu"`` (extra): by-name ``auto_mixed_precision_cpu`` (fp16 emulation on CPU by default).
+
+``gpus=None`` (the default) means ``("8.0",)`` in ``"cuda"`` mode and no GPU in the CPU modes
+(a CPU-only cluster, so empty-device nodes land on ``CPU:0``).  Pass ``gpus`` explicitly to
+override (e.g. ``gpus=("8.0",)`` in ``"bf16"`` mode reproduces the "GPUs detected" warning and
+places empty-device nodes on the GPU, where BF16 mode does not process them).
+
+Function libraries — observed with TF 2.21.0 (see ``tests/test_corpus_oracle.py``): the
+returned GraphDef carries the function library, and **the functions reachable from the main
+graph are rewritten too** (the meta optimizer optimizes each reachable, non-parametrized
+function as a separate ``GrapplerFunctionItem`` with the same optimizer list; its ``_Arg`` /
+``_Retval`` boundaries stay float32 and Cast nodes are inserted next to them).  In the corpus'
+``rnn/training`` graph the ``While``/``StatelessWhile`` body functions (the ``*_rewritten``
+forward bodies and the ``*_grad_*`` backward bodies, which contain the LSTM/GRU MatMuls) get
+MatMul ``T`` converted to half plus casts, while the cond functions (no allowlisted op) are
+unchanged and functions not reachable from the main graph (the non-``_rewritten`` originals
+kept in the library) are left exactly as they were.  The main-graph ``While`` nodes themselves
+are boundaries: their ``T`` attrs stay float.
+
+Not every setting is re-read per call: environment variables that TF caches in C++ statics are
+only honoured on first use in a process (use a subprocess when a test needs them changed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterator, Literal, Mapping, Sequence
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from tensorflow.core.framework import types_pb2  # noqa: E402
+from tensorflow.core.framework.graph_pb2 import GraphDef  # noqa: E402
+from tensorflow.core.protobuf import (  # noqa: E402
+    config_pb2,
+    device_properties_pb2,
+    meta_graph_pb2,
+    rewriter_config_pb2,
+)
+from tensorflow.python.grappler import cluster as gcluster  # noqa: E402
+from tensorflow.python.grappler import tf_optimizer  # noqa: E402
+
+__all__ = [
+    "tf_amp_rewrite",
+    "converted_type_attrs",
+    "amp_cast_count",
+    "rewritten_functions",
+    "make_cluster",
+    "GPU_NAME",
+    "CPU_NAME",
+    "DT_FLOAT",
+    "DT_HALF",
+    "DT_BFLOAT16",
+]
+
+DT_FLOAT = types_pb2.DT_FLOAT
+DT_HALF = types_pb2.DT_HALF
+DT_BFLOAT16 = types_pb2.DT_BFLOAT16
+
+GPU_NAME = "/job:localhost/replica:0/task:0/device:GPU:{}"
+CPU_NAME = "/job:localhost/replica:0/task:0/device:CPU:0"
+
+Mode = Literal["cuda", "bf16", "fp16_cpu", "cpu"]
+
+_RC = rewriter_config_pb2.RewriterConfig
+
+# Toggle fields of RewriterConfig that name default-pipeline optimizers (turned OFF for fp16_cpu).
+_DEFAULT_TOGGLES = (
+    "layout_optimizer",
+    "constant_folding",
+    "shape_optimization",
+    "remapping",
+    "common_subgraph_elimination",
+    "arithmetic_optimization",
+    "dependency_optimization",
+    "loop_optimization",
+    "function_optimization",
+    "debug_stripper",
+    "scoped_allocator_optimization",
+    "pin_to_host_optimization",
+    "implementation_selector",
+    "auto_mixed_precision_mkl",
+    "auto_mixed_precision_onednn_bfloat16",
+    "auto_mixed_precision_cpu",
+    "use_plugin_optimizers",
+    "experimental_conditional_code_motion",
+)
+
+
+def make_cluster(gpus: Sequence[str], *, cuda: str = "12090", cudnn: str = "91000",
+                 cpu: bool = True) -> gcluster.Cluster:
+    """A virtual Grappler cluster: ``GPU:i`` with ``architecture=gpus[i]`` (+ cuda/cudnn), then
+    ``CPU:0``."""
+    devices = []
+    for i, arch in enumerate(gpus):
+        props = device_properties_pb2.DeviceProperties(
+            type="GPU",
+            vendor="NVIDIA",
+            environment={"architecture": str(arch), "cuda": str(cuda), "cudnn": str(cudnn)},
+        )
+        devices.append(device_properties_pb2.NamedDevice(name=GPU_NAME.format(i), properties=props))
+    if cpu:
+        devices.append(
+            device_properties_pb2.NamedDevice(
+                name=CPU_NAME, properties=device_properties_pb2.DeviceProperties(type="CPU")
+            )
+        )
+    return gcluster.Cluster(devices=devices)
+
+
+def _config(mode: Mode, fail_on_optimizer_errors: bool) -> config_pb2.ConfigProto:
+    config = config_pb2.ConfigProto()
+    ro = config.graph_options.rewrite_options
+    ro.meta_optimizer_iterations = _RC.ONE
+    ro.min_graph_nodes = -1
+    ro.fail_on_optimizer_errors = fail_on_optimizer_errors
+    if mode == "cuda":
+        ro.optimizers.append("auto_mixed_precision")
+    elif mode == "bf16":
+        ro.optimizers.append("auto_mixed_precision_onednn_bfloat16")
+    elif mode == "cpu":
+        ro.optimizers.append("auto_mixed_precision_cpu")
+    elif mode == "fp16_cpu":
+        for name in _DEFAULT_TOGGLES:
+            setattr(ro, name, _RC.OFF)
+        ro.disable_model_pruning = True
+        ro.disable_tfg_optimizer = True
+        ro.memory_optimization = _RC.NO_MEM_OPT
+        ro.auto_mixed_precision = _RC.ON
+    else:
+        raise ValueError(f"unknown mode {mode!r}")
+    return config
+
+
+@contextlib.contextmanager
+def _environ(env: Mapping[str, str] | None) -> Iterator[None]:
+    if not env:
+        yield
+        return
+    saved = {k: os.environ.get(k) for k in env}
+    try:
+        os.environ.update({k: str(v) for k, v in env.items()})
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def tf_amp_rewrite(
+    graph_def: GraphDef,
+    fetches: Sequence[str],
+    *,
+    gpus: Sequence[str] | None = None,
+    cuda: str = "12090",
+    cudnn: str = "91000",
+    mode: Mode = "cuda",
+    env: Mapping[str, str] | None = None,
+    fail_on_optimizer_errors: bool = False,
+) -> GraphDef:
+    """Runs TF's real AMP pass on a copy of ``graph_def`` and returns the optimized GraphDef.
+
+    ``fetches``: node names (a ``:0`` suffix is accepted) that Grappler must preserve.
+    ``gpus``: compute capabilities of the fake GPUs (``None``: ``("8.0",)`` for ``"cuda"``,
+    none for the CPU modes).  ``env``: environment variables set for the duration of the call
+    (``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_*``).  ``fail_on_optimizer_errors``: raise instead
+    of TF's default (log the error and keep the unoptimized graph).  The input is not mutated.
+    """
+    if gpus is None:
+        gpus = ("8.0",) if mode == "cuda" else ()
+    if isinstance(gpus, str):
+        gpus = (gpus,)
+    mg = meta_graph_pb2.MetaGraphDef()
+    mg.graph_def.CopyFrom(graph_def)  # copy: the caller's proto is never touched
+    train_op = mg.collection_def["train_op"].node_list.value
+    for f in fetches:
+        train_op.append(f)
+    config = _config(mode, fail_on_optimizer_errors)
+    cluster = make_cluster(tuple(gpus), cuda=cuda, cudnn=cudnn)
+    with _environ(env):
+        out = tf_optimizer.OptimizeGraph(config, mg, verbose=False, cluster=cluster)
+    result = GraphDef()
+    result.CopyFrom(out)
+    return result
+
+
+# ----------------------------------------------------------------------------------------
+# Comparison helpers
+
+
+def _scopes(gd: GraphDef) -> dict[str, dict[str, object]]:
+    """scope -> {node name -> NodeDef}; scope "" is the main graph, else a function name."""
+    scopes: dict[str, dict[str, object]] = {"": {n.name: n for n in gd.node}}
+    for f in gd.library.function:
+        scopes[f.signature.name] = {n.name: n for n in f.node_def}
+    return scopes
+
+
+def converted_type_attrs(before: GraphDef, after: GraphDef, *,
+                         to_dtype: int = DT_HALF) -> set[tuple[str, str, str]]:
+    """``(scope, node, attr)`` for every type attr that is ``DT_FLOAT`` in ``before`` and
+    ``to_dtype`` in ``after``, over nodes present in both (matched by name within the main
+    graph, scope ``""``, or within the same-named FunctionDef).  list(type) attrs are reported
+    per element as ``"Tin[2]"``."""
+    out: set[tuple[str, str, str]] = set()
+    b_scopes, a_scopes = _scopes(before), _scopes(after)
+    for scope, b_nodes in b_scopes.items():
+        a_nodes = a_scopes.get(scope)
+        if a_nodes is None:
+            continue
+        for name, b in b_nodes.items():
+            a = a_nodes.get(name)
+            if a is None:
+                continue
+            for key, bv in b.attr.items():
+                if key not in a.attr:
+                    continue
+                av = a.attr[key]
+                kind = bv.WhichOneof("value")
+                if kind == "type":
+                    if av.WhichOneof("value") == "type" and bv.type == DT_FLOAT and av.type == to_dtype:
+                        out.add((scope, name, key))
+                elif kind == "list" and len(bv.list.type) and av.WhichOneof("value") == "list":
+                    for i, (bt, at) in enumerate(zip(bv.list.type, av.list.type)):
+                        if bt == DT_FLOAT and at == to_dtype:
+                            out.add((scope, name, f"{key}[{i}]"))
+    return out
+
+
+def amp_cast_count(before: GraphDef, after: GraphDef) -> int:
+    """Number of ``Cast`` nodes in ``after`` (main graph and every function body) whose names
+    do not exist in the same scope of ``before``."""
+    b_scopes = _scopes(before)
+    count = 0
+    for scope, nodes in _scopes(after).items():
+        known = b_scopes.get(scope, {})
+        count += sum(1 for name, n in nodes.items() if n.op == "Cast" and name not in known)
+    return count
+
+
+def rewritten_functions(before: GraphDef, after: GraphDef) -> list[str]:
+    """Names of the functions whose body differs between ``before`` and ``after``."""
+    b = {f.signature.name: f for f in before.library.function}
+    changed = []
+    for f in after.library.function:
+        old = b.get(f.signature.name)
+        if old is None or old.SerializeToString(deterministic=True) != f.SerializeToString(
+            deterministic=True
+        ):
+            changed.append(f.signature.name)
+    return sorted(changed)
