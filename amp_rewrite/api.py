@@ -131,6 +131,7 @@ def rewrite_graph_def(
     level: str | None = None,
     exclude: str | None = None,
     functions: Literal["all", "reachable"] = "all",
+    tensorflow_bugs: bool = False,
     use_env: bool = True,
     registry: OpRegistry | None = None,
 ) -> RewriteResult:
@@ -162,6 +163,9 @@ def rewrite_graph_def(
         ``"all"`` rewrites every function of the library (a SavedModel's signatures may call
         functions the GraphDef itself does not); ``"reachable"`` only those the graph calls,
         as Grappler does.
+    tensorflow_bugs
+        Reproduce TensorFlow 2.21's known bugs (``KNOWN_DIFFERENCES.md``) for exact parity,
+        even where its output cannot run.  Off by default.
     use_env
         Honour TensorFlow's ``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_*`` variables.
 
@@ -216,7 +220,8 @@ def rewrite_graph_def(
     if exclude_re is not None:
         preserve |= {n for n in g.nodes if exclude_re.search(n)}
 
-    options = DecideOptions(force_all=lvl == "UNSAFE_FORCE_ALL", preserve=frozenset(preserve))
+    options = DecideOptions(force_all=lvl == "UNSAFE_FORCE_ALL", preserve=frozenset(preserve),
+                            tensorflow_bugs=tensorflow_bugs)
     plans: dict[str, Plan] = {}
     stats: dict[str, RewriteStats] = {}
     plans[""] = decide(g, op_lists, tgt, precision, registry, options)
@@ -227,9 +232,10 @@ def rewrite_graph_def(
         try:
             _check_cycles(fg, f"function {fname}")
             keep = {n for n, d in fg.nodes(data=True) if d["synthetic"] == "retval"}
+            keep |= {n for n in fg.graph["keep"] if n in fg}
             if exclude_re is not None:
                 keep |= {n for n in fg.nodes if exclude_re.search(n)}
-            f_options = DecideOptions(options.force_all, frozenset(keep))
+            f_options = DecideOptions(options.force_all, frozenset(keep), tensorflow_bugs)
             plan = decide(fg, op_lists, tgt, precision, registry, f_options)
             fstats = apply_plan(fg, plan)
         except InvalidGraphError as exc:

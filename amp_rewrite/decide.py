@@ -102,6 +102,9 @@ class DecideOptions:
     force_all: bool = False
     #: Nodes that must keep every dtype (fetches, signature outputs, user exclusions).
     preserve: frozenset[str] = frozenset()
+    #: Reproduce TensorFlow 2.21's known bugs (KNOWN_DIFFERENCES.md) for exact parity,
+    #: even where its output cannot run.
+    tensorflow_bugs: bool = False
 
 
 @dataclass(frozen=True)
@@ -408,6 +411,11 @@ class _Painter:
                     why = f"TensorList cluster includes {member!r}, which is not rewritten"
                 elif self.ops[member] in _SOURCE_OR_SINK or self.ops[member] in self.signatures:
                     why = f"TensorList handle crosses {self.ops[member]} node {member!r}"
+                elif self.g.nodes[member]["funcs"] and not self.options.tensorflow_bugs:
+                    # Known difference KD-3: TensorFlow lets a list cross While/If/Case and
+                    # paints it half while the function body still reads float elements.
+                    why = (f"[KD-3] TensorList handle crosses {self.ops[member]} node {member!r}, "
+                           "whose functions read its elements as float32")
                 else:
                     continue
                 if rf not in self.deny:
@@ -476,7 +484,9 @@ class _Painter:
             if not proc[v]:
                 continue
             if cat[v] == "allow":
-                if self.is_f32(v) and self.supports_dtype(v) and not self.has_kernel(v):
+                if (not self.options.tensorflow_bugs and self.is_f32(v) and self.supports_dtype(v)
+                        and not self.has_kernel(v)):
+                    # Known difference KD-1: TensorFlow converts it and the graph cannot run.
                     self.kernel_missing.add(v)
                     continue
                 roots.append(v)
@@ -644,7 +654,10 @@ class _Painter:
         """An existing Cast to float32 whose consumers are all allow casts to the target."""
         tg = self.tg
         for name in self.order:
-            if self.ops[name] != "Cast" or name in self.options.preserve:
+            if self.ops[name] != "Cast":
+                continue
+            if name in self.options.preserve and not self.options.tensorflow_bugs:
+                # Known difference KD-2: a fetched Cast keeps its dtype.
                 continue
             dst_attr = TypeAttr("DstT", -1, 0)
             v = tg.index.get((name, dst_attr))

@@ -94,12 +94,19 @@ def load_graph_def(path: str | os.PathLike[str]) -> Any:
 # ----------------------------------------------------------------------------------- import
 
 
-def _attr_values(node_def: Any) -> tuple[dict[str, int | tuple[int, ...]], dict[str, int], str]:
+def _attr_values(
+    node_def: Any,
+) -> tuple[dict[str, int | tuple[int, ...]], dict[str, int], str, tuple[str, ...]]:
     types: dict[str, int | tuple[int, ...]] = {}
     ints: dict[str, int] = {}
     label = ""
-    for key, value in node_def.attr.items():
+    funcs: list[str] = []
+    for key, value in sorted(node_def.attr.items()):
         kind = value.WhichOneof("value")
+        if kind == "func":
+            funcs.append(value.func.name)
+        elif kind == "list" and value.list.func:
+            funcs.extend(f.name for f in value.list.func)
         if kind == "type":
             types[key] = int(value.type)
         elif kind == "list":
@@ -109,7 +116,7 @@ def _attr_values(node_def: Any) -> tuple[dict[str, int | tuple[int, ...]], dict[
             ints[key] = int(value.i)
         elif kind == "s" and key == "_kernel":
             label = value.s.decode("utf-8", "replace")
-    return types, ints, label
+    return types, ints, label, tuple(funcs)
 
 
 def _add_proto_node(g: nx.MultiDiGraph, node_def: Any, index: int) -> None:
@@ -117,7 +124,7 @@ def _add_proto_node(g: nx.MultiDiGraph, node_def: Any, index: int) -> None:
         raise InvalidGraphError(f"duplicate node name {node_def.name!r}", node=node_def.name)
     if not node_def.name:
         raise InvalidGraphError("a node has an empty name")
-    types, ints, label = _attr_values(node_def)
+    types, ints, label, funcs = _attr_values(node_def)
     ir.add_node(
         g,
         node_def.name,
@@ -130,6 +137,7 @@ def _add_proto_node(g: nx.MultiDiGraph, node_def: Any, index: int) -> None:
         label=label,
         proto=node_def,
     )
+    g.nodes[node_def.name]["funcs"] = funcs
 
 
 def _check_input_order(node: str, inputs: list[str]) -> None:
@@ -193,7 +201,8 @@ def _import_function(
 ) -> nx.MultiDiGraph:
     """Build the IR of one function body; ``ValueError`` when it cannot be resolved."""
     sig_def = fdef.signature
-    g = nx.MultiDiGraph(kind="function", name=sig_def.name)
+    # Grappler's function items preserve control outputs (their "keep ops") like fetches.
+    g = nx.MultiDiGraph(kind="function", name=sig_def.name, keep=frozenset(fdef.control_ret.values()))
     n_args = len(sig_def.input_arg)
     for i, arg in enumerate(sig_def.input_arg):
         if arg.name in g:

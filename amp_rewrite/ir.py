@@ -16,7 +16,9 @@ Node attributes (node key = node name)
     name on the NodeDef), ``label`` (the ``_kernel`` attr, ``""`` if absent), ``proto`` (the
     original NodeDef or ``None`` for inserted nodes; opaque), ``synthetic`` (``"arg"`` /
     ``"retval"`` for the argument and return nodes made for a function body, else ``None``),
-    ``dirty`` (True once the rewrite changed the node, so export rebuilds it).
+    ``dirty`` (True once the rewrite changed the node, so export rebuilds it), ``funcs``
+    (names of the functions the node's ``func``/``list(func)`` attrs call: While bodies, If
+    branches, PartitionedCall targets).
 
 Edge attributes (key: the destination port for data edges, ``-1 - position`` for control edges)
     ``src_port`` (int, :data:`~amp_rewrite.tensor_names.CONTROL` for control edges),
@@ -109,6 +111,7 @@ def add_node(
         proto=proto,
         synthetic=synthetic,
         dirty=proto is None,
+        funcs=(),
     )
 
 

@@ -32,20 +32,48 @@ Modes:
 override (e.g. ``gpus=("8.0",)`` in ``"bf16"`` mode reproduces the "GPUs detected" warning and
 places empty-device nodes on the GPU, where BF16 mode does not process them).
 
-Function libraries — observed with TF 2.21.0 (see ``tests/test_corpus_oracle.py``): the
-returned GraphDef carries the function library, and **the functions reachable from the main
-graph are rewritten too** (the meta optimizer optimizes each reachable, non-parametrized
-function as a separate ``GrapplerFunctionItem`` with the same optimizer list; its ``_Arg`` /
-``_Retval`` boundaries stay float32 and Cast nodes are inserted next to them).  In the corpus'
-``rnn/training`` graph the ``While``/``StatelessWhile`` body functions (the ``*_rewritten``
-forward bodies and the ``*_grad_*`` backward bodies, which contain the LSTM/GRU MatMuls) get
-MatMul ``T`` converted to half plus casts, while the cond functions (no allowlisted op) are
-unchanged and functions not reachable from the main graph (the non-``_rewritten`` originals
-kept in the library) are left exactly as they were.  The main-graph ``While`` nodes themselves
-are boundaries: their ``T`` attrs stay float.
+Function libraries — observed with TF 2.21.0 on the corpus (``tests/corpus.py``):
 
-Not every setting is re-read per call: environment variables that TF caches in C++ statics are
-only honoured on first use in a process (use a subprocess when a test needs them changed).
+* The returned GraphDef carries a function library, and **the functions reachable from the main
+  graph are rewritten too**: the meta optimizer optimizes each reachable, non-parametrized
+  function as a separate ``GrapplerFunctionItem`` with the same optimizer list (its ``_Arg`` /
+  ``_Retval`` boundaries stay float32, casts are inserted next to them, signatures never
+  change).  In ``rnn/training`` the ``While``/``StatelessWhile`` bodies
+  ``rnn_1_{lstm,gru}_1_while_body_NNN_rewritten`` (forward) and ``..._body_NNN_grad_NNN``
+  (backward) get their MatMuls etc. converted; in ``rnn/inference_v2`` the two
+  ``..._while_body_frozen_NNN`` functions.  The cond functions (no allowlisted op) come back
+  unchanged.
+* Functions **not** reachable from the main graph are **deleted** from the returned library
+  ("Deleted N unreachable functions"), even when AMP changes nothing (``rnn/training``: 12
+  functions in, 8 out; the four non-``_rewritten`` originals are gone).
+* The ``While`` nodes of the main graph are boundaries (their ``T`` list stays float), but a
+  TensorList whose handle goes *through* a ``While`` (``TensorListReserve -> While ->
+  TensorListStack``) is still painted as one cluster in the main graph while the body function,
+  optimized separately, keeps ``element_dtype: float``.  TF's own output for ``rnn/training`` and
+  ``rnn/inference_v2`` therefore fails to execute ("Invalid data types; op elements float but
+  list elements half" in ``TensorListGetItem``/``SetItem``).  The lowered ``rnn/inference``
+  (v1 frames, no functions) runs fine.
+
+Other observations (same TF build, this machine):
+
+* Even when AMP changes nothing, the output is not byte-identical to the input: the meta
+  optimizer topologically sorts the graph, Grappler's item builder re-encodes constant tensors
+  (``tensor_content`` <-> repeated ``*_val``, zeros dropped) and reassigns colocation groups
+  (``_class``).  Compare with :func:`same_nodes` / :func:`rewritten_functions`, which ignore
+  node order, tensor encoding and ``_class``.
+* ``mode="fp16_cpu"`` is a no-op here: TF logs "No support for
+  auto_mixed_precision_onednn_float16 graph optimizer on CPU" (this CPU has no AMX-FP16 /
+  AVX-NE-CONVERT), then CUDA mode finds no GPU.
+* ``mode="cpu"`` (fp16 emulation) raises ``IndexError: absl::container_internal::raw_hash_map<>
+  ::at`` from C++ on the control-flow-v1 graph ``while_v1`` (emulation needs a topologically
+  ordered graph, design doc §6.4 #10); it works on the acyclic graphs.
+* ``mode="bf16"`` works (oneDNN build).  With ``gpus=("8.0",)`` added in bf16 mode nothing is
+  converted: empty-device nodes are then placed on the GPU, which BF16 mode does not process.
+
+Environment variables (``env=``): TF reads several ``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_*``
+variables once per process and caches them (e.g. ``..._IGNORE_PERFORMANCE=1`` made a "6.1" GPU
+count only in a fresh process, not after earlier calls in the same process).  Run such cases in
+a subprocess.
 """
 
 from __future__ import annotations
@@ -72,6 +100,8 @@ __all__ = [
     "converted_type_attrs",
     "amp_cast_count",
     "rewritten_functions",
+    "same_nodes",
+    "IGNORED_ATTRS",
     "make_cluster",
     "GPU_NAME",
     "CPU_NAME",
@@ -267,14 +297,59 @@ def amp_cast_count(before: GraphDef, after: GraphDef) -> int:
     return count
 
 
+def _attr_key(v) -> tuple:
+    if v.WhichOneof("value") == "tensor":
+        # Grappler re-encodes constant tensors (tensor_content <-> repeated *_val, trailing
+        # zeros dropped): compare decoded values instead of the encoding.
+        from tensorflow.python.framework import tensor_util
+
+        arr = tensor_util.MakeNdarray(v.tensor)
+        return ("tensor", int(v.tensor.dtype), arr.shape, arr.tobytes())
+    return ("attr", v.SerializeToString(deterministic=True))
+
+
+# Attrs rewritten by Grappler's item construction itself, whatever the optimizers do: colocation
+# groups (`_class: ["loc:@..."]`) are re-assigned to a canonical member of each group.
+IGNORED_ATTRS = frozenset({"_class"})
+
+
+def _node_key(n) -> tuple:
+    """Encoding-insensitive identity of a NodeDef (name, op, inputs, device, attrs other than
+    :data:`IGNORED_ATTRS`)."""
+    return (
+        n.name,
+        n.op,
+        tuple(n.input),
+        n.device,
+        tuple(sorted((k, _attr_key(v)) for k, v in n.attr.items() if k not in IGNORED_ATTRS)),
+        n.experimental_debug_info.SerializeToString(deterministic=True),
+    )
+
+
+def _function_fingerprint(f) -> tuple:
+    """Order-insensitive view of a FunctionDef (signature, attrs, body node set, returns)."""
+    return (
+        f.signature.SerializeToString(deterministic=True),
+        tuple(sorted((k, v.SerializeToString(deterministic=True)) for k, v in f.attr.items())),
+        tuple(sorted(_node_key(n) for n in f.node_def)),
+        tuple(sorted(f.ret.items())),
+        tuple(sorted(f.control_ret.items())),
+    )
+
+
+def same_nodes(a: GraphDef, b: GraphDef) -> bool:
+    """True iff the main graphs hold the same set of NodeDefs (node order and the encoding of
+    constant tensors ignored)."""
+    return sorted(_node_key(n) for n in a.node) == sorted(_node_key(n) for n in b.node)
+
+
 def rewritten_functions(before: GraphDef, after: GraphDef) -> list[str]:
-    """Names of the functions whose body differs between ``before`` and ``after``."""
+    """Names of the functions of ``after`` that are new or whose signature / body node set /
+    returns differ from ``before`` (node order inside a body is ignored)."""
     b = {f.signature.name: f for f in before.library.function}
     changed = []
     for f in after.library.function:
         old = b.get(f.signature.name)
-        if old is None or old.SerializeToString(deterministic=True) != f.SerializeToString(
-            deterministic=True
-        ):
+        if old is None or _function_fingerprint(old) != _function_fingerprint(f):
             changed.append(f.signature.name)
     return sorted(changed)
