@@ -57,10 +57,26 @@ def resolve_target(target: str | Target) -> Target:
     return parse_target(target)
 
 
+_CATEGORIES = ("allow", "infer", "deny", "clear")
+
+
 def _edits(category: str, action: str, ops: Iterable[str] | str) -> list[ListEdit]:
+    """Edits for ``add=``/``remove=`` arguments.
+
+    Unlike TensorFlow's environment variables (where adding an op to a second list is an
+    error), an argument that adds an op *moves* it: it is first removed from the other lists.
+    """
     if isinstance(ops, str):
         ops = [o for o in (x.strip() for x in ops.split(",")) if o]
-    return [ListEdit(action, category, op, "argument") for op in ops]  # type: ignore[arg-type]
+    if category not in _CATEGORIES:
+        raise ListError(f"unknown list {category!r}; expected one of {', '.join(_CATEGORIES)}")
+    edits = []
+    for op in ops:
+        if action == "add":
+            edits += [ListEdit("remove", other, op, "argument") for other in _CATEGORIES  # type: ignore[arg-type]
+                      if other != category]
+        edits.append(ListEdit(action, category, op, "argument"))  # type: ignore[arg-type]
+    return edits
 
 
 def resolve_lists(

@@ -43,15 +43,23 @@ def build_parser() -> argparse.ArgumentParser:
         prog="amp-rewrite",
         description="Rewrite TensorFlow graphs to mixed precision (float16/bfloat16).",
     )
+    # -v/-q work before or after the subcommand; SUPPRESS keeps a subcommand's default from
+    # undoing a flag given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="per-node decisions (DEBUG log)")
+    common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                        help="only errors")
     parser.add_argument("-v", "--verbose", action="store_true", help="per-node decisions (DEBUG log)")
     parser.add_argument("-q", "--quiet", action="store_true", help="only errors")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    demo = sub.add_parser("demo", help="rewrite a small Keras model built in-process and explain it")
+    demo = sub.add_parser("demo", parents=[common],
+                          help="rewrite a small Keras model built in-process and explain it")
     demo.add_argument("--target", default="gpu:8.0")
     demo.add_argument("--precision", default="float16", choices=("float16", "bfloat16"))
 
-    rw = sub.add_parser("rewrite", help="rewrite a GraphDef file (.pb binary or .pbtxt text)")
+    rw = sub.add_parser("rewrite", parents=[common], help="rewrite a GraphDef file (.pb binary or .pbtxt text)")
     rw.add_argument("input")
     rw.add_argument("output")
     _add_list_options(rw)
@@ -61,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     rw.add_argument("--report", metavar="FILE.json", help="write the decision report as JSON")
     rw.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT")
 
-    ls = sub.add_parser("lists", help="print the effective op lists after all overrides")
+    ls = sub.add_parser("lists", parents=[common], help="print the effective op lists after all overrides")
     _add_list_options(ls)
     return parser
 

@@ -29,8 +29,8 @@ Modes:
 
 ``gpus=None`` (the default) means ``("8.0",)`` in ``"cuda"`` mode and no GPU in the CPU modes
 (a CPU-only cluster, so empty-device nodes land on ``CPU:0``).  Pass ``gpus`` explicitly to
-override (e.g. ``gpus=("8.0",)`` in ``"bf16"`` mode reproduces the "GPUs detected" warning and
-places empty-device nodes on the GPU, where BF16 mode does not process them).
+override (e.g. ``gpus=("8.0",)`` in ``"bf16"`` mode places empty-device nodes on the GPU, where
+BF16 mode does not process them).
 
 Function libraries — observed with TF 2.21.0 on the corpus (``tests/corpus.py``):
 
@@ -70,10 +70,11 @@ Other observations (same TF build, this machine):
 * ``mode="bf16"`` works (oneDNN build).  With ``gpus=("8.0",)`` added in bf16 mode nothing is
   converted: empty-device nodes are then placed on the GPU, which BF16 mode does not process.
 
-Environment variables (``env=``): TF reads several ``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_*``
-variables once per process and caches them (e.g. ``..._IGNORE_PERFORMANCE=1`` made a "6.1" GPU
-count only in a fresh process, not after earlier calls in the same process).  Run such cases in
-a subprocess.
+Environment variables (``env=``): TF reads ``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_*`` variables
+once per process and caches them: the value seen by the first AMP call of the process sticks
+(verified with ``..._IGNORE_PERFORMANCE=1`` and a "6.1" GPU: honoured when passed on the first
+call, ignored after an earlier call without it, and still in force on later calls without it).
+Run such cases in a subprocess.
 """
 
 from __future__ import annotations

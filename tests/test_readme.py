@@ -1,0 +1,24 @@
+"""The README's examples run, and its two commands are the ones CI and users run."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def test_readme_python_examples_run():
+    blocks = re.findall(r"```python\n(.*?)```", README, re.S)
+    assert blocks, "the README should show the Python API"
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), {})
+
+
+def test_ci_runs_the_readme_test_command():
+    commands = re.findall(r"```bash\n(.*?)```", README, re.S)
+    assert "pip install . && amp-rewrite demo" in commands[0]
+    test_command = commands[1].strip()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert test_command in ci.splitlines()
