@@ -241,7 +241,7 @@ def rewrite_graph_def(
     plans: dict[str, Plan] = {}
     stats: dict[str, RewriteStats] = {}
     plans[""] = decide(g, op_lists, tgt, precision, registry, options)
-    stats[""] = apply_plan(g, plans[""])
+    stats[""] = apply_plan(g, plans[""], fold_casts=not tensorflow_bugs)
     skipped_functions = dict(imported.skipped_functions)
     for fname in sorted(imported.functions):
         fg = imported.functions[fname]
@@ -253,7 +253,7 @@ def rewrite_graph_def(
                 keep |= {n for n in fg.nodes if exclude_re.search(n)}
             f_options = DecideOptions(options.force_all, frozenset(keep), tensorflow_bugs)
             plan = decide(fg, op_lists, tgt, precision, registry, f_options)
-            fstats = apply_plan(fg, plan)
+            fstats = apply_plan(fg, plan, fold_casts=not tensorflow_bugs)
         except InvalidGraphError as exc:
             # TensorFlow optimizes each function separately and keeps a function it cannot
             # optimize as it was; do the same, and say so in the report.

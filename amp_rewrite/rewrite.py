@@ -83,10 +83,76 @@ def _reads_ref_var(g: nx.MultiDiGraph, name: str) -> bool:
     return False
 
 
-def apply_plan(g: nx.MultiDiGraph, plan: Plan) -> RewriteStats:
+#: Source dtypes whose conversion to float32 is exact, so X -> float32 -> Y == X -> Y.
+_EXACT_IN_FLOAT = frozenset({
+    dt.BOOL, dt.INT8, dt.UINT8, dt.INT16, dt.UINT16, dt.HALF, dt.BFLOAT16, dt.FLOAT,
+})
+
+
+def _exact(src: int, dst: int) -> bool:
+    return src == dst or (dst == dt.FLOAT and src in _EXACT_IN_FLOAT)
+
+
+def _rewire_consumers(g: nx.MultiDiGraph, node: str, to: tuple[str, int]) -> None:
+    for dst, q, key in ir.consumers(g, node, 0):
+        g.remove_edge(node, dst, key=key)
+        ir.add_data_edge(g, to[0], to[1], dst, q, None)
+        g.nodes[dst]["dirty"] = True
+
+
+def _fold_cast_chains(g: nx.MultiDiGraph, casts: list[CastInfo]) -> list[CastInfo]:
+    """Remove Cast -> Cast chains that involve an inserted Cast.  Mutates ``g``.
+
+    ``A -> B -> C`` becomes ``A -> C`` (or nothing when ``A == C``) when ``A -> B`` is exact,
+    so values are unchanged.  Two shapes occur: an inserted cast after an existing Cast
+    (``bool -> float`` feeding float16 consumers), and an existing Cast after an inserted one
+    (a ``float -> int32`` Cast reading a tensor that is now float16).
+    """
+    inserted = {c.name: c for c in casts}
+    removed: set[str] = set()
+    for c in casts:
+        (src, port), = ir.data_inputs(g, c.name)
+        prev = g.nodes[src]
+        if prev["op"] != "Cast" or not _exact(prev["dtypes"]["SrcT"], prev["dtypes"]["DstT"]):
+            continue
+        origin = ir.data_inputs(g, src)[0]
+        data = g.nodes[c.name]
+        if prev["dtypes"]["SrcT"] == data["dtypes"]["DstT"]:
+            _rewire_consumers(g, c.name, origin)
+            g.remove_node(c.name)
+            removed.add(c.name)
+        else:
+            g.remove_edge(src, c.name, key=0)
+            ir.add_data_edge(g, origin[0], origin[1], c.name, 0, None)
+            data["dtypes"]["SrcT"] = prev["dtypes"]["SrcT"]
+        if src in inserted and g.out_degree(src) == 0:
+            g.remove_node(src)
+            removed.add(src)
+    for c in casts:
+        if c.name in removed or not _exact(g.nodes[c.name]["dtypes"]["SrcT"], dt.FLOAT):
+            continue
+        (origin,) = ir.data_inputs(g, c.name)
+        for dst, q, key in ir.consumers(g, c.name, 0):
+            data = g.nodes[dst]
+            if data["op"] != "Cast" or dst in inserted or data["dtypes"].get("SrcT") != dt.FLOAT:
+                continue
+            g.remove_edge(c.name, dst, key=key)
+            ir.add_data_edge(g, origin[0], origin[1], dst, q, None)
+            data["dtypes"]["SrcT"] = g.nodes[c.name]["dtypes"]["SrcT"]
+            data.setdefault("changed_attrs", set()).add("SrcT")
+            data["dirty"] = True
+        if g.out_degree(c.name) == 0:
+            g.remove_node(c.name)
+            removed.add(c.name)
+    return [c for c in casts if c.name not in removed]
+
+
+def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> RewriteStats:
     """Carry out ``plan`` on ``g``.  **Mutates** ``g`` (callers pass an IR they own).
 
     Assumes ``plan`` was made by :func:`~amp_rewrite.decide.decide` for this very graph.
+    ``fold_casts`` removes Cast -> Cast chains (off for exact parity with TensorFlow, which
+    leaves them).
     """
     if plan.skipped is not None:
         return RewriteStats((), (), 0)
@@ -152,4 +218,6 @@ def apply_plan(g: nx.MultiDiGraph, plan: Plan) -> RewriteStats:
                 if cast_name is not None:
                     casts.append(CastInfo(cast_name, name, port, low if not src_allow else dt.FLOAT,
                                           tuple(rewired)))
+    if fold_casts:
+        casts = _fold_cast_chains(g, casts)
     return RewriteStats(tuple(converted), tuple(casts), tf_style)

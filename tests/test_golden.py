@@ -280,3 +280,60 @@ def test_bfloat16_on_cpu_matches_tensorflow_onednn_mode():
     assert {"conv", "bias", "relu"} <= converted(ours)
     # The Relu becomes allow only in pass 5, after pass 4 looked at the Mean behind it.
     assert "mean" not in converted(ours)
+
+
+def test_no_cast_chain_after_an_existing_cast():
+    # A bool->float Cast feeding a MatMul and an Exp: TensorFlow chains a float->half Cast
+    # after it; we cast bool->half directly (bool->float is exact, so values are the same).
+    def build():
+        c = tf.cast(v1.placeholder(tf.bool, (8, 8), name="b"), F32, name="cast")
+        tf.identity(tf.matmul(c, _ph("x"), name="mm"), name="out")
+        tf.identity(tf.exp(c, name="exp"), name="out2")
+
+    gd = graph_def(build)
+    ours = differential(gd, ["out", "out2"])
+    nodes = {n.name: n for n in ours.graph_def.node}
+    inserted = [n for n in ours.graph_def.node if n.name.endswith("AutoMixedPrecision")]
+    assert all(nodes[n.input[0].split(":")[0]].op != "Cast" for n in inserted)
+    to_half = next(n for n in inserted if n.attr["DstT"].type == tf.float16.as_datatype_enum and "cast" in n.name)
+    assert to_half.input[0] == "b" and to_half.attr["SrcT"].type == tf.bool.as_datatype_enum
+    feeds = {"b:0": np.eye(8, dtype=bool), "x:0": np.ones((8, 8), np.float32)}
+    np.testing.assert_allclose(run(ours.graph_def, feeds, ["out:0"])[0], run(gd, feeds, ["out:0"])[0])
+
+
+def test_no_cast_chain_before_an_existing_cast():
+    # A half MatMul feeding a float->int32 Cast: the Cast reads half directly.
+    def build():
+        m = tf.matmul(_ph("a"), _ph("b"), name="mm")
+        tf.identity(tf.cast(m, tf.int32, name="to_int"), name="out")
+        tf.identity(tf.matmul(m, m, name="mm2"), name="out2")
+
+    gd = graph_def(build)
+    ours = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", fetches=["out", "out2"], use_env=False)
+    nodes = {n.name: n for n in ours.graph_def.node}
+    assert nodes["to_int"].input[0] == "mm"
+    assert nodes["to_int"].attr["SrcT"].type == tf.float16.as_datatype_enum
+    assert not any(n.name.startswith("mm-0-CastToFp32") for n in ours.graph_def.node)
+    assert [c["source"] for c in ours.report["casts"] if c["dtype"] == "float32"] == ["mm2:0"]
+    feeds = {"a:0": np.full((8, 8), 0.5, np.float32), "b:0": np.full((8, 8), 2.0, np.float32)}
+    np.testing.assert_array_equal(run(ours.graph_def, feeds, ["out:0"])[0], run(gd, feeds, ["out:0"])[0])
+
+
+@pytest.mark.parametrize(
+    "target, precision, why",
+    [("gpu:6.1", "float16", "compute capability >= 7.0"),
+     ("gpu:7.5", "bfloat16", "compute capability >= 8.0"),
+     (amp_rewrite.Target("cpu", (amp_rewrite.Device("CPU", 0, None, frozenset({"avx2"})),)), "float16",
+      "amx_fp16 or avx512_fp16")],
+)
+def test_nothing_eligible_returns_graph_unchanged_with_one_log_line(target, precision, why, caplog):
+    def build():
+        tf.identity(tf.matmul(_ph("a"), _ph("b"), name="mm"), name="out")
+
+    gd = graph_def(build)
+    with caplog.at_level(logging.DEBUG, logger="amp_rewrite"):
+        result = amp_rewrite.rewrite_graph_def(gd, target=target, precision=precision, use_env=False)
+    assert result.graph_def.SerializeToString(deterministic=True) == gd.SerializeToString(deterministic=True)
+    assert why in result.report["skipped"]
+    records = [r for r in caplog.records if r.levelno >= logging.INFO]
+    assert len(records) == 1 and why in records[0].getMessage()
