@@ -12,11 +12,14 @@ Overrides apply in one order: list profile -> list file -> environment variables
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import os
 import re
+import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence
 
 import networkx as nx
 
@@ -48,6 +51,9 @@ class RewriteResult:
     graph_def: Any
     report: dict[str, Any]
     plans: Mapping[str, Plan] = field(default_factory=dict)
+    #: Seconds per stage (``lists``, ``import``, ``decide``, ``rewrite``, ``export``); kept out of
+    #: the report so the report stays byte-identical across runs.
+    timings: Mapping[str, float] = field(default_factory=dict)
 
 
 def resolve_target(target: str | Target) -> Target:
@@ -118,10 +124,36 @@ def resolve_lists(
 
 
 def _check_cycles(g: nx.MultiDiGraph, where: str) -> None:
-    """Raise unless every cycle of ``g`` goes through a NextIteration node."""
-    view = nx.subgraph_view(g, filter_edge=lambda u, v, k: g.nodes[u]["op"] != "NextIteration")
-    if nx.is_directed_acyclic_graph(view):
+    """Raise unless every cycle of ``g`` goes through a NextIteration node.
+
+    Kahn's algorithm on the graph without NextIteration's out-edges (loop back edges); the
+    nodes left over all lie on or behind a forbidden cycle.  Linear in nodes + edges.
+    """
+    succ = g.succ
+    indegree = dict.fromkeys(g.nodes, 0)
+    ops = {n: d["op"] for n, d in g.nodes(data=True)}
+    for u, nbrs in succ.items():
+        if ops[u] == "NextIteration":
+            continue
+        for v, keyed in nbrs.items():
+            indegree[v] += len(keyed)
+    ready = [n for n, k in indegree.items() if k == 0]
+    seen = 0
+    while ready:
+        u = ready.pop()
+        seen += 1
+        if ops[u] == "NextIteration":
+            continue
+        for v, keyed in succ[u].items():
+            indegree[v] -= len(keyed)
+            if indegree[v] == 0:
+                ready.append(v)
+    if seen == len(indegree):
         return
+    stuck = {n for n, k in indegree.items() if k > 0}
+    view = nx.subgraph_view(
+        g, filter_node=stuck.__contains__, filter_edge=lambda u, v, k: ops[u] != "NextIteration"
+    )
     cycle = nx.find_cycle(view)
     names = " -> ".join(repr(u) for u, *_ in cycle[:8])
     raise InvalidGraphError(
@@ -132,6 +164,19 @@ def _check_cycles(g: nx.MultiDiGraph, where: str) -> None:
 def _default_preserve(g: nx.MultiDiGraph) -> set[str]:
     """Graph outputs when no fetches are given: nodes nothing reads from."""
     return {n for n in g.nodes if g.out_degree(n) == 0}
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector: the IR allocates millions of small acyclic objects
+    and the collector's repeated full scans would otherwise dominate the run time."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def rewrite_graph_def(
@@ -195,6 +240,31 @@ def rewrite_graph_def(
     AmpRewriteError
         For input that is not a valid graph, unknown lists or ops, or a bad target.
     """
+    with _gc_paused():
+        return _rewrite_graph_def(
+            graph_def, target=target, precision=precision, lists=lists, lists_file=lists_file,
+            fetches=fetches, add=add, remove=remove, level=level, exclude=exclude,
+            functions=functions, tensorflow_bugs=tensorflow_bugs, use_env=use_env, registry=registry,
+        )
+
+
+def _rewrite_graph_def(
+    graph_def: Any,
+    *,
+    target: str | Target,
+    precision: Precision,
+    lists: str | os.PathLike[str],
+    lists_file: str | os.PathLike[str] | None,
+    fetches: Sequence[str] | None,
+    add: Mapping[str, Iterable[str] | str] | None,
+    remove: Mapping[str, Iterable[str] | str] | None,
+    level: str | None,
+    exclude: str | None,
+    functions: str,
+    tensorflow_bugs: bool,
+    use_env: bool,
+    registry: OpRegistry | None,
+) -> RewriteResult:
     if precision not in ("float16", "bfloat16"):
         raise TargetError(f"unknown precision {precision!r}; expected 'float16' or 'bfloat16'")
     if isinstance(graph_def, (bytes, bytearray)):
@@ -202,6 +272,7 @@ def rewrite_graph_def(
     elif not hasattr(graph_def, "node") or not hasattr(graph_def, "library"):
         raise AmpRewriteError(f"expected a GraphDef or its bytes, got {type(graph_def).__name__}")
     registry = registry or default_registry()
+    t_lists = time.perf_counter()
     tgt = resolve_target(target)
     op_lists, lvl = resolve_lists(
         lists, target=tgt, precision=precision, lists_file=lists_file, add=add, remove=remove,
@@ -214,6 +285,10 @@ def rewrite_graph_def(
 
     if functions not in ("all", "reachable"):
         raise AmpRewriteError(f"functions must be 'all' or 'reachable', not {functions!r}")
+    clock = time.perf_counter
+    timings = dict.fromkeys(("lists", "import", "decide", "rewrite", "export"), 0.0)
+    t0 = clock()
+    timings["lists"] = t0 - t_lists
     imported = import_graph_def(graph_def, registry)
     if functions == "reachable":
         keep = reachable_functions(graph_def)
@@ -240,8 +315,13 @@ def rewrite_graph_def(
                             tensorflow_bugs=tensorflow_bugs)
     plans: dict[str, Plan] = {}
     stats: dict[str, RewriteStats] = {}
+    t1 = clock()
+    timings["import"] += t1 - t0
     plans[""] = decide(g, op_lists, tgt, precision, registry, options)
+    t2 = clock()
+    timings["decide"] += t2 - t1
     stats[""] = apply_plan(g, plans[""], fold_casts=not tensorflow_bugs)
+    timings["rewrite"] += clock() - t2
     skipped_functions = dict(imported.skipped_functions)
     for fname in sorted(imported.functions):
         fg = imported.functions[fname]
@@ -252,8 +332,12 @@ def rewrite_graph_def(
             if exclude_re is not None:
                 keep |= {n for n in fg.nodes if exclude_re.search(n)}
             f_options = DecideOptions(options.force_all, frozenset(keep), tensorflow_bugs)
+            t1 = clock()
             plan = decide(fg, op_lists, tgt, precision, registry, f_options)
+            t2 = clock()
+            timings["decide"] += t2 - t1
             fstats = apply_plan(fg, plan, fold_casts=not tensorflow_bugs)
+            timings["rewrite"] += clock() - t2
         except InvalidGraphError as exc:
             # TensorFlow optimizes each function separately and keeps a function it cannot
             # optimize as it was; do the same, and say so in the report.
@@ -263,7 +347,9 @@ def rewrite_graph_def(
             continue
         plans[fname] = plan
         stats[fname] = fstats
+    t3 = clock()
     out = export_graph_def(imported, registry)
+    timings["export"] += clock() - t3
     report = build_report(
         imported, plans, stats, target=tgt, precision=precision, lists=op_lists, level=lvl,
         skipped_functions=skipped_functions,
@@ -277,4 +363,4 @@ def rewrite_graph_def(
             report["converted_nodes"], report["total_nodes"], precision, report["casts_to_low"],
             precision, report["casts_to_high"], tgt.description, op_lists.profile,
         )
-    return RewriteResult(out, report, plans)
+    return RewriteResult(out, report, plans, timings)

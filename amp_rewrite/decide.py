@@ -683,6 +683,12 @@ class _Painter:
             for v in tg.by_node[name]:
                 attrs[tg.attr[v]] = self._attr_decision(v)
             nodes[name] = self._node_decision(name, attrs)
+        if log.isEnabledFor(logging.DEBUG):
+            for name, nd in nodes.items():
+                for ta, d in nd.attrs.items():
+                    if d.color in ("allow", "deny"):
+                        log.debug("%s: %s %s of %s node %s: %s", graph_name or "graph",
+                                  d.color.upper(), ta, nd.op, name, d.reason)
         parent = {vert(k): vert(p) for k, p in self.deny_parent.items()}
         return Plan(
             graph_name=graph_name,

@@ -41,6 +41,7 @@ __all__ = [
     "data_inputs",
     "control_inputs",
     "consumers",
+    "consumers_by_port",
     "ordered_nodes",
     "add_node",
     "add_data_edge",
@@ -51,7 +52,8 @@ def data_inputs(g: nx.MultiDiGraph, name: str) -> list[tuple[str, int]]:
     """The data inputs of ``name`` as ``(producer, output port)``, in input-port order."""
     ins = [
         (d["dst_port"], u, d["src_port"])
-        for u, _, d in g.in_edges(name, data=True)
+        for u, keyed in g._pred[name].items()
+        for d in keyed.values()
         if d["dst_port"] != CONTROL
     ]
     ins.sort()
@@ -65,18 +67,26 @@ def control_inputs(g: nx.MultiDiGraph, name: str) -> list[str]:
     return [u for _, u in ins]
 
 
-def consumers(g: nx.MultiDiGraph, name: str, port: int) -> list[tuple[str, int, int]]:
-    """Regular consumers of output ``port`` of ``name`` as ``(consumer, dst_port, key)``.
+def consumers_by_port(g: nx.MultiDiGraph, name: str) -> dict[int, list[tuple[str, int, int]]]:
+    """Regular consumers of every output of ``name``: port -> ``[(consumer, dst_port, key)]``.
 
-    Sorted by the consumer's order and port so callers iterate deterministically.
+    Each list is sorted by the consumer's order and port, so callers iterate
+    deterministically.  One pass over the node's out-edges.
     """
-    out = [
-        (g.nodes[v]["order"], v, d["dst_port"], k)
-        for _, v, k, d in g.out_edges(name, keys=True, data=True)
-        if d["src_port"] == port and d["dst_port"] != CONTROL
-    ]
-    out.sort()
-    return [(v, q, k) for _, v, q, k in out]
+    nodes = g._node
+    by_port: dict[int, list[tuple[tuple[int, int], str, int, int]]] = {}
+    for v, keyed in g._succ[name].items():
+        order = nodes[v]["order"]
+        for k, d in keyed.items():
+            q = d["dst_port"]
+            if q != CONTROL:
+                by_port.setdefault(d["src_port"], []).append((order, v, q, k))
+    return {p: [(v, q, k) for _, v, q, k in sorted(lst)] for p, lst in by_port.items()}
+
+
+def consumers(g: nx.MultiDiGraph, name: str, port: int) -> list[tuple[str, int, int]]:
+    """Regular consumers of output ``port`` of ``name`` as ``(consumer, dst_port, key)``."""
+    return consumers_by_port(g, name).get(port, [])
 
 
 def ordered_nodes(g: nx.MultiDiGraph) -> list[str]:

@@ -176,6 +176,8 @@ def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> Re
             continue
         data = g.nodes[name]
         seq = 0
+        # Snapshot of the consumers before any cast of this node is inserted.
+        fanout = ir.consumers_by_port(g, name)
         for ta in nt.attrs:
             if get_dtype(nt.dtypes, ta) != dt.FLOAT:
                 continue
@@ -189,7 +191,7 @@ def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> Re
                     continue
                 cast_name = None
                 rewired = []
-                for dst, q, key in ir.consumers(g, name, port):
+                for dst, q, key in fanout.get(port, ()):
                     dst_types = types.get(dst)
                     dst_allow = dst_types is not None and (dst, dst_types.inputs[q]) in allow
                     if dst_allow == src_allow:

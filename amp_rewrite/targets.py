@@ -16,6 +16,7 @@ float16, >= 8.0 for bfloat16; CPU features for the CPU).
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from dataclasses import dataclass, field
@@ -160,6 +161,9 @@ class Target:
 
     def node_is_eligible(self, device: str, precision: Precision) -> bool:
         """Grappler's ``IsOnDevice`` + ``IsOnSuitableGPUArch`` for one node's device string."""
+        return _eligible(self, device, precision)
+
+    def _node_is_eligible(self, device: str, precision: Precision) -> bool:
         text = device or self.default_device().name
         parsed = parse_device_name(text)
         if parsed is None or parsed.type is None or parsed.id is None:
@@ -167,6 +171,12 @@ class Target:
         if self.device_type.lower() not in parsed.type.lower():
             return False
         return self.device_can_profit(self.place(device), precision)
+
+
+@functools.lru_cache(maxsize=4096)
+def _eligible(target: Target, device: str, precision: Precision) -> bool:
+    # Graphs repeat a handful of device strings over thousands of nodes.
+    return target._node_is_eligible(device, precision)
 
 
 def _parse_capability(text: str) -> tuple[int, int]:

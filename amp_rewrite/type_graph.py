@@ -57,31 +57,42 @@ def build_type_graph(
     Raises :class:`InvalidGraphError` if an input names an output its producer lacks.
     """
     tg = TypeGraph()
-    for name in order:
-        ids = []
-        for ta in types[name].attrs:
-            v = len(tg.node)
-            tg.node.append(name)
-            tg.attr.append(ta)
-            tg.index[(name, ta)] = v
-            tg.fanin.append([])
-            tg.fanout.append([])
-            ids.append(v)
-        tg.by_node[name] = ids
+    # Per node, the vertex of each input and output port, so edges are list lookups.
+    in_v: dict[str, list[int]] = {}
+    out_v: dict[str, list[int]] = {}
+    node_list = tg.node
+    attr_list = tg.attr
     index = tg.index
     for name in order:
-        in_types = types[name].inputs
+        nt = types[name]
+        local: dict[TypeAttr, int] = {}
+        for ta in nt.attrs:
+            v = len(node_list)
+            node_list.append(name)
+            attr_list.append(ta)
+            index[(name, ta)] = v
+            local[ta] = v
+        tg.by_node[name] = list(local.values())
+        in_v[name] = [local[ta] for ta in nt.inputs]
+        out_v[name] = [local[ta] for ta in nt.outputs]
+    n = len(node_list)
+    fanin: list[list[int]] = [[] for _ in range(n)]
+    fanout: list[list[int]] = [[] for _ in range(n)]
+    for name in order:
+        dst_vertices = in_v[name]
         for port, (src, src_port) in enumerate(inputs[name]):
-            src_outputs = types[src].outputs
-            if src_port >= len(src_outputs):
+            src_vertices = out_v[src]
+            if src_port >= len(src_vertices):
                 raise InvalidGraphError(
                     f"node {name!r} reads output {src_port} of {src!r}, which has only "
-                    f"{len(src_outputs)} output(s)",
+                    f"{len(src_vertices)} output(s)",
                     node=name,
                 )
-            a = index[(src, src_outputs[src_port])]
-            b = index[(name, in_types[port])]
-            tg.fanout[a].append(b)
-            tg.fanin[b].append(a)
+            a = src_vertices[src_port]
+            b = dst_vertices[port]
+            fanout[a].append(b)
+            fanin[b].append(a)
+    tg.fanin = fanin
+    tg.fanout = fanout
     tg.finalize()
     return tg

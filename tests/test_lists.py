@@ -367,6 +367,9 @@ def test_op_lists_helpers():
 
 def test_fallback_to_source_tree_when_package_missing(monkeypatch):
     monkeypatch.setattr(lists_mod, "_PACKAGE", "amp_rewrite._no_such_lists_package")
+    # Under a non-editable install the module lives in site-packages, where no lists/ folder
+    # sits next to it; point the fallback at this checkout's lists/ as a source tree would.
+    monkeypatch.setattr(lists_mod, "_SOURCE_TREE_LISTS", LISTS_DIR)
     found = lists_mod._lists_dir()
     assert Path(str(found)).resolve() == LISTS_DIR.resolve()
     assert available_profiles() == ["default", "tensorflow"]

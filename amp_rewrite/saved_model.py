@@ -1,0 +1,892 @@
+"""Model files: read a SavedModel, MetaGraphDef or frozen GraphDef, rewrite it, write it back.
+
+:func:`rewrite_saved_model` is the library function behind ``amp-rewrite rewrite``.  It reads
+``src``, rewrites every graph in it with :func:`amp_rewrite.api.rewrite_graph_def`, and
+writes ``dst`` in the same form, atomically.
+
+Formats are recognised by the path, never guessed from the bytes:
+
+* a directory holding ``saved_model.pb`` (or ``saved_model.pbtxt``): a **SavedModel**.  Every
+  MetaGraphDef (or the ones ``tags`` selects) is rewritten, including every function of its
+  library, so TF2 signatures (``StatefulPartitionedCall`` into the library) are rewritten
+  too.  The output directory is a copy of the input (``variables/``, ``assets/``, extra files)
+  with a new ``saved_model.pb``: tags, signature defs, the saver, collections and the object
+  graph are kept, and ``fingerprint.pb`` is regenerated (see :func:`_fingerprint`);
+* a ``*.meta`` file: a binary **MetaGraphDef** (``*.meta.pbtxt`` / ``*.meta.txt``: text);
+* any other file: a frozen **GraphDef**, text when it ends in ``.pbtxt``/``.txt``/``.prototxt``.
+
+Signature interfaces never change.  Function signatures are kept by the core (``_Arg`` and
+``_Retval`` are preserved); in the main graph the nodes a MetaGraphDef refers to (signature
+inputs and outputs, the saver, collections, variable definitions, assets) are passed to the
+core as fetches, so they keep their dtypes.
+
+Output is written through :class:`Staging`: everything goes to temporary siblings first and is
+renamed into place only when all of it has been written, so a failure or Ctrl-C leaves no
+output behind.  The input is never modified.  TensorFlow is imported lazily.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+
+from .api import Precision, RewriteResult, resolve_lists, resolve_target, rewrite_graph_def
+from .errors import AmpRewriteError, GraphFormatError, InvalidGraphError
+from .graph_io import load_graph_def, reachable_functions
+from .lists import OpLists
+from .progress import Progress
+from .targets import Target
+from .tensor_names import parse_graph_input
+
+__all__ = [
+    "ModelFile",
+    "GraphRewrite",
+    "ModelRewrite",
+    "Staging",
+    "load_model",
+    "rewrite_model",
+    "rewrite_saved_model",
+    "stage_model",
+    "model_format",
+]
+
+log = logging.getLogger(__name__)
+
+ModelFormat = Literal["saved_model", "meta_graph", "graph_def"]
+
+SAVED_MODEL_PB = "saved_model.pb"
+SAVED_MODEL_PBTXT = "saved_model.pbtxt"
+FINGERPRINT_PB = "fingerprint.pb"
+_TEXT_SUFFIXES = (".pbtxt", ".txt", ".prototxt")
+_META_SUFFIXES = (".meta", ".meta.pbtxt", ".meta.txt")
+_TMP_PREFIX = ".amp-rewrite-"
+#: Collections of serialized VariableDefs (tf.compat.v1.GraphKeys); their nodes keep dtypes.
+_VARIABLE_COLLECTIONS = frozenset({
+    "variables", "trainable_variables", "local_variables", "model_variables",
+    "moving_average_variables", "metric_variables", "concatenated_variables",
+})
+
+
+# ------------------------------------------------------------------------------ reading
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """A model read from disk.  ``message`` is a ``SavedModel``, ``MetaGraphDef`` or
+    ``GraphDef`` protobuf, treated as read-only by everything in this package."""
+
+    path: str
+    format: ModelFormat
+    text: bool
+    message: Any
+
+    @property
+    def meta_graphs(self) -> list[Any]:
+        """The MetaGraphDefs (all of a SavedModel's, the one of a ``.meta``, none otherwise)."""
+        if self.format == "saved_model":
+            return list(self.message.meta_graphs)
+        if self.format == "meta_graph":
+            return [self.message]
+        return []
+
+
+def model_format(path: str | os.PathLike[str]) -> tuple[ModelFormat, bool]:
+    """The format a path names and whether it is a text protobuf.  Looks at the name (and
+    whether it is a directory) only; a path that does not exist yet is classified by name."""
+    p = os.fspath(path)
+    name = os.path.basename(os.path.normpath(p)).lower()
+    if os.path.isdir(p):
+        return "saved_model", os.path.exists(os.path.join(p, SAVED_MODEL_PBTXT)) and not \
+            os.path.exists(os.path.join(p, SAVED_MODEL_PB))
+    if name.endswith(_META_SUFFIXES):
+        return "meta_graph", not name.endswith(".meta")
+    if name.endswith(_TEXT_SUFFIXES):
+        return "graph_def", True
+    if not os.path.exists(p) and "." not in name:
+        # A new path without an extension: the output of a SavedModel.
+        return "saved_model", False
+    return "graph_def", False
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise GraphFormatError(f"cannot read file: {exc.strerror}", path=path) from None
+
+
+def _parse(cls: Any, data: bytes, text: bool, what: str, path: str) -> Any:
+    """Parse ``data`` into a new ``cls`` message; :class:`GraphFormatError` if it is not one."""
+    from google.protobuf import text_format
+    from google.protobuf.message import DecodeError
+
+    msg = cls()
+    try:
+        if text:
+            text_format.Parse(data.decode("utf-8"), msg)
+        else:
+            msg.ParseFromString(data)
+    except (DecodeError, text_format.ParseError, UnicodeDecodeError, ValueError, RuntimeError) as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise GraphFormatError(f"corrupt {what} (protobuf could not parse it: {detail})", path=path) from None
+    return msg
+
+
+def load_model(path: str | os.PathLike[str]) -> ModelFile:
+    """Read a SavedModel directory, a MetaGraphDef or a frozen GraphDef.
+
+    Raises :class:`GraphFormatError` for a missing path, a directory that is not a SavedModel,
+    a chunked (``.cpb``) SavedModel, and files protobuf cannot parse.
+    """
+    from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
+
+    p = os.fspath(path)
+    if not os.path.exists(p):
+        raise GraphFormatError("no such file or directory", path=p)
+    if os.path.isdir(p):
+        pb, pbtxt = os.path.join(p, SAVED_MODEL_PB), os.path.join(p, SAVED_MODEL_PBTXT)
+        if os.path.isfile(pb):
+            source, text = pb, False
+        elif os.path.isfile(pbtxt):
+            source, text = pbtxt, True
+        elif os.path.exists(os.path.join(p, "saved_model.cpb")):
+            raise GraphFormatError("chunked SavedModels (saved_model.cpb, over 2 GiB) are not supported", path=p)
+        else:
+            raise GraphFormatError("a directory, but not a SavedModel (it has no saved_model.pb)", path=p)
+        sm = _parse(saved_model_pb2.SavedModel, _read(source), text, os.path.basename(source), p)
+        if not sm.meta_graphs:
+            raise GraphFormatError(f"corrupt {os.path.basename(source)}: it holds no MetaGraphDef", path=p)
+        for mg in sm.meta_graphs:
+            if not mg.graph_def.node and not mg.graph_def.library.function:
+                raise GraphFormatError(
+                    f"corrupt {os.path.basename(source)}: meta graph {list(mg.meta_info_def.tags)} "
+                    "has an empty graph", path=p)
+        return ModelFile(p, "saved_model", text, sm)
+    if os.path.basename(p) in (SAVED_MODEL_PB, SAVED_MODEL_PBTXT):
+        raise GraphFormatError("this is a SavedModel's own file; pass its directory instead", path=p)
+    fmt, text = model_format(p)
+    if fmt == "meta_graph":
+        mg = _parse(meta_graph_pb2.MetaGraphDef, _read(p), text, "MetaGraphDef", p)
+        if not mg.graph_def.node:
+            raise GraphFormatError("not a MetaGraphDef (it holds no graph)", path=p)
+        return ModelFile(p, "meta_graph", text, mg)
+    return ModelFile(p, "graph_def", text, load_graph_def(p))
+
+
+# ------------------------------------------------------------------------------ what to keep
+
+
+def _tensor_names(info: Any) -> list[str]:
+    """The tensor names a ``TensorInfo`` refers to (dense, sparse or composite)."""
+    kind = info.WhichOneof("encoding")
+    if kind == "name":
+        return [info.name]
+    if kind == "coo_sparse":
+        c = info.coo_sparse
+        return [n for n in (c.values_tensor_name, c.indices_tensor_name, c.dense_shape_tensor_name) if n]
+    if kind == "composite_tensor":
+        return [n for comp in info.composite_tensor.components for n in _tensor_names(comp)]
+    return []
+
+
+def _node_of(text: str) -> str | None:
+    try:
+        return parse_graph_input(text).node
+    except ValueError:
+        return None
+
+
+def _signature_nodes(meta: Any, names: Iterable[str] | None = None) -> tuple[set[str], set[str]]:
+    """Nodes of the signature inputs and outputs (of ``names``, or of every signature)."""
+    inputs: set[str] = set()
+    outputs: set[str] = set()
+    for key, sig in meta.signature_def.items():
+        if names is not None and key not in names:
+            continue
+        for info in sig.inputs.values():
+            inputs.update(n for t in _tensor_names(info) if (n := _node_of(t)))
+        for info in sig.outputs.values():
+            outputs.update(n for t in _tensor_names(info) if (n := _node_of(t)))
+    return inputs, outputs
+
+
+def _infrastructure_nodes(meta: Any) -> set[str]:
+    """Nodes the MetaGraphDef refers to outside its signatures: the saver, collections,
+    variable definitions and asset tensors.  TensorFlow looks them up by name when it
+    loads the model, so their dtypes must not change."""
+    from tensorflow.core.framework import variable_pb2
+
+    names: set[str] = set()
+    saver = meta.saver_def
+    for text in (saver.filename_tensor_name, saver.save_tensor_name, saver.restore_op_name):
+        if text and (n := _node_of(text)):
+            names.add(n)
+    for key, coll in meta.collection_def.items():
+        kind = coll.WhichOneof("kind")
+        if kind == "node_list":
+            names.update(n for t in coll.node_list.value if (n := _node_of(t)))
+        elif kind == "bytes_list" and key in _VARIABLE_COLLECTIONS:
+            for raw in coll.bytes_list.value:
+                var = variable_pb2.VariableDef()
+                try:
+                    var.ParseFromString(raw)
+                except Exception:  # noqa: BLE001 - a foreign payload is simply not a VariableDef
+                    continue
+                for text in (var.variable_name, var.initial_value_name, var.initializer_name,
+                             var.snapshot_name):
+                    if text and (n := _node_of(text)):
+                        names.add(n)
+    for asset in meta.asset_file_def:
+        names.update(n for t in _tensor_names(asset.tensor_info) if (n := _node_of(t)))
+    return names
+
+
+def _graph_outputs(graph_def: Any) -> set[str]:
+    """Main-graph nodes that nothing reads (data or control)."""
+    read = {n for node in graph_def.node for t in node.input if (n := _node_of(t))}
+    return {node.name for node in graph_def.node} - read
+
+
+def _closure(graph_def: Any, roots: Iterable[str]) -> set[str]:
+    """``roots`` and every main-graph node they depend on (data and control inputs)."""
+    inputs = {node.name: node.input for node in graph_def.node}
+    seen = {r for r in roots if r in inputs}
+    todo = list(seen)
+    while todo:
+        for text in inputs[todo.pop()]:
+            n = _node_of(text)
+            if n in inputs and n not in seen:
+                seen.add(n)
+                todo.append(n)
+    return seen
+
+
+# ------------------------------------------------------------------------------ rewriting
+
+
+@dataclass(frozen=True)
+class GraphRewrite:
+    """One rewritten graph of a model: a MetaGraphDef's graph, or the frozen GraphDef.
+
+    ``label`` names it in messages and dump files (``graph``, ``meta graph 0 [serve]``);
+    ``before`` is the input GraphDef (read-only); ``result`` holds the new GraphDef, the
+    report and the plans (only the functions ``signatures`` selected, when given).
+    """
+
+    label: str
+    index: int | None
+    tags: tuple[str, ...]
+    before: Any
+    result: RewriteResult
+    preserved: frozenset[str]
+
+
+@dataclass(frozen=True)
+class ModelRewrite:
+    """A model rewritten in memory: the new protobuf and one :class:`GraphRewrite` per graph.
+
+    ``message`` is a new message of the same type as ``source.message``.  ``lists`` are the
+    effective op lists that were used (for ``lists`` output and dumps).
+    """
+
+    source: ModelFile
+    message: Any
+    graphs: tuple[GraphRewrite, ...]
+    report: dict[str, Any]
+    lists: OpLists
+    target: Target
+
+
+def _select_meta_graphs(model: ModelFile, tags: Sequence[str] | None) -> list[int]:
+    metas = model.meta_graphs
+    if tags is None:
+        return list(range(len(metas)))
+    if model.format == "graph_def":
+        raise AmpRewriteError("--tags applies to SavedModels and MetaGraphDefs, not to a frozen GraphDef")
+    want = frozenset(t.strip() for t in tags if t.strip())
+    hits = [i for i, mg in enumerate(metas) if frozenset(mg.meta_info_def.tags) == want]
+    if not hits:
+        have = "; ".join(",".join(sorted(mg.meta_info_def.tags)) or "(no tags)" for mg in metas)
+        raise GraphFormatError(f"no meta graph has the tags {','.join(sorted(want))!r} (it has: {have})",
+                               path=model.path)
+    return hits
+
+
+def _check_signatures(model: ModelFile, indices: Sequence[int], signatures: Sequence[str]) -> None:
+    if model.format == "graph_def":
+        raise AmpRewriteError("--signature applies to SavedModels and MetaGraphDefs, not to a frozen GraphDef")
+    for i in indices:
+        mg = model.meta_graphs[i]
+        missing = [s for s in signatures if s not in mg.signature_def]
+        if missing:
+            have = ", ".join(sorted(k for k in mg.signature_def if not k.startswith("__"))) or "none"
+            raise GraphFormatError(
+                f"no signature {missing[0]!r} in meta graph {list(mg.meta_info_def.tags)} (it has: {have})",
+                path=model.path,
+            )
+
+
+def _check_tensors_exist(meta: Any, path: str) -> None:
+    """Every signature tensor must name a node of the graph (a broken model is refused here,
+    with the signature named, rather than deep in the core)."""
+    nodes = {n.name for n in meta.graph_def.node}
+    for key, sig in sorted(meta.signature_def.items()):
+        for side, infos in (("input", sig.inputs), ("output", sig.outputs)):
+            for arg, info in sorted(infos.items()):
+                for text in _tensor_names(info):
+                    if _node_of(text) not in nodes:
+                        raise GraphFormatError(
+                            f"signature {key!r} {side} {arg!r} names tensor {text!r}, which is not in the graph",
+                            path=path,
+                        )
+
+
+_COUNTS = ("total_nodes", "converted_nodes", "converted_attrs", "casts_to_low", "casts_to_high")
+
+
+def _restrict_to_functions(result: RewriteResult, before: Any, keep: set[str]) -> RewriteResult:
+    """Undo the rewrite of every function not in ``keep`` and drop it from report and plans.
+
+    Function signatures never change, so any mix of rewritten and original functions runs.
+    Returns a new result; ``result`` is not modified.
+    """
+    gd = type(result.graph_def)()
+    gd.CopyFrom(result.graph_def)
+    originals = {f.signature.name: f for f in before.library.function}
+    for i, fdef in enumerate(gd.library.function):
+        name = fdef.signature.name
+        if name not in keep and name in originals:
+            gd.library.function[i].CopyFrom(originals[name])
+    report = dict(result.report)
+    functions = report["functions"]
+    main = {k: report[k] - sum(f[k] for f in functions.values()) for k in _COUNTS}
+    kept = {n: f for n, f in functions.items() if n in keep}
+    for k in _COUNTS:
+        report[k] = main[k] + sum(f[k] for f in kept.values())
+    report["functions"] = kept
+    report["skipped_functions"] = {n: r for n, r in report["skipped_functions"].items() if n in keep}
+    if report["skipped"] is None and report["converted_attrs"] == 0:
+        report["skipped"] = "nothing to convert in the selected signatures"
+    plans = {n: p for n, p in result.plans.items() if n == "" or n in keep}
+    return dataclasses.replace(result, graph_def=gd, report=report, plans=plans)
+
+
+def _output_dtype(result: RewriteResult, tensor: str) -> int | None:
+    """The dtype of a main-graph tensor after the rewrite, from the plan (``None`` if the
+    node was not painted)."""
+    ref = parse_graph_input(tensor)
+    plan = result.plans.get("")
+    if plan is None or ref.node not in plan.nodes or ref.node not in plan.types:
+        return None
+    outputs = plan.types[ref.node].outputs
+    if ref.port >= len(outputs):
+        return None
+    ta = outputs[ref.port]
+    if ta.is_fixed:
+        return ta.fixed
+    decision = plan.nodes[ref.node].attrs.get(ta)
+    return None if decision is None else decision.dtype
+
+
+def _signatures_summary(meta: Any) -> dict[str, Any]:
+    """``{signature: {"inputs": {key: dtype}, "outputs": {key: dtype}}}`` for the report."""
+    from tensorflow.core.framework import types_pb2
+
+    def dtype(info: Any) -> str:
+        return types_pb2.DataType.Name(info.dtype).removeprefix("DT_").lower() if info.dtype else "composite"
+
+    return {
+        key: {
+            "method": sig.method_name,
+            "inputs": {k: dtype(v) for k, v in sorted(sig.inputs.items())},
+            "outputs": {k: dtype(v) for k, v in sorted(sig.outputs.items())},
+        }
+        for key, sig in sorted(meta.signature_def.items())
+    }
+
+
+def rewrite_model(
+    model: ModelFile,
+    *,
+    target: str | Target = "auto",
+    precision: Precision = "float16",
+    lists: str | os.PathLike[str] = "default",
+    lists_file: str | os.PathLike[str] | None = None,
+    add: Mapping[str, Iterable[str] | str] | None = None,
+    remove: Mapping[str, Iterable[str] | str] | None = None,
+    level: str | None = None,
+    exclude: str | None = None,
+    fetches: Sequence[str] | None = None,
+    tags: Sequence[str] | None = None,
+    signatures: Sequence[str] | None = None,
+    keep_io_types: bool = True,
+    tensorflow_bugs: bool = False,
+    use_env: bool = True,
+    progress: Progress | None = None,
+) -> ModelRewrite:
+    """Rewrite every selected graph of ``model`` in memory.  ``model`` is not modified.
+
+    ``tags`` selects the MetaGraphDefs of a SavedModel by their exact tag set (others are
+    kept as they are).  ``signatures`` restricts the rewrite to what those signatures run:
+    the library functions they call (directly or not), and, for TF1-style graphs whose
+    signatures name main-graph tensors, the main-graph nodes they depend on; everything
+    else is kept float32.  ``keep_io_types`` (default) keeps the dtypes of every signature
+    input and output and of a frozen graph's outputs; without it outputs may become low
+    precision and the signature defs are updated to match (TF2 function signatures never
+    change).  ``fetches`` adds main-graph nodes to preserve.  The other options are
+    :func:`~amp_rewrite.api.rewrite_graph_def`'s.
+
+    Raises :class:`AmpRewriteError` (or a subclass) for unknown tags or signatures, broken
+    signature tensors and everything ``rewrite_graph_def`` rejects.
+    """
+    tgt = resolve_target(target)
+    op_lists, _ = resolve_lists(
+        lists, target=tgt, precision=precision, lists_file=lists_file, add=add, remove=remove,
+        level=level, environ=os.environ if use_env else {},
+    )
+    options: dict[str, Any] = dict(
+        target=tgt, precision=precision, lists=lists, lists_file=lists_file, add=add, remove=remove,
+        level=level, tensorflow_bugs=tensorflow_bugs, use_env=use_env, functions="all",
+    )
+    if model.format == "graph_def":
+        if tags is not None:
+            _select_meta_graphs(model, tags)  # raises: a GraphDef has no tags
+        if signatures:
+            _check_signatures(model, [], signatures)  # raises likewise
+        if progress:
+            progress.stage("rewriting the graph")
+        if fetches is None and not keep_io_types:
+            fetches = []  # TensorFlow's behaviour: nothing preserved
+        result = rewrite_graph_def(model.message, exclude=exclude, fetches=fetches, **options)
+        outputs = _graph_outputs(model.message)
+        preserved = frozenset(fetches if fetches is not None else outputs)
+        graphs = (GraphRewrite("graph", None, (), model.message, result, preserved),)
+        message = result.graph_def
+        return ModelRewrite(model, message, graphs, _model_report(model, graphs), op_lists, tgt)
+
+    indices = _select_meta_graphs(model, tags)
+    if signatures:
+        _check_signatures(model, indices, signatures)
+    message = type(model.message)()
+    message.CopyFrom(model.message)
+    metas_out = list(message.meta_graphs) if model.format == "saved_model" else [message]
+    graphs: list[GraphRewrite] = []
+    for step, i in enumerate(indices):
+        meta = model.meta_graphs[i]
+        tag_tuple = tuple(meta.meta_info_def.tags)
+        label = "graph" if model.format == "meta_graph" else f"meta graph {i} [{','.join(tag_tuple)}]"
+        if progress:
+            progress.stage(f"rewriting {label}", step, len(indices))
+        _check_tensors_exist(meta, model.path)
+        gd = meta.graph_def
+        nodes = {n.name for n in gd.node}
+        sig_in, sig_out = _signature_nodes(meta)
+        preserve = _infrastructure_nodes(meta) | sig_in
+        outputs = _graph_outputs(gd)
+        if keep_io_types:
+            preserve |= outputs | sig_out
+        else:
+            preserve |= outputs - sig_out
+        if fetches:
+            for f in fetches:
+                name = _node_of(f)
+                if name not in nodes:
+                    raise InvalidGraphError(f"fetch {f!r} names a node that does not exist", node=name)
+                preserve.add(name)
+        preserve &= nodes
+        graph_exclude = exclude
+        keep_functions: set[str] | None = None
+        if signatures:
+            _, roots = _signature_nodes(meta, signatures)
+            closure = _closure(gd, roots)
+            sub = type(gd)()
+            sub.library.CopyFrom(gd.library)
+            sub.node.extend(n for n in gd.node if n.name in closure)
+            keep_functions = reachable_functions(sub)
+            if not meta.HasField("object_graph_def"):
+                # TF1 style: the signatures' nodes live in the main graph.  Keep the rest
+                # float32 through the core's name filter.  (It matches function bodies too;
+                # that can only keep more nodes float32, which is safe.)
+                others = sorted(nodes - closure)
+                if others:
+                    pattern = "^(?:" + "|".join(re.escape(n) for n in others) + ")$"
+                    graph_exclude = f"(?:{exclude})|{pattern}" if exclude else pattern
+        result = rewrite_graph_def(gd, fetches=sorted(preserve), exclude=graph_exclude, **options)
+        if keep_functions is not None:
+            result = _restrict_to_functions(result, gd, keep_functions)
+        out_meta = metas_out[i]
+        out_meta.graph_def.CopyFrom(result.graph_def)
+        if not keep_io_types:
+            for sig in out_meta.signature_def.values():
+                for info in sig.outputs.values():
+                    if info.WhichOneof("encoding") == "name":
+                        new = _output_dtype(result, info.name)
+                        if new is not None and new != info.dtype:
+                            info.dtype = new
+        graphs.append(GraphRewrite(label, i, tag_tuple, gd, result, frozenset(preserve)))
+    if progress:
+        progress.stage("rewrote the model", len(indices), len(indices))
+    return ModelRewrite(model, message, tuple(graphs), _model_report(model, graphs, message), op_lists, tgt)
+
+
+def _model_report(model: ModelFile, graphs: Sequence[GraphRewrite], message: Any = None) -> dict[str, Any]:
+    """The JSON-ready report of a model: totals over its graphs and one core report each."""
+    entries = []
+    for g in graphs:
+        entry: dict[str, Any] = {"label": g.label, "tags": list(g.tags)}
+        if g.index is not None and message is not None:
+            meta = message.meta_graphs[g.index] if model.format == "saved_model" else message
+            entry["signatures"] = _signatures_summary(meta)
+        entry.update(g.result.report)
+        entries.append(entry)
+    first = graphs[0].result.report
+    skipped = [g.result.report["skipped"] for g in graphs]
+    return {
+        "input": model.path,
+        "format": model.format,
+        "target": first["target"],
+        "precision": first["precision"],
+        "lists": first["lists"],
+        "level": first["level"],
+        **{k: sum(g.result.report[k] for g in graphs) for k in _COUNTS},
+        "skipped": skipped[0] if all(skipped) else None,
+        "graphs": entries,
+    }
+
+
+# ------------------------------------------------------------------------------ writing
+
+
+class Staging:
+    """Outputs written to temporary siblings and renamed into place together.
+
+    ``add_file``/``add_tree`` write at once to a temporary name next to the final path
+    (creating missing parent directories inside a temporary directory too, so nothing new
+    is visible early).  :meth:`commit` renames everything into place; leaving the ``with``
+    block without committing (an error, Ctrl-C) deletes every temporary.  OS errors become
+    :class:`AmpRewriteError` naming the path.  Not thread-safe.
+    """
+
+    def __init__(self) -> None:
+        # (temporary path, final path, replace an existing final path)
+        self._moves: list[tuple[str, str, bool]] = []
+        self._staged_dirs: dict[str, str] = {}  # final missing directory -> its temporary
+        self._committed = False
+
+    def __enter__(self) -> "Staging":
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if not self._committed:
+            self.discard()
+
+    def _where(self, final: str) -> str:
+        """A directory to create a temporary in, so that the temporary ends up at a path
+        that renames onto ``final`` (or onto its first missing ancestor)."""
+        parent = os.path.dirname(final)
+        for missing, tmp in self._staged_dirs.items():
+            if parent == missing or parent.startswith(missing + os.sep):
+                path = os.path.join(tmp, os.path.relpath(parent, missing))
+                os.makedirs(path, exist_ok=True)
+                return path
+        if os.path.isdir(parent):
+            return parent
+        missing = parent
+        while not os.path.exists(os.path.dirname(missing)):
+            missing = os.path.dirname(missing)
+        top = os.path.dirname(missing)
+        if not os.path.isdir(top):
+            raise AmpRewriteError(f"cannot write {final}: {top} is not a directory")
+        tmp = tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=top)
+        self._staged_dirs[missing] = tmp
+        self._moves.append((tmp, missing, False))
+        path = os.path.join(tmp, os.path.relpath(parent, missing))
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def _guard(self, final: str, action: Callable[[], None]) -> None:
+        try:
+            action()
+        except AmpRewriteError:
+            raise
+        except OSError as exc:
+            raise AmpRewriteError(f"cannot write {final}: {exc.strerror or exc}") from None
+
+    def add_file(self, path: str | os.PathLike[str], data: bytes) -> None:
+        """Stage ``data`` for ``path`` (an existing file there is replaced on commit)."""
+        final = os.path.abspath(os.fspath(path))
+
+        def write() -> None:
+            where = self._where(final)
+            if where != os.path.dirname(final):  # inside a staged new directory
+                with open(os.path.join(where, os.path.basename(final)), "wb") as f:
+                    f.write(data)
+                return
+            fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=where)
+            self._moves.append((tmp, final, True))
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+
+        self._guard(final, write)
+
+    def add_tree(self, path: str | os.PathLike[str], fill: Callable[[str], None], *, replace: bool) -> None:
+        """Stage a directory: ``fill(tmp_dir)`` writes its content.  With ``replace`` an
+        existing directory at ``path`` is swapped out on commit (and then deleted)."""
+        final = os.path.abspath(os.fspath(path))
+
+        def make() -> None:
+            where = self._where(final)
+            tmp = tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=where)
+            self._moves.append((tmp, final, replace))
+            fill(tmp)
+
+        self._guard(final, make)
+
+    def commit(self) -> None:
+        """Rename every staged output into place, in the order they were added."""
+        for tmp, final, replace in self._moves:
+            if not os.path.exists(tmp):
+                continue  # a file staged inside a directory that was moved already
+            self._guard(final, lambda: self._move(tmp, final, replace))
+        self._committed = True
+        self._moves.clear()
+
+    @staticmethod
+    def _move(tmp: str, final: str, replace: bool) -> None:
+        if os.path.isdir(tmp) and os.path.lexists(final):
+            if not replace:
+                raise FileExistsError(17, "it appeared while the rewrite ran")
+            # Directories cannot be replaced atomically: move the old one aside first and
+            # put it back if the rename fails.
+            old = tempfile.mkdtemp(prefix=_TMP_PREFIX + "old-", dir=os.path.dirname(final))
+            aside = os.path.join(old, "old")
+            os.rename(final, aside)
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                os.rename(aside, final)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+
+    def discard(self) -> None:
+        """Delete every temporary.  Safe to call more than once."""
+        for tmp, _, _ in reversed(self._moves):
+            if os.path.isdir(tmp) and not os.path.islink(tmp):
+                shutil.rmtree(tmp, ignore_errors=True)
+            elif os.path.lexists(tmp):
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+        self._moves.clear()
+        self._staged_dirs.clear()
+
+
+def _is_within(path: str, parent: str) -> bool:
+    path, parent = os.path.realpath(path), os.path.realpath(parent)
+    return path == parent or path.startswith(parent.rstrip(os.sep) + os.sep)
+
+
+def check_output(src: str, dst: str, *, overwrite: bool, what: str = "OUTPUT") -> None:
+    """Refuse an output that would modify the input or replace something without
+    ``overwrite``.  Called before any work, so bad requests fail at once."""
+    if _is_within(dst, src) and (os.path.isdir(src) or os.path.realpath(dst) == os.path.realpath(src)):
+        raise AmpRewriteError(f"{what} {dst} is the same as (or inside) INPUT; the input is never modified")
+    if overwrite and os.path.isdir(dst) and _is_within(src, dst):
+        raise AmpRewriteError(f"replacing {what} {dst} would delete INPUT {src}")
+    if os.path.isdir(dst):
+        if os.listdir(dst) and not overwrite:
+            raise AmpRewriteError(f"{what} {dst} exists and is not empty; pass --overwrite to replace it")
+    elif os.path.lexists(dst) and os.path.getsize(dst) > 0 and not overwrite:
+        raise AmpRewriteError(f"{what} {dst} exists; pass --overwrite to replace it")
+
+
+def _serialize(message: Any, text: bool) -> bytes:
+    if text:
+        from google.protobuf import text_format
+
+        return text_format.MessageToString(message).encode("utf-8")
+    return message.SerializeToString(deterministic=True)
+
+
+def _fingerprint(directory: str, old: bytes | None) -> bytes | None:
+    """A fingerprint for the SavedModel in ``directory`` (with its new ``saved_model.pb``).
+
+    TensorFlow does not check ``fingerprint.pb`` on load, but reads it as the model's
+    identity (metrics, ``tf.saved_model.experimental.read_fingerprint``, caches keyed on
+    its singleprint).  A stale one would say the rewritten model is the original, so it is
+    recomputed the way ``tf.saved_model.save`` does.  TensorFlow puts a random UUID in it;
+    here the UUID is derived from the old UUID and the new checksum, so the same input and
+    options give the same bytes.  Returns ``None`` (and the file is dropped) if TensorFlow
+    cannot fingerprint the directory.
+    """
+    from tensorflow.core.protobuf import fingerprint_pb2
+    from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
+
+    try:
+        fp = fingerprint_pb2.FingerprintDef.FromString(fingerprinting.CreateFingerprintDef(directory))
+    except Exception as exc:  # noqa: BLE001 - pybind raises its own exception types
+        log.warning("fingerprint.pb dropped: TensorFlow could not fingerprint the output (%s)", exc)
+        return None
+    old_uuid = ""
+    if old:
+        try:
+            old_uuid = fingerprint_pb2.FingerprintDef.FromString(old).uuid
+        except Exception:  # noqa: BLE001
+            old_uuid = ""
+    digest = hashlib.sha256(f"{old_uuid}:{fp.saved_model_checksum}".encode()).digest()
+    fp.uuid = str(int.from_bytes(digest[:16], "big"))
+    return fp.SerializeToString(deterministic=True)
+
+
+def _fill_saved_model(src: str, message: Any, text: bool) -> Callable[[str], None]:
+    def fill(tmp: str) -> None:
+        skip = {SAVED_MODEL_PB, SAVED_MODEL_PBTXT, FINGERPRINT_PB}
+        # Copy everything else: variables/, assets/, assets.extra/, and unknown files.
+        shutil.copytree(src, tmp, dirs_exist_ok=True,
+                        ignore=lambda d, names: [n for n in names if d == src and n in skip])
+        name = SAVED_MODEL_PBTXT if text else SAVED_MODEL_PB
+        with open(os.path.join(tmp, name), "wb") as f:
+            f.write(_serialize(message, text))
+        old_fp = os.path.join(src, FINGERPRINT_PB)
+        if os.path.exists(old_fp) and not text:
+            with open(old_fp, "rb") as f:
+                new_fp = _fingerprint(tmp, f.read())
+            if new_fp is not None:
+                with open(os.path.join(tmp, FINGERPRINT_PB), "wb") as f:
+                    f.write(new_fp)
+
+    return fill
+
+
+def stage_model(staging: Staging, rewrite: ModelRewrite, dst: str | os.PathLike[str], *,
+                overwrite: bool = False) -> None:
+    """Stage the rewritten model at ``dst`` in the input's form.  Writes only temporaries."""
+    src = rewrite.source
+    out = os.fspath(dst)
+    check_output(src.path, out, overwrite=overwrite)
+    if src.format == "saved_model":
+        if os.path.lexists(out) and not os.path.isdir(out):
+            raise AmpRewriteError(f"OUTPUT {out} is a file, but the output is a SavedModel directory")
+        staging.add_tree(out, _fill_saved_model(src.path, rewrite.message, src.text), replace=True)
+        return
+    if os.path.isdir(out):
+        raise AmpRewriteError(f"OUTPUT {out} is a directory, but the output is a single file")
+    _, text = model_format(out)
+    staging.add_file(out, _serialize(rewrite.message, text))
+
+
+def _safe_label(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_") or "graph"
+
+
+def dump_files(rewrite: ModelRewrite) -> dict[str, bytes]:
+    """The graph before and after, as text protos, named like TensorFlow's LOG_PATH dumps:
+    ``graphdef_preop_<id>.pb.txt``, ``graphdef_AutoMixedPrecision_<id>.pb.txt`` and
+    ``paintbuckets_AutoMixedPrecision_<id>.txt`` (the effective lists).  No timestamps, so
+    the same input gives the same files.  Pure."""
+    from google.protobuf import text_format
+
+    buckets = []
+    for title, category in (("AllowList", "allow"), ("DenyList", "deny"), ("InferList", "infer"),
+                            ("ClearList", "clear")):
+        buckets.append(f"{title}:\n" + "".join(f"{op}\n" for op in sorted(getattr(rewrite.lists, category))))
+    files = {}
+    for g in rewrite.graphs:
+        gid = _safe_label(g.label)
+        files[f"graphdef_preop_{gid}.pb.txt"] = text_format.MessageToString(g.before).encode()
+        files[f"graphdef_AutoMixedPrecision_{gid}.pb.txt"] = text_format.MessageToString(
+            g.result.graph_def).encode()
+        files[f"paintbuckets_AutoMixedPrecision_{gid}.txt"] = "\n".join(buckets).encode()
+    return files
+
+
+def summary_line(report: Mapping[str, Any]) -> str:
+    """One line: ``converted N of M nodes, K cast(s) to float16, J to float32 ...``."""
+    line = (f"converted {report['converted_nodes']} of {report['total_nodes']} nodes, "
+            f"{report['casts_to_low']} cast(s) to {report['precision']}, {report['casts_to_high']} to float32 "
+            f"(target {report['target']}, lists {report['lists']})")
+    if report["skipped"]:
+        line += f"; nothing rewritten: {report['skipped']}"
+    return line
+
+
+def rewrite_saved_model(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    report_file: str | os.PathLike[str] | None = None,
+    dump_dir: str | os.PathLike[str] | None = None,
+    graph_file: str | os.PathLike[str] | None = None,
+    tensorboard_dir: str | os.PathLike[str] | None = None,
+    progress: Progress | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """Rewrite the model at ``src`` to mixed precision and write it to ``dst``; return the report.
+
+    ``src`` is a SavedModel directory, a MetaGraphDef (``.meta``) or a frozen GraphDef
+    (``.pb``/``.pbtxt``); ``dst`` is written in the same form (a GraphDef or MetaGraphDef
+    output is text when its name ends in ``.pbtxt``/``.txt``).  ``options`` are
+    :func:`rewrite_model`'s (``target``, ``precision``, ``lists``, ``tags``, ``signatures``,
+    ``keep_io_types``...).
+
+    Optional extra outputs: ``report_file`` (the report as JSON), ``dump_dir`` (see
+    :func:`dump_files`), ``graph_file`` (a drawing: ``.svg``, ``.html`` or ``.dot``, see
+    :mod:`amp_rewrite.draw`) and ``tensorboard_dir`` (before/after event files).
+
+    Everything is written atomically and together: on any error (or Ctrl-C) no output,
+    extra or not, is left behind.  ``src`` is never modified; ``dst`` equal to or inside
+    ``src``, or an existing non-empty ``dst`` without ``overwrite``, is refused before any
+    work.  Raises :class:`AmpRewriteError` (or a subclass) with a one-line message.
+    """
+    src_s, dst_s = os.fspath(src), os.fspath(dst)
+    if not os.path.exists(src_s):
+        raise GraphFormatError("no such file or directory", path=src_s)
+    check_output(src_s, dst_s, overwrite=overwrite)
+    for extra, what in ((report_file, "--report"), (graph_file, "--graph"), (dump_dir, "--dump-dir"),
+                        (tensorboard_dir, "--tensorboard")):
+        if extra is not None and _is_within(os.fspath(extra), src_s) and os.path.isdir(src_s):
+            raise AmpRewriteError(f"{what} {os.fspath(extra)} is inside INPUT; the input is never modified")
+        if extra is not None and os.path.realpath(os.fspath(extra)) == os.path.realpath(src_s):
+            raise AmpRewriteError(f"{what} is the same as INPUT; the input is never modified")
+    if graph_file is not None:
+        from .draw import graph_format
+
+        graph_format(graph_file)  # an unknown extension fails before the work
+    model = load_model(src_s)
+    rewrite = rewrite_model(model, progress=progress, **options)
+    report = dict(rewrite.report)
+    report["output"] = os.path.abspath(dst_s)
+    if progress:
+        progress.stage("writing the output")
+    with Staging() as staging:
+        stage_model(staging, rewrite, dst_s, overwrite=overwrite)
+        if report_file is not None:
+            staging.add_file(report_file, json.dumps(report, indent=1).encode("utf-8") + b"\n")
+        if dump_dir is not None:
+            for name, data in dump_files(rewrite).items():
+                staging.add_file(os.path.join(os.fspath(dump_dir), name), data)
+        if graph_file is not None:
+            from .draw import render_file
+
+            staging.add_file(graph_file, render_file(rewrite, graph_file))
+        if tensorboard_dir is not None:
+            from .draw import tensorboard_files
+
+            for rel, data in tensorboard_files(rewrite).items():
+                staging.add_file(os.path.join(os.fspath(tensorboard_dir), rel), data)
+        staging.commit()
+    log.info("wrote %s: %s", dst_s, summary_line(report))
+    return report

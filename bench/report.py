@@ -1,0 +1,195 @@
+"""Turn ``results.json`` of bench/bench.py into ``RESULTS.md`` and PNG plots."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+__all__ = ["write_report"]
+
+
+def _f(x: Any, fmt: str = "{:.2f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def _goal_lines(results: dict[str, Any]) -> list[str]:
+    graphs = results.get("graphs", [])
+    lines = []
+    if graphs:
+        ratios = sorted(g["rewrite_s"]["ratio_ours_over_tf"] for g in graphs)
+        med = ratios[len(ratios) // 2]
+        lines.append(f"- **Rewrite time at or below TensorFlow's on the median corpus graph:** median ratio "
+                     f"ours/TF = {med:.2f} -> {'met' if med <= 1.0 else 'NOT met'}.")
+        slower_tf = [g["name"] for g in graphs
+                     if g["step_s"].get("ours_bf16") and g["step_s"].get("tf_bf16")
+                     and g["step_s"]["ours_bf16"] > g["step_s"]["tf_bf16"] * 1.05]
+        slower_fp32 = [g["name"] for g in graphs
+                       if g["step_s"].get("ours_bf16") and g["step_s"].get("float32")
+                       and g["step_s"]["ours_bf16"] > g["step_s"]["float32"] * 1.05]
+        lines.append("- **Every corpus model at least as fast with our rewrite as with TensorFlow's** (bfloat16 on "
+                     "this CPU, 5% noise margin): " + ("met." if not slower_tf else "NOT met for " + ", ".join(slower_tf) + "."))
+        lines.append("- **No corpus model slower than float32** (bfloat16 on this CPU, 5% margin): "
+                     + ("met." if not slower_fp32 else "NOT met for " + ", ".join(slower_fp32) + "."))
+        worse = [g["name"] for g in graphs if g.get("rel_error")
+                 and g["rel_error"].get("ours_fp16") is not None and g["rel_error"].get("tf_fp16") is not None
+                 and g["rel_error"]["ours_fp16"] > g["rel_error"]["tf_fp16"] * 1.01 + 1e-6]
+        lines.append("- **Relative output error no worse than TensorFlow's rewrite** (float16): "
+                     + ("met." if not worse else "NOT met for " + ", ".join(worse) + "."))
+    rows = [r for r in results.get("scaling", []) if "total_s" in r]
+    big = [r for r in rows if r["nodes"] >= 999_000]
+    if big:
+        r = big[0]
+        ok = r["total_s"] < 60 and r["peak_rss_mb"] < 8192
+        lines.append(f"- **1M nodes in under 60 s and 8 GB:** {r['total_s']:.1f} s, peak RSS {r['peak_rss_mb']:.0f} MB "
+                     f"-> {'met' if ok else 'NOT met'}.")
+    elif rows:
+        lines.append("- **1M nodes in under 60 s and 8 GB:** not measured in this run (see the scaling table).")
+    return lines
+
+
+def write_report(results: dict[str, Any], out: str) -> None:
+    m = results["machine"]
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Measured {m['date']} on {m['cpu']} ({m['cores']} cores; CPU flags: {' '.join(m['cpu_flags'])}), "
+        f"GPUs: {m['gpus'] or 'none'}; Python {m['python']}, TensorFlow {m['tensorflow']}, "
+        f"amp_rewrite {m['amp_rewrite']}. Repeats: {results['repeats']} (medians; variants interleaved), "
+        f"{results['iters']} steps per sample. Produced by `python bench/bench.py"
+        f"{' --quick' if results.get('quick') else ''}`; raw numbers in `results.json`.",
+        "",
+        "## Where the goals stand",
+        "",
+        *_goal_lines(results),
+        "",
+    ]
+    graphs = results.get("graphs", [])
+    if graphs:
+        lines += [
+            "## Rewrite time (virtual GPU 8.0, float16, TensorFlow's lists)",
+            "",
+            "| graph | nodes | TF pass ms | ours ms | ours/TF | lists | import | decide | rewrite | export |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for g in graphs:
+            r, s = g["rewrite_s"], g["stages_s"]
+            lines.append(
+                f"| {g['name']} | {g['nodes']} | {r['tensorflow']*1e3:.1f} | {r['ours']*1e3:.1f} | "
+                f"{r['ratio_ours_over_tf']:.2f} | " + " | ".join(f"{s[k]*1e3:.1f}" for k in
+                                                            ("lists", "import", "decide", "rewrite", "export")) + " |")
+        lines += [
+            "",
+            "## Cast quality (float16 for a GPU 8.0)",
+            "",
+            "| graph | casts TF / ours(tf lists) / ours(default) | cast MB TF / ours / default | converted attrs TF / ours / default | low-precision FLOP share TF / ours / default |",
+            "|---|---|---|---|---|",
+        ]
+        for g in graphs:
+            q = g["quality_fp16"]
+            t, o, d = q["tensorflow"], q["ours_tensorflow_lists"], q["ours_default"]
+            lines.append(
+                f"| {g['name']} | {t['casts']} / {o['casts']} / {d['casts']} | "
+                f"{t['cast_bytes']/1e6:.2f} / {o['cast_bytes']/1e6:.2f} / {d['cast_bytes']/1e6:.2f} | "
+                f"{t['converted_attrs']} / {o['converted_attrs']} / {d['converted_attrs']} | "
+                f"{_f(t['low_flop_share'])} / {_f(o['low_flop_share'])} / {_f(d['low_flop_share'])} |")
+        lines += [
+            "",
+            "## Step time on this machine (ms per step, median) and speed-up vs float32",
+            "",
+            "bfloat16: TensorFlow's `auto_mixed_precision_onednn_bfloat16` vs ours (`target=\"cpu\"`). "
+            "float16: the graphs rewritten for a GPU 8.0, executed on this CPU; `force_all_fp16` is the "
+            "ceiling (every float op forced to float16).",
+            "",
+            "| graph | float32 | TF bf16 | ours bf16 | TF fp16 | ours fp16 | force-all fp16 | ours bf16 / TF bf16 speed | ours bf16 vs fp32 |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for g in graphs:
+            st, sp = g["step_s"], g["speedup_vs_fp32"]
+            cells = [_f(st.get(k), "{:.2f}") if st.get(k) is None else f"{st[k]*1e3:.2f}"
+                     for k in ("float32", "tf_bf16", "ours_bf16", "tf_fp16", "ours_fp16", "force_all_fp16")]
+            rel = (st["tf_bf16"] / st["ours_bf16"]) if st.get("tf_bf16") and st.get("ours_bf16") else None
+            lines.append(f"| {g['name']} | " + " | ".join(cells) + f" | {_f(rel)}x | {_f(sp.get('ours_bf16'))}x |")
+        lines += [
+            "",
+            "## Numerics: max relative error of outputs vs float32",
+            "",
+            "| graph | TF bf16 | ours bf16 | TF fp16 | ours fp16 | force-all fp16 |",
+            "|---|---|---|---|---|---|",
+        ]
+        for g in graphs:
+            e = g.get("rel_error", {})
+            lines.append(f"| {g['name']} | " + " | ".join(_f(e.get(k), "{:.2e}") for k in
+                                                      ("tf_bf16", "ours_bf16", "tf_fp16", "ours_fp16", "force_all_fp16")) + " |")
+    rows = results.get("scaling", [])
+    if rows:
+        lines += [
+            "",
+            "## Scaling (synthetic residual MLP blocks; each size in a fresh process)",
+            "",
+            "| nodes | total s | us/node | lists | import | decide | rewrite | export | peak RSS MB |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in rows:
+            if "error" in r:
+                lines.append(f"| {r['nodes']} | {r['error']} | | | | | | | |")
+                continue
+            s = r["stages_s"]
+            lines.append(f"| {r['nodes']} | {r['total_s']:.2f} | {r['us_per_node']:.1f} | " +
+                         " | ".join(f"{s[k]:.2f}" for k in ("lists", "import", "decide", "rewrite", "export")) +
+                         f" | {r['peak_rss_mb']:.0f} |")
+    with open(os.path.join(out, "RESULTS.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    _plots(results, out)
+
+
+def _plots(results: dict[str, Any], out: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install '.[bench]'); skipping plots", file=sys.stderr)
+        return
+    graphs = results.get("graphs", [])
+    if graphs:
+        names = [g["name"] for g in graphs]
+        keys = [("tf_bf16", "TF bf16"), ("ours_bf16", "ours bf16"), ("tf_fp16", "TF fp16"),
+                ("ours_fp16", "ours fp16"), ("force_all_fp16", "force-all fp16")]
+        fig, ax = plt.subplots(figsize=(max(8, len(names) * 0.9), 4.5))
+        width = 0.8 / len(keys)
+        for i, (k, label) in enumerate(keys):
+            ax.bar([x + i * width for x in range(len(names))],
+                   [g["speedup_vs_fp32"].get(k, 0) for g in graphs], width, label=label)
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))])
+        ax.set_xticklabels(names, rotation=45, ha="right", fontsize=8)
+        ax.set_ylabel("speed-up vs float32 (higher is better)")
+        ax.set_title("Step time on this machine")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "speedup.png"), dpi=110)
+        plt.close(fig)
+    rows = [r for r in results.get("scaling", []) if "total_s" in r]
+    if rows:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        xs = [r["nodes"] for r in rows]
+        for k in ("import", "decide", "rewrite", "export"):
+            ax.plot(xs, [r["stages_s"][k] / r["nodes"] * 1e6 for r in rows], marker="o", label=k)
+        ax.plot(xs, [r["us_per_node"] for r in rows], marker="o", color="black", label="total")
+        ax.set_xscale("log")
+        ax.set_xlabel("nodes")
+        ax.set_ylabel("microseconds per node")
+        ax.set_title("Rewrite cost per node (flat = linear)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "scaling.png"), dpi=110)
+        plt.close(fig)
+
+
+if __name__ == "__main__":
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "results.json")) as fh:
+        write_report(json.load(fh), here)

@@ -1,0 +1,71 @@
+"""Synthetic GraphDefs of any size with a realistic op mix, for the scaling benchmark.
+
+The graph is a chain of residual blocks, 10 nodes each, written directly as NodeDef
+protobufs (building a million nodes through tf ops would take longer than the rewrite):
+``Const -> Identity`` weight read, ``MatMul``, ``BiasAdd`` with a ``Const`` bias, ``Relu``,
+residual ``AddV2``, a ``Softmax`` side branch reduced by ``Mean`` over a ``Const`` axis (deny
+in the default lists, so deny propagation and casts back to float32 are exercised).
+"""
+
+from __future__ import annotations
+
+from tensorflow.core.framework import graph_pb2, types_pb2
+
+__all__ = ["synthetic_graph"]
+
+F32 = types_pb2.DT_FLOAT
+I32 = types_pb2.DT_INT32
+
+
+def _const(gd, name: str, dtype: int, dims: list[int]) -> None:
+    n = gd.node.add(name=name, op="Const")
+    n.attr["dtype"].type = dtype
+    t = n.attr["value"].tensor
+    t.dtype = dtype
+    for d in dims:
+        t.tensor_shape.dim.add(size=d)
+    if dtype == F32:
+        t.float_val.append(0.01)
+    else:
+        t.int_val.append(1)
+
+
+def synthetic_graph(n_nodes: int, seed: int = 0, width: int = 64) -> graph_pb2.GraphDef:
+    """A valid GraphDef of about ``n_nodes`` nodes (rounded to whole blocks).  ``seed`` is
+    accepted for symmetry with other generators; the graph is deterministic."""
+    del seed
+    gd = graph_pb2.GraphDef()
+    gd.versions.producer = 1994
+    x = gd.node.add(name="x", op="Placeholder")
+    x.attr["dtype"].type = F32
+    shape = x.attr["shape"].shape
+    shape.dim.add(size=8)
+    shape.dim.add(size=width)
+    h = "x"
+    blocks = max(1, (n_nodes - 1) // 10)
+    for i in range(blocks):
+        p = f"block{i}/"
+        _const(gd, p + "w", F32, [width, width])
+        wr = gd.node.add(name=p + "w/read", op="Identity", input=[p + "w"])
+        wr.attr["T"].type = F32
+        mm = gd.node.add(name=p + "matmul", op="MatMul", input=[h, p + "w/read"])
+        mm.attr["T"].type = F32
+        mm.attr["transpose_a"].b = False
+        mm.attr["transpose_b"].b = False
+        _const(gd, p + "b", F32, [width])
+        ba = gd.node.add(name=p + "bias", op="BiasAdd", input=[p + "matmul", p + "b"])
+        ba.attr["T"].type = F32
+        ba.attr["data_format"].s = b"NHWC"
+        relu = gd.node.add(name=p + "relu", op="Relu", input=[p + "bias"])
+        relu.attr["T"].type = F32
+        add = gd.node.add(name=p + "add", op="AddV2", input=[p + "relu", h])
+        add.attr["T"].type = F32
+        sm = gd.node.add(name=p + "softmax", op="Softmax", input=[p + "add"])
+        sm.attr["T"].type = F32
+        _const(gd, p + "axis", I32, [1])
+        mean = gd.node.add(name=p + "mean", op="Mean", input=[p + "softmax", p + "axis"])
+        mean.attr["T"].type = F32
+        mean.attr["Tidx"].type = I32
+        mean.attr["keep_dims"].b = False
+        h = p + "add"
+    return gd
