@@ -217,7 +217,7 @@ class _Painter:
         self.renames: dict[str, str] = {}
         self.inputs: dict[str, list[tuple[str, int]]] = {}
         for name in self.order:
-            data = g.nodes[name]
+            data = g._node[name]
             ok = name not in preserve and self.target.node_is_eligible(data["device"], self.precision)
             self.processed[name] = ok
             op = data["op"]
@@ -237,9 +237,10 @@ class _Painter:
 
     def _node_types(self) -> dict[str, NodeTypes]:
         types: dict[str, NodeTypes] = {}
+        cache: dict[tuple[object, ...], NodeTypes] = {}
         unknown: list[str] = []
         for name in self.order:
-            data = self.g.nodes[name]
+            data = self.g._node[name]
             op = self.ops[name]
             sig = self.registry.op(op) or self.signatures.get(op)
             if sig is None:
@@ -249,9 +250,14 @@ class _Painter:
             dtypes = data["dtypes"]
             if name in self.renames:
                 dtypes = {**dtypes, "U": dt.FLOAT}
-            types[name] = node_types(
-                name, op, dtypes, data["ints"], data["attr_names"], len(self.inputs[name]), sig
-            )
+            n_in = len(self.inputs[name])
+            # Most nodes share their op and attrs with many others: expand each signature once.
+            key = (op, tuple(dtypes.items()), tuple(data["ints"].items()), data["attr_names"], n_in)
+            nt = cache.get(key)
+            if nt is None:
+                nt = node_types(name, op, dtypes, data["ints"], data["attr_names"], n_in, sig)
+                cache[key] = nt
+            types[name] = nt
         for name in unknown:
             in_dtypes = []
             for src, port in self.inputs[name]:
@@ -270,7 +276,7 @@ class _Painter:
                 if t is not None and d["dst_port"] < len(t.inputs):
                     out_dtype.setdefault(port, get_dtype(t.dtypes, t.inputs[d["dst_port"]]))
             types[name] = opaque_node_types(
-                in_dtypes, [out_dtype.get(p, dt.INVALID) for p in range(n_out)], self.g.nodes[name]["dtypes"]
+                in_dtypes, [out_dtype.get(p, dt.INVALID) for p in range(n_out)], self.g._node[name]["dtypes"]
             )
         for op, count in sorted(self.unknown_ops.items()):
             log.warning(
@@ -306,7 +312,7 @@ class _Painter:
         ta = self.tg.attr[v]
         if ta.is_fixed:
             return False
-        data = self.g.nodes[name]
+        data = self.g._node[name]
         device = data["device"] or self.target.default_device().name
         parsed = parse_device_name(device)
         if parsed is None or parsed.type is None:
@@ -324,7 +330,7 @@ class _Painter:
                 return False
             lst[ta.index] = self.low
             types[ta.attr] = tuple(lst)
-        key = (op, parsed.type, data["label"], tuple(sorted(types.items())))
+        key = (op, parsed.type, data["label"], tuple(types.items()))
         cached = self._kernel_cache.get(key)
         if cached is not None:
             return cached
@@ -411,7 +417,7 @@ class _Painter:
                     why = f"TensorList cluster includes {member!r}, which is not rewritten"
                 elif self.ops[member] in _SOURCE_OR_SINK or self.ops[member] in self.signatures:
                     why = f"TensorList handle crosses {self.ops[member]} node {member!r}"
-                elif self.g.nodes[member]["funcs"] and not self.options.tensorflow_bugs:
+                elif self.g._node[member]["funcs"] and not self.options.tensorflow_bugs:
                     # Known difference KD-3: TensorFlow lets a list cross While/If/Case and
                     # paints it half while the function body still reads float elements.
                     why = (f"[KD-3] TensorList handle crosses {self.ops[member]} node {member!r}, "
@@ -735,7 +741,7 @@ class _Painter:
             if name in self.options.preserve:
                 reason = "preserved (fetched or excluded): keeps its dtypes"
             else:
-                device = self.g.nodes[name]["device"] or "(default device)"
+                device = self.g._node[name]["device"] or "(default device)"
                 reason = f"device {device} is not eligible for {self.precision}"
         elif dtype != dt.FLOAT:
             reason = f"type {dt.name(dtype)} is not float32"

@@ -137,7 +137,7 @@ def _add_proto_node(g: nx.MultiDiGraph, node_def: Any, index: int) -> None:
         label=label,
         proto=node_def,
     )
-    g.nodes[node_def.name]["funcs"] = funcs
+    g._node[node_def.name]["funcs"] = funcs
 
 
 def _check_input_order(node: str, inputs: list[str]) -> None:
@@ -211,7 +211,7 @@ def _import_function(
             g, arg.name, op="_Arg", device="", order=(i - n_args, 0),
             dtypes={"T": int(arg.type)}, ints={"index": i}, synthetic="arg",
         )
-        g.nodes[arg.name]["dirty"] = False
+        g._node[arg.name]["dirty"] = False
     for i, node_def in enumerate(fdef.node_def):
         if node_def.name in g:
             raise ValueError(f"node name {node_def.name!r} is used twice (or as an argument)")
@@ -226,15 +226,15 @@ def _import_function(
             g, name, op="_Retval", device="", order=(body_count + i, 0),
             dtypes={"T": int(out.type)}, ints={"index": i}, synthetic="retval",
         )
-        g.nodes[name]["dirty"] = False
-        g.nodes[name]["ret_key"] = out.name
+        g._node[name]["dirty"] = False
+        g._node[name]["ret_key"] = out.name
         ret_nodes.append((name, fdef.ret.get(out.name)))
 
     def resolve(text: str) -> tuple[str, int]:
         ref = parse_function_input(text)
         if ref.node not in g:
             raise ValueError(f"input {text!r} names a node that does not exist")
-        data = g.nodes[ref.node]
+        data = g._node[ref.node]
         if ref.out_arg is None or data["synthetic"] == "arg":
             return ref.node, 0 if ref.out_arg is None else ref.index
         if ref.out_arg == "":
@@ -264,7 +264,7 @@ def _import_function(
                 port += 1
     for name, text in ret_nodes:
         if text is None:
-            raise ValueError(f"output {g.nodes[name]['ret_key']!r} has no ret entry")
+            raise ValueError(f"output {g._node[name]['ret_key']!r} has no ret entry")
         src, src_port = resolve(text)
         ir.add_data_edge(g, src, src_port, name, 0, text)
     return g
@@ -353,7 +353,7 @@ def _edge_text(
         from .tensor_names import TensorRef
 
         return format_graph_input(TensorRef(src, src_port))
-    data = g.nodes[src]
+    data = g._node[src]
     if data["synthetic"] == "arg":
         return src
     sig = _op_signature(data["op"], registry, g.graph["signatures"])
@@ -379,7 +379,7 @@ def _node_inputs(g: nx.MultiDiGraph, name: str, registry: OpRegistry) -> list[st
 
 
 def _build_node_def(g: nx.MultiDiGraph, name: str, registry: OpRegistry, node_def_cls: Any) -> Any:
-    data = g.nodes[name]
+    data = g._node[name]
     nd = node_def_cls()
     if data["proto"] is not None:
         nd.CopyFrom(data["proto"])
@@ -394,15 +394,16 @@ def _build_node_def(g: nx.MultiDiGraph, name: str, registry: OpRegistry, node_de
             _set_type_attr(nd.attr, attr, data["dtypes"][attr])
         for attr, value in sorted(data.get("bools", {}).items()):
             nd.attr[attr].b = value
-    del nd.input[:]
-    nd.input.extend(_node_inputs(g, name, registry))
+    if data["proto"] is None or data.get("inputs_changed"):
+        del nd.input[:]
+        nd.input.extend(_node_inputs(g, name, registry))
     return nd
 
 
 def _export_nodes(g: nx.MultiDiGraph, registry: OpRegistry, node_def_cls: Any) -> list[Any]:
     out = []
     for name in ir.ordered_nodes(g):
-        data = g.nodes[name]
+        data = g._node[name]
         if data["synthetic"]:
             continue
         if data["dirty"]:

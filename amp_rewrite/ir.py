@@ -16,7 +16,8 @@ Node attributes (node key = node name)
     name on the NodeDef), ``label`` (the ``_kernel`` attr, ``""`` if absent), ``proto`` (the
     original NodeDef or ``None`` for inserted nodes; opaque), ``synthetic`` (``"arg"`` /
     ``"retval"`` for the argument and return nodes made for a function body, else ``None``),
-    ``dirty`` (True once the rewrite changed the node, so export rebuilds it), ``funcs``
+    ``dirty`` (True once the rewrite changed the node, so export rebuilds it),
+    ``inputs_changed`` (True once an input was rewired, so export respells its inputs), ``funcs``
     (names of the functions the node's ``func``/``list(func)`` attrs call: While bodies, If
     branches, PartitionedCall targets).
 
@@ -50,14 +51,13 @@ __all__ = [
 
 def data_inputs(g: nx.MultiDiGraph, name: str) -> list[tuple[str, int]]:
     """The data inputs of ``name`` as ``(producer, output port)``, in input-port order."""
-    ins = [
-        (d["dst_port"], u, d["src_port"])
-        for u, keyed in g._pred[name].items()
-        for d in keyed.values()
-        if d["dst_port"] != CONTROL
-    ]
-    ins.sort()
-    return [(u, p) for _, u, p in ins]
+    ins: dict[int, tuple[str, int]] = {}
+    for u, keyed in g._pred[name].items():
+        for d in keyed.values():
+            q = d["dst_port"]
+            if q != CONTROL:
+                ins[q] = (u, d["src_port"])
+    return [ins[q] for q in range(len(ins))]
 
 
 def control_inputs(g: nx.MultiDiGraph, name: str) -> list[str]:
@@ -70,18 +70,22 @@ def control_inputs(g: nx.MultiDiGraph, name: str) -> list[str]:
 def consumers_by_port(g: nx.MultiDiGraph, name: str) -> dict[int, list[tuple[str, int, int]]]:
     """Regular consumers of every output of ``name``: port -> ``[(consumer, dst_port, key)]``.
 
-    Each list is sorted by the consumer's order and port, so callers iterate
-    deterministically.  One pass over the node's out-edges.
+    Lists follow the order in which the edges were added: import adds them consumer by
+    consumer in GraphDef order and the rewrite in its own deterministic order, so iteration
+    is deterministic without sorting.  One pass over the node's out-edges.
     """
-    nodes = g._node
-    by_port: dict[int, list[tuple[tuple[int, int], str, int, int]]] = {}
+    by_port: dict[int, list[tuple[str, int, int]]] = {}
     for v, keyed in g._succ[name].items():
-        order = nodes[v]["order"]
         for k, d in keyed.items():
             q = d["dst_port"]
             if q != CONTROL:
-                by_port.setdefault(d["src_port"], []).append((order, v, q, k))
-    return {p: [(v, q, k) for _, v, q, k in sorted(lst)] for p, lst in by_port.items()}
+                port = d["src_port"]
+                lst = by_port.get(port)
+                if lst is None:
+                    by_port[port] = [(v, q, k)]
+                else:
+                    lst.append((v, q, k))
+    return by_port
 
 
 def consumers(g: nx.MultiDiGraph, name: str, port: int) -> list[tuple[str, int, int]]:
@@ -91,7 +95,8 @@ def consumers(g: nx.MultiDiGraph, name: str, port: int) -> list[tuple[str, int, 
 
 def ordered_nodes(g: nx.MultiDiGraph) -> list[str]:
     """Node names sorted by their ``order`` attribute (original GraphDef order)."""
-    return sorted(g.nodes, key=lambda n: g.nodes[n]["order"])
+    nodes = g._node
+    return sorted(nodes, key=lambda n: nodes[n]["order"])
 
 
 def add_node(

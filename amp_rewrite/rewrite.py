@@ -72,11 +72,11 @@ def _reads_ref_var(g: nx.MultiDiGraph, name: str) -> bool:
     while name not in seen:
         seen.add(name)
         ins = ir.data_inputs(g, name)
-        op = g.nodes[name]["op"]
+        op = g._node[name]["op"]
         if not ins:
             return False
         if op == "Identity":
-            return g.nodes[ins[0][0]]["op"] in ("Variable", "VariableV2")
+            return g._node[ins[0][0]]["op"] in ("Variable", "VariableV2")
         if op != "Enter":
             return False
         name = ins[0][0]
@@ -97,7 +97,8 @@ def _rewire_consumers(g: nx.MultiDiGraph, node: str, to: tuple[str, int]) -> Non
     for dst, q, key in ir.consumers(g, node, 0):
         g.remove_edge(node, dst, key=key)
         ir.add_data_edge(g, to[0], to[1], dst, q, None)
-        g.nodes[dst]["dirty"] = True
+        g._node[dst]["dirty"] = True
+        g._node[dst]["inputs_changed"] = True
 
 
 def _fold_cast_chains(g: nx.MultiDiGraph, casts: list[CastInfo]) -> list[CastInfo]:
@@ -112,11 +113,11 @@ def _fold_cast_chains(g: nx.MultiDiGraph, casts: list[CastInfo]) -> list[CastInf
     removed: set[str] = set()
     for c in casts:
         (src, port), = ir.data_inputs(g, c.name)
-        prev = g.nodes[src]
+        prev = g._node[src]
         if prev["op"] != "Cast" or not _exact(prev["dtypes"]["SrcT"], prev["dtypes"]["DstT"]):
             continue
         origin = ir.data_inputs(g, src)[0]
-        data = g.nodes[c.name]
+        data = g._node[c.name]
         if prev["dtypes"]["SrcT"] == data["dtypes"]["DstT"]:
             _rewire_consumers(g, c.name, origin)
             g.remove_node(c.name)
@@ -129,18 +130,19 @@ def _fold_cast_chains(g: nx.MultiDiGraph, casts: list[CastInfo]) -> list[CastInf
             g.remove_node(src)
             removed.add(src)
     for c in casts:
-        if c.name in removed or not _exact(g.nodes[c.name]["dtypes"]["SrcT"], dt.FLOAT):
+        if c.name in removed or not _exact(g._node[c.name]["dtypes"]["SrcT"], dt.FLOAT):
             continue
         (origin,) = ir.data_inputs(g, c.name)
         for dst, q, key in ir.consumers(g, c.name, 0):
-            data = g.nodes[dst]
+            data = g._node[dst]
             if data["op"] != "Cast" or dst in inserted or data["dtypes"].get("SrcT") != dt.FLOAT:
                 continue
             g.remove_edge(c.name, dst, key=key)
             ir.add_data_edge(g, origin[0], origin[1], dst, q, None)
-            data["dtypes"]["SrcT"] = g.nodes[c.name]["dtypes"]["SrcT"]
+            data["dtypes"]["SrcT"] = g._node[c.name]["dtypes"]["SrcT"]
             data.setdefault("changed_attrs", set()).add("SrcT")
             data["dirty"] = True
+            data["inputs_changed"] = True
         if g.out_degree(c.name) == 0:
             g.remove_node(c.name)
             removed.add(c.name)
@@ -160,7 +162,7 @@ def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> Re
     allow = plan.allow
     types = plan.types
     for name, op in sorted(plan.renames.items()):
-        data = g.nodes[name]
+        data = g._node[name]
         data["op"] = op
         data["dtypes"]["U"] = dt.FLOAT
         data.setdefault("changed_attrs", set()).add("U")
@@ -174,7 +176,7 @@ def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> Re
         nt = types.get(name)
         if nt is None:
             continue
-        data = g.nodes[name]
+        data = g._node[name]
         seq = 0
         # Snapshot of the consumers before any cast of this node is inserted.
         fanout = ir.consumers_by_port(g, name)
@@ -208,14 +210,15 @@ def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> Re
                             order=(data["order"][0], data["order"][1] + seq),
                             dtypes={"SrcT": low if src_allow else dt.FLOAT, "DstT": to_dtype},
                         )
-                        g.nodes[cast_name]["bools"] = {"Truncate": False}
+                        g._node[cast_name]["bools"] = {"Truncate": False}
                         ir.add_data_edge(g, name, port, cast_name, 0, None)
                         if dst_allow and data["op"] not in _CONST_OR_VARIABLE and not _reads_ref_var(g, name):
                             tf_style += 1
                         log.debug("inserting cast to %s at %s:%d", dt.name(to_dtype), name, port)
                     g.remove_edge(name, dst, key=key)
                     ir.add_data_edge(g, cast_name, 0, dst, q, None)
-                    g.nodes[dst]["dirty"] = True
+                    g._node[dst]["dirty"] = True
+                    g._node[dst]["inputs_changed"] = True
                     rewired.append(dst)
                 if cast_name is not None:
                     casts.append(CastInfo(cast_name, name, port, low if not src_allow else dt.FLOAT,

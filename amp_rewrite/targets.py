@@ -61,6 +61,7 @@ class DeviceName:
 _DEVICE_PART = re.compile(r"^(?:device:)?([A-Za-z_][A-Za-z0-9_]*):(\d+|\*)$")
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_device_name(text: str) -> DeviceName | None:
     """Parse ``/job:x/replica:0/task:0/device:GPU:0`` and its short forms (``/gpu:0``).
 
