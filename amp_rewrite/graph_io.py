@@ -101,7 +101,7 @@ def _attr_values(
     ints: dict[str, int] = {}
     label = ""
     funcs: list[str] = []
-    for key, value in sorted(node_def.attr.items()):
+    for key, value in node_def.attr.items():
         kind = value.WhichOneof("value")
         if kind == "func":
             funcs.append(value.func.name)
@@ -116,7 +116,7 @@ def _attr_values(
             ints[key] = int(value.i)
         elif kind == "s" and key == "_kernel":
             label = value.s.decode("utf-8", "replace")
-    return types, ints, label, tuple(funcs)
+    return types, ints, label, tuple(sorted(funcs))
 
 
 def _add_proto_node(g: nx.MultiDiGraph, node_def: Any, index: int) -> None:
