@@ -13,6 +13,7 @@ Overrides apply in one order: list profile -> list file -> environment variables
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -116,11 +117,37 @@ def resolve_lists(
     if effective_level == "UNSAFE_FORCE_ALL" and backend == "onednn":
         raise ListError("level UNSAFE_FORCE_ALL cannot be used for CPU (oneDNN) targets, as in TensorFlow")
     context = ListContext(precision, backend, target.cuda_version, target.cudnn_version)
-    op_lists = load_lists(
-        lists, context=context, user_file=lists_file, edits=env_edits + arg_edits,
-        level=effective_level,  # type: ignore[arg-type]
+    op_lists = _load_lists_cached(
+        _file_key(lists), _file_key(lists_file) if lists_file is not None else None, context,
+        tuple(env_edits + arg_edits), effective_level,
     )
     return op_lists, effective_level
+
+
+def _file_key(ref: str | os.PathLike[str]) -> tuple[str, float | None]:
+    """A cache key for a profile name or list file: the name and, for a file, its mtime, so
+    an edited file is read again."""
+    text = os.fspath(ref)
+    try:
+        return text, os.stat(text).st_mtime
+    except OSError:
+        return text, None
+
+
+@functools.lru_cache(maxsize=64)
+def _load_lists_cached(
+    lists: tuple[str, float | None],
+    lists_file: tuple[str, float | None] | None,
+    context: ListContext,
+    edits: tuple[ListEdit, ...],
+    level: str,
+) -> OpLists:
+    # Parsing and validating the TOML lists costs ~10 ms, more than rewriting a small graph;
+    # the result is immutable, so repeated rewrites share it.
+    return load_lists(
+        lists[0], context=context, user_file=None if lists_file is None else lists_file[0],
+        edits=edits, level=level,  # type: ignore[arg-type]
+    )
 
 
 def _check_cycles(g: nx.MultiDiGraph, where: str) -> None:
