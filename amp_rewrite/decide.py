@@ -498,7 +498,11 @@ class _Painter:
                 roots.append(v)
                 self.allow.add(v)
                 self.reason[v] = f"{op_of(v)} is on the allow list"
-            elif self.options.force_all and self.can_force(tg.node[v]):
+            elif self.options.force_all and self.can_force(tg.node[v]) and (
+                    self.options.tensorflow_bugs or self.supports(v)):
+                # Known difference KD-4: TensorFlow also paints attributes the op cannot take in
+                # low precision (SparseMatMul's fixed float output, its float/bfloat16-only Ta),
+                # which fails the pass or yields a graph that does not import; we skip them.
                 self.allow.add(v)
                 self.reason[v] = "UNSAFE_FORCE_ALL paints every op that can be forced"
         if not self.allow:

@@ -183,7 +183,9 @@ def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> Re
         for ta in nt.attrs:
             if get_dtype(nt.dtypes, ta) != dt.FLOAT:
                 continue
-            src_allow = (name, ta) in allow
+            # A fixed-type port cannot change type; painting it (TensorFlow does under
+            # UNSAFE_FORCE_ALL) must not reach here.
+            src_allow = (name, ta) in allow and not ta.is_fixed
             if src_allow:
                 _set_dtype(data, ta, low)
                 converted.append((name, ta))

@@ -32,3 +32,29 @@ def test_fetched_cast_keeps_its_dtype():
     exact = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", lists="tensorflow", fetches=fetches,
                                           use_env=False, tensorflow_bugs=True)
     assert converted_type_attrs(gd, exact.graph_def) == converted_type_attrs(gd, ref)
+
+
+def test_force_all_with_a_fixed_float_port_still_rewrites():
+    # SparseMatMul's output is a fixed float32 port and its inputs take float/bfloat16 only:
+    # under UNSAFE_FORCE_ALL TensorFlow paints them, fails and gives the graph back unchanged.
+    # We skip what cannot change and force the rest.
+    def build():
+        a = v1.placeholder(tf.float32, (4, 4), name="a")
+        s = tf.raw_ops.SparseMatMul(a=a, b=a, name="sparse")
+        tf.identity(tf.matmul(tf.tanh(s, name="tanh"), a, name="mm"), name="out")
+
+    gd = graph_def(build)
+    env = {"TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL": "UNSAFE_FORCE_ALL"}
+    ref = tf_amp_rewrite(gd, ["out"], env=env)
+    assert converted_type_attrs(gd, ref) == set()
+    ours = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", lists="tensorflow", fetches=["out"],
+                                         level="UNSAFE_FORCE_ALL", use_env=False)
+    conv = converted_type_attrs(gd, ours.graph_def)
+    assert {("", "tanh", "T"), ("", "mm", "T")} <= conv
+    assert not any(node == "sparse" for _, node, _ in conv)  # Ta/Tb allow float/bfloat16 only
+    import numpy as np
+    from graphs import run
+
+    feeds = {"a:0": np.eye(4, dtype=np.float32)}
+    (got,) = run(ours.graph_def, feeds, ["out:0"])
+    assert got.dtype == np.float32
