@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Iterable, Literal, Mapping
+from typing import Iterable, Iterator, Literal, Mapping
 
 import networkx as nx
 
@@ -45,7 +45,7 @@ from .targets import Target, parse_device_name
 from .type_attrs import NodeTypes, TypeAttr, get_dtype, node_types, opaque_node_types
 from .type_graph import TypeGraph, build_type_graph
 
-__all__ = ["AttrDecision", "NodeDecision", "Plan", "decide", "DecideOptions"]
+__all__ = ["AttrDecision", "NodeDecision", "NodeDecisions", "Plan", "decide", "DecideOptions"]
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ _VARIABLE_OPS = frozenset({
 _BATCH_NORM_RENAMES = {"FusedBatchNorm": "FusedBatchNormV2", "FusedBatchNormGrad": "FusedBatchNormGradV2"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class AttrDecision:
     """The decision for one type attribute: its colour, final dtype and why."""
 
@@ -82,7 +82,7 @@ class AttrDecision:
     source: str | None = None  # for a propagated deny: the deny node it came from
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeDecision:
     """The decisions for one node, and a one-line summary of them."""
 
@@ -93,6 +93,56 @@ class NodeDecision:
     color: Color
     dtype: int
     reason: str
+
+
+class NodeDecisions(Mapping[str, NodeDecision]):
+    """Read-only mapping node name -> :class:`NodeDecision`, in graph order.
+
+    Decisions are kept as flat per-vertex lists (strings and ints, which the garbage
+    collector does not track) and a :class:`NodeDecision` is built when asked for: a plan for
+    a million-node graph would otherwise hold millions of small objects that every full
+    collection of the process has to walk.
+    """
+
+    __slots__ = ("_order", "_index", "_ops", "_cats", "_proc", "_start", "_vattr", "_vcolor",
+                 "_vdtype", "_vreason", "_vsource", "_low")
+
+    def __init__(self, order: list[str], ops: list[str], cats: list[str | None], proc: list[bool],
+                 start: list[int], vattr: list[TypeAttr], vcolor: list[str], vdtype: list[int],
+                 vreason: list[str], vsource: list[str | None], low: int) -> None:
+        self._order = order
+        self._index = {n: i for i, n in enumerate(order)}
+        self._ops, self._cats, self._proc, self._start = ops, cats, proc, start
+        self._vattr, self._vcolor, self._vdtype = vattr, vcolor, vdtype
+        self._vreason, self._vsource, self._low = vreason, vsource, low
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._order)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._index
+
+    def __getitem__(self, name: str) -> NodeDecision:
+        i = self._index[name]
+        attrs = {
+            self._vattr[v]: AttrDecision(self._vcolor[v], self._vdtype[v], self._vreason[v], self._vsource[v])  # type: ignore[arg-type]
+            for v in range(self._start[i], self._start[i + 1])
+        }
+        low = self._low
+        chosen = next((d for d in attrs.values() if d.color == "allow" and d.dtype == low), None)
+        if chosen is None:
+            chosen = next((d for d in attrs.values() if d.color == "deny"), None)
+        if chosen is None:
+            floats = [d for d in attrs.values() if d.dtype in (dt.FLOAT, low)]
+            chosen = floats[0] if floats else next(iter(attrs.values()), None)
+        if chosen is None:
+            return NodeDecision(self._ops[i], self._cats[i], self._proc[i], attrs, "none", dt.INVALID,
+                                "node has no type attributes")
+        return NodeDecision(self._ops[i], self._cats[i], self._proc[i], attrs, chosen.color,
+                            chosen.dtype, chosen.reason)
 
 
 @dataclass(frozen=True)
@@ -687,18 +737,33 @@ class _Painter:
         vert = lambda v: (tg.node[v], tg.attr[v])  # noqa: E731
         allow = frozenset(vert(v) for v in self.allow)
         convert = tuple(vert(v) for v in sorted(self.allow) if self.is_f32(v))
-        nodes: dict[str, NodeDecision] = {}
+        vcolor: list[str] = []
+        vdtype: list[int] = []
+        vreason: list[str] = []
+        vsource: list[str | None] = []
+        vattr: list[TypeAttr] = []
+        start: list[int] = []
+        cats: list[str | None] = []
+        category = self.lists.category
         for name in self.order:
-            attrs: dict[TypeAttr, AttrDecision] = {}
+            start.append(len(vattr))
+            cats.append(category(self.ops[name]))
             for v in tg.by_node[name]:
-                attrs[tg.attr[v]] = self._attr_decision(v)
-            nodes[name] = self._node_decision(name, attrs)
-        if log.isEnabledFor(logging.DEBUG):
-            for name, nd in nodes.items():
-                for ta, d in nd.attrs.items():
-                    if d.color in ("allow", "deny"):
-                        log.debug("%s: %s %s of %s node %s: %s", graph_name or "graph",
-                                  d.color.upper(), ta, nd.op, name, d.reason)
+                d = self._attr_decision(v)
+                vattr.append(tg.attr[v])
+                vcolor.append(d.color)
+                vdtype.append(d.dtype)
+                vreason.append(d.reason)
+                vsource.append(d.source)
+                if d.color in ("allow", "deny") and log.isEnabledFor(logging.DEBUG):
+                    log.debug("%s: %s %s of %s node %s: %s", graph_name or "graph", d.color.upper(),
+                              tg.attr[v], self.ops[name], name, d.reason)
+        start.append(len(vattr))
+        nodes = NodeDecisions(
+            self.order, [self.ops[n] for n in self.order], cats,
+            [self.processed[n] for n in self.order], start, vattr, vcolor, vdtype, vreason,
+            vsource, self.low,
+        )
         parent = {vert(k): vert(p) for k, p in self.deny_parent.items()}
         return Plan(
             graph_name=graph_name,
@@ -763,21 +828,6 @@ class _Painter:
         else:
             reason = "no allow-list op in the graph"
         return AttrDecision(color, dtype, reason)
-
-    def _node_decision(self, name: str, attrs: Mapping[TypeAttr, AttrDecision]) -> NodeDecision:
-        op = self.ops[name]
-        category = self.lists.category(op)
-        floats = [d for d in attrs.values() if d.dtype in (dt.FLOAT, self.low)]
-        chosen = next((d for d in attrs.values() if d.color == "allow" and d.dtype == self.low), None)
-        if chosen is None:
-            chosen = next((d for d in attrs.values() if d.color == "deny"), None)
-        if chosen is None:
-            chosen = floats[0] if floats else next(iter(attrs.values()), None)
-        if chosen is None:
-            return NodeDecision(op, category, self.processed[name], attrs, "none", dt.INVALID,
-                                "node has no type attributes")
-        return NodeDecision(op, category, self.processed[name], attrs, chosen.color, chosen.dtype,
-                            chosen.reason)
 
 
 def decide(
