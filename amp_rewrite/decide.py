@@ -176,6 +176,8 @@ class Plan:
     renames: Mapping[str, str] = field(default_factory=dict)
     nodes: Mapping[str, NodeDecision] = field(default_factory=dict)
     deny_parent: Mapping[tuple[str, TypeAttr], tuple[str, TypeAttr]] = field(default_factory=dict)
+    #: Ops missing from the op registry (custom ops) and how many nodes use each.
+    unknown_ops: Mapping[str, int] = field(default_factory=dict)
 
     def deny_path(self, node: str, ta: TypeAttr) -> list[tuple[str, TypeAttr]]:
         """The chain of attributes from the deny-list op to ``(node, ta)``, in data-flow order."""
@@ -776,6 +778,7 @@ class _Painter:
             renames=dict(self.renames),
             nodes=nodes,
             deny_parent=parent,
+            unknown_ops=dict(sorted(self.unknown_ops.items())),
         )
 
     def _attr_decision(self, v: int) -> AttrDecision:

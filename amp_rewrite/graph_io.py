@@ -116,7 +116,7 @@ def _attr_values(
             ints[key] = int(value.i)
         elif kind == "s" and key == "_kernel":
             label = value.s.decode("utf-8", "replace")
-    return types, ints, label, tuple(sorted(funcs))
+    return types, ints, label, tuple(sorted(funcs)) if funcs else ()
 
 
 def _add_proto_node(g: nx.MultiDiGraph, node_def: Any, index: int) -> None:

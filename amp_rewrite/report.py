@@ -92,9 +92,8 @@ def build_report(
     sections = [main, *functions.values()]
     unknown: dict[str, int] = {}
     for plan in plans.values():
-        for nd in plan.nodes.values():
-            if nd.reason.startswith("op ") and "not in the op registry" in nd.reason:
-                unknown[nd.op] = unknown.get(nd.op, 0) + 1
+        for op, count in plan.unknown_ops.items():
+            unknown[op] = unknown.get(op, 0) + count
     converted = sum(s["converted_attrs"] for s in sections)
     skipped = plans[""].skipped
     if skipped is None and converted == 0 and not any(p.renames for p in plans.values()):
