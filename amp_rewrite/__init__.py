@@ -6,6 +6,9 @@ Public API::
     result = rewrite_graph_def(graph_def, target="gpu:8.0", precision="float16")
     result.graph_def, result.report
 
+    from amp_rewrite import rewrite_saved_model
+    report = rewrite_saved_model("model_dir", "model_bf16", target="cpu", precision="bfloat16")
+
 Stages (one module each): :mod:`~amp_rewrite.graph_io` (protobuf <-> networkx),
 :mod:`~amp_rewrite.decide` (painting -> plan), :mod:`~amp_rewrite.rewrite` (plan -> casts and
 types), export in :mod:`~amp_rewrite.graph_io`; lists in :mod:`~amp_rewrite.lists`,
@@ -23,11 +26,40 @@ from .errors import (
     RewriteError,
     TargetError,
 )
+from .explain import Explanation, explain_node
 from .graph_io import load_graph_def, parse_graph_def
+from .saved_model import ModelRewrite, load_model, rewrite_model, rewrite_saved_model
 from .targets import Device, Target, parse_target
+
+# The training API (amp_rewrite.training) imports TensorFlow, and Keras for Keras optimizers;
+# its names are resolved on first use so that `import amp_rewrite` stays fast and light.
+_TRAINING = (
+    "enable_mixed_precision_graph_rewrite",
+    "disable_mixed_precision_graph_rewrite",
+    "function",
+    "Session",
+    "rewrite_graph",
+    "rewrite_training_meta_graph",
+    "DynamicLossScale",
+    "FixedLossScale",
+)
+
+
+def __getattr__(name: str) -> object:
+    if name in _TRAINING:
+        from . import training
+
+        return getattr(training, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "rewrite_graph_def",
+    "rewrite_saved_model",
+    "rewrite_model",
+    "load_model",
+    "ModelRewrite",
+    "explain_node",
+    "Explanation",
     "RewriteResult",
     "resolve_lists",
     "resolve_target",
@@ -42,6 +74,7 @@ __all__ = [
     "ListError",
     "RewriteError",
     "TargetError",
+    *_TRAINING,
 ]
 
 __version__ = "0.1.0"

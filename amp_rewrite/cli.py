@@ -1,20 +1,29 @@
-"""The ``amp-rewrite`` command: a thin layer over :mod:`amp_rewrite.api`.
+"""The ``amp-rewrite`` command: a thin layer over the library.
 
-Subcommands: ``demo`` (rewrite a small in-process Keras model and explain it), ``rewrite``
-(GraphDef file to GraphDef file), ``lists`` (print the effective op lists).  Environment
-variables are read here and in :mod:`amp_rewrite.api` only.  Known errors print one line and
-exit with status 1.
+Subcommands, each a call into one typed library function:
+
+* ``rewrite INPUT OUTPUT``: :func:`amp_rewrite.saved_model.rewrite_saved_model` (SavedModel
+  directory, ``.meta`` MetaGraphDef, or ``.pb``/``.pbtxt`` frozen GraphDef);
+* ``explain INPUT NODE``: :func:`amp_rewrite.saved_model.rewrite_model` in memory, then
+  :func:`amp_rewrite.explain.explain_node`;
+* ``lists``: :func:`amp_rewrite.api.resolve_lists`, printed;
+* ``demo``: :func:`amp_rewrite.demo.run_demo`.
+
+Known errors (:class:`~amp_rewrite.errors.AmpRewriteError`, and OS errors on paths) print
+one line on stderr and exit with status 1; Ctrl-C exits with 130 after the library has
+removed its temporaries.  A progress line is drawn on stderr only when it is a terminal.
+TensorFlow's own ``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_*`` variables are honoured (they
+are read in :mod:`amp_rewrite.api`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
 import tempfile
-from typing import Sequence
+from typing import Any, Sequence
 
 from .errors import AmpRewriteError
 
@@ -25,9 +34,11 @@ log = logging.getLogger(__name__)
 _CATEGORIES = ("allow", "infer", "deny", "clear")
 
 
-def _add_list_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", default="auto", help="auto, cpu, or gpu:X.Y[,X.Y...] (default: auto)")
-    p.add_argument("--precision", default="float16", choices=("float16", "bfloat16"))
+def _add_list_options(p: argparse.ArgumentParser, *, precision_default: str = "float16") -> None:
+    p.add_argument("--target", default="auto",
+                   help="auto (this machine), cpu, or gpu:X.Y[,X.Y...] (default: auto)")
+    p.add_argument("--precision", default=precision_default, choices=("float16", "bfloat16"),
+                   help=f"low-precision type (default: {precision_default})")
     p.add_argument("--lists", default="default", help="default, tensorflow, or a list FILE (.toml)")
     p.add_argument("--lists-file", help="a list file layered on top of --lists")
     p.add_argument("--level", help="DEFAULT, TENSOR_CORES_ONLY, TREAT_INFER_AS_DENY, UNSAFE_FORCE_ALL")
@@ -38,10 +49,23 @@ def _add_list_options(p: argparse.ArgumentParser) -> None:
                        help=f"remove ops from the {cat} list")
 
 
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    _add_list_options(p)
+    p.add_argument("--exclude", metavar="REGEX", help="keep nodes whose name matches in float32")
+    p.add_argument("--fetch", action="append", default=None, metavar="NODE",
+                   help="main-graph node to preserve exactly (repeatable)")
+    p.add_argument("--tags", metavar="TAG[,TAG]",
+                   help="rewrite only the meta graph with exactly these tags (default: all)")
+    p.add_argument("--signature", action="append", default=None, metavar="KEY",
+                   help="rewrite only what this signature runs (repeatable; default: everything)")
+    p.add_argument("--keep-io-types", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep the dtypes of every signature input and output (default: on)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="amp-rewrite",
-        description="Rewrite TensorFlow graphs to mixed precision (float16/bfloat16).",
+        description="Rewrite TensorFlow models to mixed precision (float16/bfloat16), offline.",
     )
     # -v/-q work before or after the subcommand; SUPPRESS keeps a subcommand's default from
     # undoing a flag given before it.
@@ -55,19 +79,34 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", parents=[common],
-                          help="rewrite a small Keras model built in-process and explain it")
-    demo.add_argument("--target", default="gpu:8.0")
-    demo.add_argument("--precision", default="float16", choices=("float16", "bfloat16"))
+                          help="save a small Keras model, rewrite it for this machine, compare both")
+    demo.add_argument("--target", default="auto", help="auto (default), cpu, or gpu:X.Y")
+    demo.add_argument("--precision", default="auto", choices=("auto", "float16", "bfloat16"),
+                      help="auto (default): the best type the target has fast math for")
+    demo.add_argument("--save", metavar="DIR", help="keep the float32 and rewritten SavedModels in DIR")
 
-    rw = sub.add_parser("rewrite", parents=[common], help="rewrite a GraphDef file (.pb binary or .pbtxt text)")
-    rw.add_argument("input")
-    rw.add_argument("output")
-    _add_list_options(rw)
-    rw.add_argument("--fetch", action="append", default=None, metavar="NODE",
-                    help="node to preserve exactly (repeatable; default: the graph's outputs)")
-    rw.add_argument("--exclude", metavar="REGEX", help="keep nodes whose name matches in float32")
+    rw = sub.add_parser(
+        "rewrite", parents=[common],
+        help="rewrite a SavedModel directory, a .meta MetaGraphDef or a .pb/.pbtxt GraphDef",
+        description="Rewrite INPUT to mixed precision and write OUTPUT in the same form.",
+    )
+    rw.add_argument("input", metavar="INPUT")
+    rw.add_argument("output", metavar="OUTPUT")
+    _add_model_options(rw)
     rw.add_argument("--report", metavar="FILE.json", help="write the decision report as JSON")
+    rw.add_argument("--dump-dir", metavar="DIR",
+                    help="write the graph before and after as text protos (like TensorFlow's LOG_PATH)")
+    rw.add_argument("--graph", metavar="FILE", help="draw the rewritten graph: FILE.svg, FILE.html or FILE.dot")
+    rw.add_argument("--tensorboard", metavar="LOGDIR", help="write before/after graphs for TensorBoard")
     rw.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT")
+
+    ex = sub.add_parser("explain", parents=[common],
+                        help="say why NODE got its colour and dtype",
+                        description="Rewrite INPUT in memory (nothing is written) and explain NODE.")
+    ex.add_argument("input", metavar="INPUT")
+    ex.add_argument("node", metavar="NODE")
+    ex.add_argument("--function", metavar="NAME", help="look for NODE only in this library function")
+    _add_model_options(ex)
 
     ls = sub.add_parser("lists", parents=[common], help="print the effective op lists after all overrides")
     _add_list_options(ls)
@@ -84,51 +123,71 @@ def _overrides(args: argparse.Namespace) -> tuple[dict[str, list[str]], dict[str
     return add, remove
 
 
-def _write_atomic(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary sibling, so no half file is left."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".amp-rewrite-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _cmd_rewrite(args: argparse.Namespace) -> int:
-    from google.protobuf import text_format
-
-    from .api import rewrite_graph_def
-    from .graph_io import load_graph_def
-
-    if os.path.abspath(args.input) == os.path.abspath(args.output):
-        raise AmpRewriteError("OUTPUT is the same file as INPUT; the input is never overwritten")
-    if os.path.exists(args.output) and not args.overwrite:
-        raise AmpRewriteError(f"{args.output} exists; pass --overwrite to replace it")
-    graph_def = load_graph_def(args.input)
+def _model_options(args: argparse.Namespace) -> dict[str, Any]:
     add, remove = _overrides(args)
-    result = rewrite_graph_def(
-        graph_def, target=args.target, precision=args.precision, lists=args.lists,
-        lists_file=args.lists_file, fetches=args.fetch, add=add, remove=remove, level=args.level,
-        exclude=args.exclude,
+    return dict(
+        target=args.target, precision=args.precision, lists=args.lists, lists_file=args.lists_file,
+        add=add, remove=remove, level=args.level, exclude=args.exclude, fetches=args.fetch,
+        tags=[t for t in args.tags.split(",")] if args.tags else None,
+        signatures=args.signature, keep_io_types=args.keep_io_types,
     )
-    if args.output.endswith((".pbtxt", ".txt")):
-        data = text_format.MessageToString(result.graph_def).encode("utf-8")
-    else:
-        data = result.graph_def.SerializeToString(deterministic=True)
-    if args.report:
-        _write_atomic(args.report, json.dumps(result.report, indent=1).encode("utf-8"))
-    _write_atomic(args.output, data)
-    r = result.report
+
+
+def _hint(report: dict[str, Any], target: str) -> str:
+    """A suggestion when nothing was rewritten only because of the chosen precision."""
+    if not report.get("skipped"):
+        return ""
+    from .api import resolve_target
+
+    try:
+        tgt = resolve_target(target)
+    except AmpRewriteError:
+        return ""
+    other = "bfloat16" if report["precision"] == "float16" else "float16"
+    if tgt.skip_reason(report["precision"]) and not tgt.skip_reason(other):  # type: ignore[arg-type]
+        return f" (this target has fast {other} math: try --precision {other})"
+    return ""
+
+
+def _cmd_rewrite(args: argparse.Namespace, progress: Any) -> int:
+    from .saved_model import rewrite_saved_model, summary_line
+
+    report = rewrite_saved_model(
+        args.input, args.output, overwrite=args.overwrite, report_file=args.report,
+        dump_dir=args.dump_dir, graph_file=args.graph, tensorboard_dir=args.tensorboard,
+        progress=progress, **_model_options(args),
+    )
+    progress.close()
     if not args.quiet:
-        print(
-            f"converted {r['converted_nodes']} of {r['total_nodes']} nodes, {r['casts_to_low']} "
-            f"cast(s) to {args.precision}, {r['casts_to_high']} to float32"
-            + (f" (skipped: {r['skipped']})" if r["skipped"] else "")
-        )
+        print(f"{summary_line(report)}{_hint(report, args.target)}")
+        extras = (("report", args.report), ("graph", args.graph), ("dumps in", args.dump_dir),
+                  ("TensorBoard logs in", args.tensorboard))
+        print(f"wrote {args.output}" + "".join(f", {what} {path}" for what, path in extras if path))
+    return 0
+
+
+def _cmd_explain(args: argparse.Namespace, progress: Any) -> int:
+    from .explain import explain_node, explain_text
+    from .saved_model import load_model, rewrite_model
+
+    model = load_model(args.input)
+    rewrite = rewrite_model(model, progress=progress, **_model_options(args))
+    progress.close()
+    blocks = []
+    misses = []
+    for g in rewrite.graphs:
+        try:
+            explanations = explain_node(g.result, args.node, lists=rewrite.lists, function=args.function)
+        except AmpRewriteError as exc:
+            misses.append(exc)
+            continue
+        text = explain_text(explanations)
+        blocks.append(text if len(rewrite.graphs) == 1 else f"[{g.label}]\n{text}")
+    if not blocks:
+        raise misses[0]
+    r = rewrite.report
+    print(f"# {r['target']}, {r['precision']}, lists {r['lists']}, level {r['level']}")
+    print("\n\n".join(blocks))
     return 0
 
 
@@ -149,25 +208,101 @@ def _cmd_lists(args: argparse.Namespace) -> int:
     return 0
 
 
+def _start_tensorflow_quietly() -> None:
+    """Import TensorFlow and initialise its devices without its start-up noise.
+
+    TensorFlow's runtime writes its start-up notices (absl's "before InitializeLog" banner,
+    oneDNN and CUDA messages) straight to file descriptor 2, and ``TF_CPP_MIN_LOG_LEVEL``
+    does not silence all of them, so an error would not be "one line".  File descriptor 2 is
+    pointed at a temporary file for the import and the device scan only; if they fail, the
+    captured text is shown after all.  Later output, including any crash, goes to the real
+    stderr.  Does nothing if TensorFlow is already imported or stderr is not file
+    descriptor 2 (tests capture it).
+    """
+    if "tensorflow" in sys.modules:
+        return
+    try:
+        if sys.stderr.fileno() != 2:
+            return
+    except (AttributeError, ValueError, OSError):
+        return
+    sys.stderr.flush()
+    saved_fd = os.dup(2)
+    started = False
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            import tensorflow as tf
+
+            tf.config.list_physical_devices("GPU")
+            started = True
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved_fd, 2)
+            os.close(saved_fd)
+            if not started:
+                capture.seek(0)
+                sys.stderr.write(capture.read().decode("utf-8", "replace"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    level = logging.DEBUG if args.verbose else logging.ERROR if args.quiet else logging.WARNING
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    # -v is about this package's decisions, not every library's debug chatter.
+    root, ours = logging.getLogger(), logging.getLogger("amp_rewrite")
+    old_levels = root.level, ours.level
+    root.setLevel(logging.ERROR if args.quiet else logging.WARNING)
+    ours.setLevel(logging.DEBUG if args.verbose else logging.ERROR if args.quiet else logging.WARNING)
+    root.addHandler(handler)
+    try:
+        # A missing INPUT is reported at once, without waiting for TensorFlow to start.
+        if not args.verbose and os.path.exists(getattr(args, "input", ".")):
+            _start_tensorflow_quietly()
+        return _run(args)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old_levels[0])
+        ours.setLevel(old_levels[1])
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .progress import Progress
+
+    progress = Progress(sys.stderr, enabled=None if not args.quiet else False)
     try:
         if args.command == "demo":
             from .demo import run_demo
 
-            return run_demo(sys.stdout, target=args.target, precision=args.precision)
+            return run_demo(sys.stdout, target=args.target, precision=args.precision, save=args.save)
         if args.command == "rewrite":
-            return _cmd_rewrite(args)
+            return _cmd_rewrite(args, progress)
+        if args.command == "explain":
+            return _cmd_explain(args, progress)
         return _cmd_lists(args)
     except AmpRewriteError as exc:
+        progress.close()
         print(f"amp-rewrite: error: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # The reader went away (``amp-rewrite lists | head``): not an error worth a message.
+        # Point stdout at /dev/null so the interpreter's final flush does not complain.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 1
+    except OSError as exc:
+        progress.close()
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"amp-rewrite: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
+        progress.close()
         print("amp-rewrite: interrupted; nothing was written", file=sys.stderr)
         return 130
+    finally:
+        progress.close()
 
 
 if __name__ == "__main__":  # pragma: no cover

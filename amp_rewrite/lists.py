@@ -632,7 +632,10 @@ def _apply_edits(
     Unknown op names are an error (even in skipped edits: a typo is a typo).
     """
     # An op the loaded files name (e.g. an unregistered internal op) may be edited too.
-    unknown = [f"{e.op} ({e.origin})" for e in edits if e.op not in entries and not is_known_op(e.op)]
+    # dict.fromkeys: one mention per op and origin (an argument that moves an op expands to
+    # several edits of the same op).
+    unknown = list(dict.fromkeys(
+        f"{e.op} ({e.origin})" for e in edits if e.op not in entries and not is_known_op(e.op)))
     if unknown:
         raise ListError("list edit(s) name unknown op(s), not in TensorFlow's op registry: " + "; ".join(unknown))
     ignored = [f"{e.action} {e.op} ({e.origin})" for e in edits if e.category in frozen]

@@ -20,7 +20,7 @@ Signature interfaces never change.  Function signatures are kept by the core (``
 inputs and outputs, the saver, collections, variable definitions, assets) are passed to the
 core as fetches, so they keep their dtypes.
 
-Output is written through :class:`Staging`: everything goes to temporary siblings first and is
+Output is written through :class:`~amp_rewrite.staging.Staging`: everything goes to temporary siblings first and is
 renamed into place only when all of it has been written, so a failure or Ctrl-C leaves no
 output behind.  The input is never modified.  TensorFlow is imported lazily.
 """
@@ -34,8 +34,7 @@ import logging
 import os
 import re
 import shutil
-import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 from .api import Precision, RewriteResult, resolve_lists, resolve_target, rewrite_graph_def
@@ -43,6 +42,7 @@ from .errors import AmpRewriteError, GraphFormatError, InvalidGraphError
 from .graph_io import load_graph_def, reachable_functions
 from .lists import OpLists
 from .progress import Progress
+from .staging import Staging, check_output, check_writable, is_within
 from .targets import Target
 from .tensor_names import parse_graph_input
 
@@ -50,12 +50,13 @@ __all__ = [
     "ModelFile",
     "GraphRewrite",
     "ModelRewrite",
-    "Staging",
     "load_model",
     "rewrite_model",
     "rewrite_saved_model",
     "stage_model",
     "model_format",
+    "dump_files",
+    "summary_line",
 ]
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,6 @@ SAVED_MODEL_PBTXT = "saved_model.pbtxt"
 FINGERPRINT_PB = "fingerprint.pb"
 _TEXT_SUFFIXES = (".pbtxt", ".txt", ".prototxt")
 _META_SUFFIXES = (".meta", ".meta.pbtxt", ".meta.txt")
-_TMP_PREFIX = ".amp-rewrite-"
 #: Collections of serialized VariableDefs (tf.compat.v1.GraphKeys); their nodes keep dtypes.
 _VARIABLE_COLLECTIONS = frozenset({
     "variables", "trainable_variables", "local_variables", "model_variables",
@@ -264,7 +264,7 @@ def _closure(graph_def: Any, roots: Iterable[str]) -> set[str]:
     while todo:
         for text in inputs[todo.pop()]:
             n = _node_of(text)
-            if n in inputs and n not in seen:
+            if n is not None and n in inputs and n not in seen:
                 seen.add(n)
                 todo.append(n)
     return seen
@@ -464,14 +464,15 @@ def rewrite_model(
             _check_signatures(model, [], signatures)  # raises likewise
         if progress:
             progress.stage("rewriting the graph")
-        if fetches is None and not keep_io_types:
-            fetches = []  # TensorFlow's behaviour: nothing preserved
-        result = rewrite_graph_def(model.message, exclude=exclude, fetches=fetches, **options)
-        outputs = _graph_outputs(model.message)
-        preserved = frozenset(fetches if fetches is not None else outputs)
-        graphs = (GraphRewrite("graph", None, (), model.message, result, preserved),)
-        message = result.graph_def
-        return ModelRewrite(model, message, graphs, _model_report(model, graphs), op_lists, tgt)
+        if keep_io_types:
+            # The graph's outputs keep their dtypes; fetches are preserved on top of them.
+            keep = sorted(_graph_outputs(model.message) | set(fetches or ()))
+        else:
+            keep = list(fetches or ())  # TensorFlow's behaviour: only fetches are preserved
+        result = rewrite_graph_def(model.message, exclude=exclude, fetches=keep, **options)
+        preserved = frozenset(n for k in keep if (n := _node_of(k)))
+        graph = GraphRewrite("graph", None, (), model.message, result, preserved)
+        return ModelRewrite(model, result.graph_def, (graph,), _model_report(model, [graph]), op_lists, tgt)
 
     indices = _select_meta_graphs(model, tags)
     if signatures:
@@ -482,60 +483,77 @@ def rewrite_model(
     graphs: list[GraphRewrite] = []
     for step, i in enumerate(indices):
         meta = model.meta_graphs[i]
-        tag_tuple = tuple(meta.meta_info_def.tags)
-        label = "graph" if model.format == "meta_graph" else f"meta graph {i} [{','.join(tag_tuple)}]"
+        tags_i = tuple(meta.meta_info_def.tags)
+        label = "graph" if model.format == "meta_graph" else f"meta graph {i} [{','.join(tags_i)}]"
         if progress:
             progress.stage(f"rewriting {label}", step, len(indices))
         _check_tensors_exist(meta, model.path)
-        gd = meta.graph_def
-        nodes = {n.name for n in gd.node}
-        sig_in, sig_out = _signature_nodes(meta)
-        preserve = _infrastructure_nodes(meta) | sig_in
-        outputs = _graph_outputs(gd)
-        if keep_io_types:
-            preserve |= outputs | sig_out
-        else:
-            preserve |= outputs - sig_out
-        if fetches:
-            for f in fetches:
-                name = _node_of(f)
-                if name not in nodes:
-                    raise InvalidGraphError(f"fetch {f!r} names a node that does not exist", node=name)
-                preserve.add(name)
-        preserve &= nodes
-        graph_exclude = exclude
-        keep_functions: set[str] | None = None
+        preserve = _preserved_nodes(meta, keep_io_types, fetches)
+        graph_exclude, keep_functions = exclude, None
         if signatures:
-            _, roots = _signature_nodes(meta, signatures)
-            closure = _closure(gd, roots)
-            sub = type(gd)()
-            sub.library.CopyFrom(gd.library)
-            sub.node.extend(n for n in gd.node if n.name in closure)
-            keep_functions = reachable_functions(sub)
-            if not meta.HasField("object_graph_def"):
-                # TF1 style: the signatures' nodes live in the main graph.  Keep the rest
-                # float32 through the core's name filter.  (It matches function bodies too;
-                # that can only keep more nodes float32, which is safe.)
-                others = sorted(nodes - closure)
-                if others:
-                    pattern = "^(?:" + "|".join(re.escape(n) for n in others) + ")$"
-                    graph_exclude = f"(?:{exclude})|{pattern}" if exclude else pattern
-        result = rewrite_graph_def(gd, fetches=sorted(preserve), exclude=graph_exclude, **options)
+            graph_exclude, keep_functions = _signature_scope(meta, signatures, exclude)
+        result = rewrite_graph_def(meta.graph_def, fetches=sorted(preserve), exclude=graph_exclude, **options)
         if keep_functions is not None:
-            result = _restrict_to_functions(result, gd, keep_functions)
+            result = _restrict_to_functions(result, meta.graph_def, keep_functions)
         out_meta = metas_out[i]
         out_meta.graph_def.CopyFrom(result.graph_def)
         if not keep_io_types:
-            for sig in out_meta.signature_def.values():
-                for info in sig.outputs.values():
-                    if info.WhichOneof("encoding") == "name":
-                        new = _output_dtype(result, info.name)
-                        if new is not None and new != info.dtype:
-                            info.dtype = new
-        graphs.append(GraphRewrite(label, i, tag_tuple, gd, result, frozenset(preserve)))
+            _update_output_dtypes(out_meta, result)
+        graphs.append(GraphRewrite(label, i, tags_i, meta.graph_def, result, frozenset(preserve)))
     if progress:
         progress.stage("rewrote the model", len(indices), len(indices))
     return ModelRewrite(model, message, tuple(graphs), _model_report(model, graphs, message), op_lists, tgt)
+
+
+def _preserved_nodes(meta: Any, keep_io_types: bool, fetches: Sequence[str] | None) -> set[str]:
+    """Main-graph nodes whose dtypes must not change: what the MetaGraphDef refers to by
+    name, the graph's outputs, the signature outputs unless ``keep_io_types`` is off, and
+    ``fetches``."""
+    gd = meta.graph_def
+    nodes = {n.name for n in gd.node}
+    sig_in, sig_out = _signature_nodes(meta)
+    preserve = _infrastructure_nodes(meta) | sig_in
+    outputs = _graph_outputs(gd)
+    preserve |= (outputs | sig_out) if keep_io_types else (outputs - sig_out)
+    for f in fetches or ():
+        name = _node_of(f)
+        if name is None or name not in nodes:
+            raise InvalidGraphError(f"fetch {f!r} names a node that does not exist", node=name)
+        preserve.add(name)
+    return preserve & nodes
+
+
+def _signature_scope(meta: Any, signatures: Sequence[str], exclude: str | None) -> tuple[str | None, set[str]]:
+    """What ``signatures`` run: the library functions they reach, and an ``exclude``
+    pattern that keeps the rest of a TF1-style main graph float32."""
+    gd = meta.graph_def
+    _, roots = _signature_nodes(meta, signatures)
+    closure = _closure(gd, roots)
+    sub = type(gd)()
+    sub.library.CopyFrom(gd.library)
+    sub.node.extend(n for n in gd.node if n.name in closure)
+    keep_functions = reachable_functions(sub)
+    if meta.HasField("object_graph_def"):
+        # TF2: the main graph holds only placeholders, variables and calls; nothing to keep.
+        return exclude, keep_functions
+    # TF1 style: the signatures' nodes live in the main graph.  Keep the rest float32 through
+    # the core's name filter.  (It matches function bodies too; that can only keep more
+    # nodes float32, which is safe.)
+    others = sorted({n.name for n in gd.node} - closure)
+    if not others:
+        return exclude, keep_functions
+    pattern = "^(?:" + "|".join(re.escape(n) for n in others) + ")$"
+    return (f"(?:{exclude})|{pattern}" if exclude else pattern), keep_functions
+
+
+def _update_output_dtypes(meta: Any, result: RewriteResult) -> None:
+    """Set each dense signature output's dtype to what the rewrite made it.  Mutates ``meta``."""
+    for sig in meta.signature_def.values():
+        for info in sig.outputs.values():
+            if info.WhichOneof("encoding") == "name":
+                new = _output_dtype(result, info.name)
+                if new is not None and new != info.dtype:
+                    info.dtype = new
 
 
 def _model_report(model: ModelFile, graphs: Sequence[GraphRewrite], message: Any = None) -> dict[str, Any]:
@@ -564,152 +582,6 @@ def _model_report(model: ModelFile, graphs: Sequence[GraphRewrite], message: Any
 
 
 # ------------------------------------------------------------------------------ writing
-
-
-class Staging:
-    """Outputs written to temporary siblings and renamed into place together.
-
-    ``add_file``/``add_tree`` write at once to a temporary name next to the final path
-    (creating missing parent directories inside a temporary directory too, so nothing new
-    is visible early).  :meth:`commit` renames everything into place; leaving the ``with``
-    block without committing (an error, Ctrl-C) deletes every temporary.  OS errors become
-    :class:`AmpRewriteError` naming the path.  Not thread-safe.
-    """
-
-    def __init__(self) -> None:
-        # (temporary path, final path, replace an existing final path)
-        self._moves: list[tuple[str, str, bool]] = []
-        self._staged_dirs: dict[str, str] = {}  # final missing directory -> its temporary
-        self._committed = False
-
-    def __enter__(self) -> "Staging":
-        return self
-
-    def __exit__(self, exc_type: object, *exc: object) -> None:
-        if not self._committed:
-            self.discard()
-
-    def _where(self, final: str) -> str:
-        """A directory to create a temporary in, so that the temporary ends up at a path
-        that renames onto ``final`` (or onto its first missing ancestor)."""
-        parent = os.path.dirname(final)
-        for missing, tmp in self._staged_dirs.items():
-            if parent == missing or parent.startswith(missing + os.sep):
-                path = os.path.join(tmp, os.path.relpath(parent, missing))
-                os.makedirs(path, exist_ok=True)
-                return path
-        if os.path.isdir(parent):
-            return parent
-        missing = parent
-        while not os.path.exists(os.path.dirname(missing)):
-            missing = os.path.dirname(missing)
-        top = os.path.dirname(missing)
-        if not os.path.isdir(top):
-            raise AmpRewriteError(f"cannot write {final}: {top} is not a directory")
-        tmp = tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=top)
-        self._staged_dirs[missing] = tmp
-        self._moves.append((tmp, missing, False))
-        path = os.path.join(tmp, os.path.relpath(parent, missing))
-        os.makedirs(path, exist_ok=True)
-        return path
-
-    def _guard(self, final: str, action: Callable[[], None]) -> None:
-        try:
-            action()
-        except AmpRewriteError:
-            raise
-        except OSError as exc:
-            raise AmpRewriteError(f"cannot write {final}: {exc.strerror or exc}") from None
-
-    def add_file(self, path: str | os.PathLike[str], data: bytes) -> None:
-        """Stage ``data`` for ``path`` (an existing file there is replaced on commit)."""
-        final = os.path.abspath(os.fspath(path))
-
-        def write() -> None:
-            where = self._where(final)
-            if where != os.path.dirname(final):  # inside a staged new directory
-                with open(os.path.join(where, os.path.basename(final)), "wb") as f:
-                    f.write(data)
-                return
-            fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=where)
-            self._moves.append((tmp, final, True))
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-
-        self._guard(final, write)
-
-    def add_tree(self, path: str | os.PathLike[str], fill: Callable[[str], None], *, replace: bool) -> None:
-        """Stage a directory: ``fill(tmp_dir)`` writes its content.  With ``replace`` an
-        existing directory at ``path`` is swapped out on commit (and then deleted)."""
-        final = os.path.abspath(os.fspath(path))
-
-        def make() -> None:
-            where = self._where(final)
-            tmp = tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=where)
-            self._moves.append((tmp, final, replace))
-            fill(tmp)
-
-        self._guard(final, make)
-
-    def commit(self) -> None:
-        """Rename every staged output into place, in the order they were added."""
-        for tmp, final, replace in self._moves:
-            if not os.path.exists(tmp):
-                continue  # a file staged inside a directory that was moved already
-            self._guard(final, lambda: self._move(tmp, final, replace))
-        self._committed = True
-        self._moves.clear()
-
-    @staticmethod
-    def _move(tmp: str, final: str, replace: bool) -> None:
-        if os.path.isdir(tmp) and os.path.lexists(final):
-            if not replace:
-                raise FileExistsError(17, "it appeared while the rewrite ran")
-            # Directories cannot be replaced atomically: move the old one aside first and
-            # put it back if the rename fails.
-            old = tempfile.mkdtemp(prefix=_TMP_PREFIX + "old-", dir=os.path.dirname(final))
-            aside = os.path.join(old, "old")
-            os.rename(final, aside)
-            try:
-                os.rename(tmp, final)
-            except OSError:
-                os.rename(aside, final)
-                raise
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-
-    def discard(self) -> None:
-        """Delete every temporary.  Safe to call more than once."""
-        for tmp, _, _ in reversed(self._moves):
-            if os.path.isdir(tmp) and not os.path.islink(tmp):
-                shutil.rmtree(tmp, ignore_errors=True)
-            elif os.path.lexists(tmp):
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-        self._moves.clear()
-        self._staged_dirs.clear()
-
-
-def _is_within(path: str, parent: str) -> bool:
-    path, parent = os.path.realpath(path), os.path.realpath(parent)
-    return path == parent or path.startswith(parent.rstrip(os.sep) + os.sep)
-
-
-def check_output(src: str, dst: str, *, overwrite: bool, what: str = "OUTPUT") -> None:
-    """Refuse an output that would modify the input or replace something without
-    ``overwrite``.  Called before any work, so bad requests fail at once."""
-    if _is_within(dst, src) and (os.path.isdir(src) or os.path.realpath(dst) == os.path.realpath(src)):
-        raise AmpRewriteError(f"{what} {dst} is the same as (or inside) INPUT; the input is never modified")
-    if overwrite and os.path.isdir(dst) and _is_within(src, dst):
-        raise AmpRewriteError(f"replacing {what} {dst} would delete INPUT {src}")
-    if os.path.isdir(dst):
-        if os.listdir(dst) and not overwrite:
-            raise AmpRewriteError(f"{what} {dst} exists and is not empty; pass --overwrite to replace it")
-    elif os.path.lexists(dst) and os.path.getsize(dst) > 0 and not overwrite:
-        raise AmpRewriteError(f"{what} {dst} exists; pass --overwrite to replace it")
 
 
 def _serialize(message: Any, text: bool) -> bytes:
@@ -826,47 +698,73 @@ def rewrite_saved_model(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
     *,
+    target: str | Target = "auto",
+    precision: Precision = "float16",
+    lists: str | os.PathLike[str] = "default",
+    lists_file: str | os.PathLike[str] | None = None,
+    add: Mapping[str, Iterable[str] | str] | None = None,
+    remove: Mapping[str, Iterable[str] | str] | None = None,
+    level: str | None = None,
+    exclude: str | None = None,
+    fetches: Sequence[str] | None = None,
+    tags: Sequence[str] | None = None,
+    signatures: Sequence[str] | None = None,
+    keep_io_types: bool = True,
+    tensorflow_bugs: bool = False,
+    use_env: bool = True,
     overwrite: bool = False,
     report_file: str | os.PathLike[str] | None = None,
     dump_dir: str | os.PathLike[str] | None = None,
     graph_file: str | os.PathLike[str] | None = None,
     tensorboard_dir: str | os.PathLike[str] | None = None,
     progress: Progress | None = None,
-    **options: Any,
 ) -> dict[str, Any]:
     """Rewrite the model at ``src`` to mixed precision and write it to ``dst``; return the report.
 
     ``src`` is a SavedModel directory, a MetaGraphDef (``.meta``) or a frozen GraphDef
     (``.pb``/``.pbtxt``); ``dst`` is written in the same form (a GraphDef or MetaGraphDef
-    output is text when its name ends in ``.pbtxt``/``.txt``).  ``options`` are
-    :func:`rewrite_model`'s (``target``, ``precision``, ``lists``, ``tags``, ``signatures``,
-    ``keep_io_types``...).
+    output is text when its name ends in ``.pbtxt``/``.txt``).  The rewrite options
+    (``target`` ... ``use_env``) are :func:`rewrite_model`'s.
 
     Optional extra outputs: ``report_file`` (the report as JSON), ``dump_dir`` (see
     :func:`dump_files`), ``graph_file`` (a drawing: ``.svg``, ``.html`` or ``.dot``, see
     :mod:`amp_rewrite.draw`) and ``tensorboard_dir`` (before/after event files).
+    ``progress`` draws a progress line (see :class:`~amp_rewrite.progress.Progress`).
 
     Everything is written atomically and together: on any error (or Ctrl-C) no output,
     extra or not, is left behind.  ``src`` is never modified; ``dst`` equal to or inside
     ``src``, or an existing non-empty ``dst`` without ``overwrite``, is refused before any
     work.  Raises :class:`AmpRewriteError` (or a subclass) with a one-line message.
+
+    The report is JSON-ready: ``input``, ``output``, ``format``, the settings, totals over
+    every rewritten graph (``total_nodes``, ``converted_nodes``, ``casts_to_low``...,
+    ``skipped``) and ``graphs``: one entry per rewritten graph (a SavedModel's MetaGraphDefs)
+    with its ``tags``, ``signatures`` and the core report of
+    :func:`~amp_rewrite.api.rewrite_graph_def` (``nodes``, ``casts``, ``functions``...).
     """
     src_s, dst_s = os.fspath(src), os.fspath(dst)
     if not os.path.exists(src_s):
         raise GraphFormatError("no such file or directory", path=src_s)
     check_output(src_s, dst_s, overwrite=overwrite)
+    check_writable(dst_s)
     for extra, what in ((report_file, "--report"), (graph_file, "--graph"), (dump_dir, "--dump-dir"),
                         (tensorboard_dir, "--tensorboard")):
-        if extra is not None and _is_within(os.fspath(extra), src_s) and os.path.isdir(src_s):
+        if extra is not None and is_within(os.fspath(extra), src_s) and os.path.isdir(src_s):
             raise AmpRewriteError(f"{what} {os.fspath(extra)} is inside INPUT; the input is never modified")
         if extra is not None and os.path.realpath(os.fspath(extra)) == os.path.realpath(src_s):
             raise AmpRewriteError(f"{what} is the same as INPUT; the input is never modified")
+        if extra is not None:
+            check_writable(os.fspath(extra))
     if graph_file is not None:
         from .draw import graph_format
 
         graph_format(graph_file)  # an unknown extension fails before the work
     model = load_model(src_s)
-    rewrite = rewrite_model(model, progress=progress, **options)
+    rewrite = rewrite_model(
+        model, target=target, precision=precision, lists=lists, lists_file=lists_file, add=add,
+        remove=remove, level=level, exclude=exclude, fetches=fetches, tags=tags, signatures=signatures,
+        keep_io_types=keep_io_types, tensorflow_bugs=tensorflow_bugs, use_env=use_env, progress=progress,
+    )
     report = dict(rewrite.report)
     report["output"] = os.path.abspath(dst_s)
     if progress:

@@ -241,6 +241,6 @@ def detect_target() -> Target:
             for d in gpus
         )
         return Target("gpu", tuple(gpus) + (cpu,), description=desc)
+    known = {f for names in CPU_FEATURES.values() for f in names}
     return Target("cpu", (cpu,), description="auto: CPU " + (
-        " ".join(sorted(f for f in cpu.features if f.startswith(("amx", "avx512_f", "avx512_b"))))
-        or "without low-precision features"))
+        " ".join(sorted(cpu.features & known)) or "without low-precision features"))
