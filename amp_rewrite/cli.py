@@ -99,6 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     rw.add_argument("--graph", metavar="FILE", help="draw the rewritten graph: FILE.svg, FILE.html or FILE.dot")
     rw.add_argument("--tensorboard", metavar="LOGDIR", help="write before/after graphs for TensorBoard")
     rw.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT")
+    rw.add_argument("--loss-scale", metavar="dynamic|N",
+                    help="INPUT is a TF1 training MetaGraphDef (.meta): also rewrite its optimizer "
+                         "with dynamic (or fixed N) loss scaling")
+    rw.add_argument("--train-op", metavar="NAME",
+                    help="with --loss-scale: the train op, when the train_op collection has several")
 
     ex = sub.add_parser("explain", parents=[common],
                         help="say why NODE got its colour and dtype",
@@ -149,8 +154,42 @@ def _hint(report: dict[str, Any], target: str) -> str:
     return ""
 
 
+def _cmd_rewrite_training(args: argparse.Namespace) -> int:
+    """``rewrite --loss-scale``: a TF1 training MetaGraphDef, optimizer included."""
+    import json
+
+    from .saved_model import load_model
+    from .staging import Staging, check_output
+    from .training import rewrite_training_meta_graph
+
+    if not args.input.endswith(".meta"):
+        raise AmpRewriteError("--loss-scale needs a TF1 training MetaGraphDef (a .meta file) as INPUT")
+    check_output(args.input, args.output, overwrite=args.overwrite)
+    model = load_model(args.input)
+    options = _model_options(args)
+    for key in ("tags", "signatures", "keep_io_types"):
+        options.pop(key, None)
+    result = rewrite_training_meta_graph(model.message, args.loss_scale, train_op=args.train_op, **options)
+    with Staging() as staging:
+        staging.add_file(args.output, result.meta_graph_def.SerializeToString(deterministic=True))
+        if args.report:
+            staging.add_file(args.report, json.dumps(result.report, indent=1).encode("utf-8"))
+        staging.commit()
+    if not args.quiet:
+        r = result.report
+        print(f"converted {r['converted_nodes']} of {r['total_nodes']} nodes, {r['casts_to_low']} cast(s) "
+              f"to {r['precision']}, {r['casts_to_high']} to float32; loss scaling "
+              f"{args.loss_scale} added to train op")
+        print(f"wrote {args.output}" + (f", report {args.report}" if args.report else ""))
+    return 0
+
+
 def _cmd_rewrite(args: argparse.Namespace, progress: Any) -> int:
     from .saved_model import rewrite_saved_model, summary_line
+
+    if args.loss_scale is not None:
+        progress.close()
+        return _cmd_rewrite_training(args)
 
     report = rewrite_saved_model(
         args.input, args.output, overwrite=args.overwrite, report_file=args.report,

@@ -234,3 +234,34 @@ def test_demo_runs_as_a_module():
         assert row in out
     assert "rewritten (bfloat16)" in out or "rewritten (float16)" in out
     assert "same top-1 class" in out and " ms " in out
+
+
+def test_rewrite_with_loss_scale_rewrites_a_training_meta_graph(tmp_path, capsys):
+    import numpy as np
+
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, (8, 4), name="x")
+        w = tf.compat.v1.get_variable("w", (4, 1), initializer=tf.compat.v1.ones_initializer())
+        loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - 1.0), name="loss")
+        train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss, name="train")
+        tf.compat.v1.add_to_collection("train_op", train_op)
+        meta = tf.compat.v1.train.export_meta_graph()
+    src, out, report = tmp_path / "train.meta", tmp_path / "out.meta", tmp_path / "r.json"
+    src.write_bytes(meta.SerializeToString())
+    assert main(["rewrite", str(src), str(out), "--loss-scale", "dynamic", "--target", "gpu:8.0",
+                 "--report", str(report)]) == 0
+    assert "loss scaling dynamic" in capsys.readouterr().out
+    assert "training" in json.loads(report.read_text())
+    g2 = tf.Graph()
+    with g2.as_default():
+        tf.compat.v1.train.import_meta_graph(str(out))
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            feed = {"x:0": np.ones((8, 4), np.float32)}
+            before = sess.run("loss:0", feed)
+            for _ in range(5):
+                sess.run(g2.get_operation_by_name("train"), feed)
+            assert sess.run("loss:0", feed) < before
+    assert main(["rewrite", str(tmp_path / "in.pb"), str(tmp_path / "o.pb"), "--loss-scale", "dynamic"]) == 1
+    assert ".meta" in capsys.readouterr().err

@@ -1,0 +1,355 @@
+"""The Keras 3 side: a loss-scaled optimizer whose model's train step is rewritten.
+
+Importing this module imports Keras; :mod:`amp_rewrite` imports it only when a Keras optimizer
+is wrapped.
+
+:class:`LossScaleOptimizer` subclasses ``keras.optimizers.LossScaleOptimizer`` so that Keras's
+trainer treats it as one (``scale_loss`` is applied in ``train_step``, ``compile`` does not wrap
+it again), but replaces its update rule:
+
+* TensorFlow's dynamic loss scale (:mod:`.loss_scale`): the halving has a floor, growth is
+  checked for overflow, and the period and multiplier are configurable; skipped steps are
+  counted.
+* Under ``tf.distribute`` every replica takes the same skip decision.  Keras 3 takes the
+  finite flag of the *first* replica's local gradients, so a NaN that only another replica sees
+  is applied (after the all-reduce) to every replica.  Here each replica's flag is summed
+  across replicas in the cross-replica context before the decision, and the ``tf.cond`` around
+  the inner update runs in the cross-replica context, so no collective sits inside a
+  replica-dependent branch.
+
+The rewrite of the train step: Keras has no hook that tells an optimizer which model compiled
+it before ``fit`` traces the train step, and the step must be rewritten *as a whole* (forward
+pass, gradients and update).  The model's tracking code does call the optimizer's
+``_maybe_initialize_trackable`` from ``model.compile`` (assigning ``model.optimizer``); the
+override below recognises that call and installs, on that one model instance only, a
+``make_train_function`` that runs the train step through :class:`amp_rewrite.function`.  The
+installed method checks at call time that the model's optimizer is still one of ours.  If the
+hook is missed (a future Keras), the optimizer logs a WARNING when it is traced into an
+unrewritten graph, and :func:`rewrite_keras_train_step` installs the same thing explicitly.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import types
+from typing import Any, Mapping
+
+import keras
+import tensorflow as tf
+
+from . import loss_scale as loss_scale_module
+from ._common import (
+    building_unrewritten_function,
+    check_rewrite_options,
+    note_rewrite_options,
+    warn_once,
+)
+from .forwarding import forwarded_attribute
+from .tf_function import Function
+
+__all__ = ["LossScaleOptimizer", "rewrite_keras_train_step"]
+
+log = logging.getLogger(__name__)
+
+try:  # Keras's own decorator, so the extra counter is tracked once, like LSO's variables.
+    from keras.src.utils.tracking import no_automatic_dependency_tracking as _no_tracking
+except ImportError:  # pragma: no cover - a Keras without it tracks a variable twice at worst
+    def _no_tracking(fn: Any) -> Any:
+        return fn
+
+
+def _unscale(grad: Any, scale: Any) -> Any:
+    """``grad / scale`` in the gradient's dtype; ``IndexedSlices`` keep their sparsity."""
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / tf.cast(scale, grad.values.dtype), grad.indices,
+                                grad.dense_shape)
+    return grad / tf.cast(scale, grad.dtype)
+
+
+@keras.saving.register_keras_serializable(package="amp_rewrite")
+class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+    """A Keras 3 loss-scaled optimizer for models trained with amp_rewrite's graph rewrite.
+
+    Build it with :func:`amp_rewrite.enable_mixed_precision_graph_rewrite`.  Attribute access
+    falls through to the inner optimizer (``learning_rate`` and ``iterations`` as in Keras,
+    hyperparameters such as ``beta_1``, slot variables such as ``_momentums``), and its
+    variables (the inner optimizer's plus the scale, the finite-step counter and the skipped-step
+    counter) are saved with the model and in ``tf.train.Checkpoint``.
+
+    As with Keras's own ``LossScaleOptimizer``, gradients must be of ``scale_loss(loss)``:
+    Keras's ``train_step`` does this; a custom ``train_step`` or training loop must too.  Under
+    a distribution strategy, build the optimizer (``opt.build(variables)`` in the strategy's
+    scope) before a custom training step is traced; ``fit`` does this itself.
+    """
+
+    def __init__(
+        self,
+        inner_optimizer: Any,
+        loss_scale: Any = "dynamic",
+        rewrite_options: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if isinstance(loss_scale, dict):  # from get_config
+            loss_scale = _loss_scale_from_config(loss_scale)
+        scale = loss_scale_module.get(loss_scale)
+        # Keras's growth counter; a fixed scale never grows (our update rule ignores it anyway).
+        dynamic = isinstance(scale, loss_scale_module.DynamicLossScale)
+        growth = scale.increment_period if dynamic else 2**31 - 1
+        super().__init__(inner_optimizer, initial_scale=scale.initial_scale,
+                         dynamic_growth_steps=growth, name=name, **kwargs)
+        # Immutable values, so Keras's attribute tracking leaves them alone.
+        self._amp_loss_scale = scale
+        self._amp_rewrite_options = types.MappingProxyType(check_rewrite_options(rewrite_options or {}))
+
+    # -- attribute forwarding -------------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        # Only called when normal lookup fails.  Before __init__ has set inner_optimizer this
+        # must fail, because Keras's __setattr__ probes attributes with getattr.
+        inner = self.__dict__.get("inner_optimizer")
+        if inner is None:
+            raise AttributeError(name)
+        return forwarded_attribute(self, inner, name)
+
+    # -- the model hook -------------------------------------------------------------------
+    def _maybe_initialize_trackable(self) -> None:
+        # See the module docstring: model.compile -> Layer.__setattr__("optimizer", self) ->
+        # Trackable._handle_deferred_dependencies(name="optimizer") calls this method with the
+        # model as the caller's `self`.
+        frame = sys._getframe(1)
+        try:
+            caller = frame.f_locals
+            if caller.get("name") == "optimizer" and isinstance(caller.get("self"), keras.Model):
+                _install(caller["self"])
+        finally:
+            del frame
+        super()._maybe_initialize_trackable()
+
+    # -- state ------------------------------------------------------------------------------
+    @_no_tracking
+    def build(self, var_list: Any) -> None:
+        super().build(var_list)
+        self.skipped_steps_counter = self.add_variable(
+            shape=(), dtype="int", initializer="zeros", aggregation="none", name="skipped_steps",
+        )
+
+    @property
+    def loss_scale(self) -> loss_scale_module.LossScale:
+        """The loss-scale configuration."""
+        return self._amp_loss_scale
+
+    @property
+    def rewrite_options(self) -> dict[str, Any]:
+        """The options the train step is rewritten with (a copy)."""
+        return dict(self._amp_rewrite_options)
+
+    @property
+    def current_loss_scale(self) -> Any:
+        """The current loss scale as a float32 tensor (``float(opt.current_loss_scale)``)."""
+        if not self.built:
+            return tf.constant(self._amp_loss_scale.initial_scale, tf.float32)
+        return tf.convert_to_tensor(self.dynamic_scale)
+
+    @property
+    def skipped_steps(self) -> Any:
+        """How many updates were skipped because a gradient was not finite (a tensor)."""
+        if not self.built:
+            return tf.constant(0, tf.int64)
+        return tf.convert_to_tensor(self.skipped_steps_counter)
+
+    # -- the update -------------------------------------------------------------------------
+    def scale_loss(self, loss: Any) -> Any:
+        self._warn_if_not_rewritten()
+        return super().scale_loss(loss)
+
+    def apply(self, grads: Any, trainable_variables: Any = None) -> None:
+        """Unscale, and apply with the inner optimizer unless a gradient is not finite.
+
+        Must be called in a replica context (as Keras's ``apply`` is); mutates the model's
+        variables, the inner optimizer's variables and the loss-scale state.
+        """
+        if not self.built:
+            with keras.name_scope(self.name, caller=self):
+                self.build(trainable_variables)
+            self.built = True
+        self._warn_if_not_rewritten()
+        grads = list(grads)
+        if trainable_variables is not None:
+            trainable_variables = list(trainable_variables)
+        if tf.distribute.in_cross_replica_context():
+            raise ValueError("apply() must be called in a replica context.")
+        if tf.distribute.has_strategy():
+            tf.distribute.get_replica_context().merge_call(
+                self._cross_replica_apply, args=(grads, trainable_variables)
+            )
+            return
+        finite = loss_scale_module.all_finite(grads)
+        self._maybe_apply(finite, lambda: self._apply_unscaled(grads, trainable_variables))
+
+    def _maybe_apply(self, finite: Any, apply_fn: Any) -> None:
+        if self._amp_loss_scale.dynamic:
+            tf.cond(finite, apply_fn, lambda: None)
+        else:
+            apply_fn()  # a fixed scale never skips, as in TensorFlow
+        self._update_state(finite)
+
+    def _cross_replica_apply(self, distribution: Any, grads: Any, trainable_variables: Any) -> None:
+        # One finite flag per replica, summed across replicas: every replica then sees the same
+        # decision, whichever replica's gradients overflowed.
+        flags = distribution.extended.call_for_each_replica(
+            lambda g: tf.cast(loss_scale_module.all_finite(g), tf.float32), args=(grads,)
+        )
+        n_finite = distribution.reduce(tf.distribute.ReduceOp.SUM, flags, axis=None)
+        finite = tf.equal(n_finite, tf.cast(distribution.num_replicas_in_sync, n_finite.dtype))
+
+        def apply_fn() -> None:
+            distribution.extended.call_for_each_replica(
+                self._apply_unscaled, args=(grads, trainable_variables)
+            )
+
+        self._maybe_apply(finite, apply_fn)
+
+    def _apply_unscaled(self, grads: Any, trainable_variables: Any) -> None:
+        scale = tf.convert_to_tensor(self.dynamic_scale)
+        variables = trainable_variables or self._trainable_variables
+        unscaled = [
+            g if g is None or self._overwrite_variable_with_gradient(v) else _unscale(g, scale)
+            for g, v in zip(grads, variables)
+        ]
+        self.inner_optimizer.apply(unscaled, trainable_variables=trainable_variables)
+
+    def _update_state(self, finite: Any) -> None:
+        new_scale, new_good, new_skipped = loss_scale_module.next_state(
+            self._amp_loss_scale, self.dynamic_scale, self.step_counter,
+            self.skipped_steps_counter, finite,
+        )
+        self.dynamic_scale.assign(new_scale)
+        self.step_counter.assign(new_good)
+        self.skipped_steps_counter.assign(new_skipped)
+
+    def _warn_if_not_rewritten(self) -> None:
+        note_rewrite_options(self._amp_rewrite_options)
+        if building_unrewritten_function():
+            warn_once(self, "unrewritten", (
+                f"amp_rewrite: optimizer {self.name!r} is being traced into a tf.function that "
+                "amp_rewrite does not rewrite, so that step runs in float32 (with loss scaling). "
+                "Compile the Keras model with this optimizer, call "
+                "amp_rewrite.training.rewrite_keras_train_step(model), or decorate a custom "
+                "training step with @amp_rewrite.function."
+            ))
+
+    # -- serialization ----------------------------------------------------------------------
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.pop("initial_scale", None)
+        config.pop("dynamic_growth_steps", None)
+        config["loss_scale"] = _loss_scale_config(self._amp_loss_scale)
+        config["rewrite_options"] = {k: v for k, v in self._amp_rewrite_options.items()
+                                     if isinstance(v, (str, int, float, bool, list, type(None)))}
+        return config
+
+
+def _loss_scale_config(scale: loss_scale_module.LossScale) -> dict[str, Any]:
+    if isinstance(scale, loss_scale_module.DynamicLossScale):
+        return {"class_name": "DynamicLossScale", "initial_loss_scale": scale.initial_loss_scale,
+                "increment_period": scale.increment_period, "multiplier": scale.multiplier,
+                "min_scale": scale.min_scale}
+    return {"class_name": "FixedLossScale", "value": scale.initial_scale}
+
+
+def _loss_scale_from_config(config: Mapping[str, Any]) -> loss_scale_module.LossScale:
+    fields = {k: v for k, v in config.items() if k != "class_name"}
+    if config.get("class_name") == "DynamicLossScale":
+        return loss_scale_module.DynamicLossScale(**fields)
+    return loss_scale_module.FixedLossScale(**fields)
+
+
+# -- the rewritten train step ---------------------------------------------------------------
+
+def _install(model: Any) -> None:
+    """Give ``model`` (this instance only) a ``make_train_function`` that rewrites the step."""
+    if model.__dict__.get("_amp_rewrite_installed"):
+        return
+    # object.__setattr__: a bound method is not state Keras should track or save.
+    object.__setattr__(model, "make_train_function", types.MethodType(_make_train_function, model))
+    object.__setattr__(model, "_amp_rewrite_installed", True)
+    # A model compiled before may hold a train function traced without the rewrite.
+    if getattr(model, "train_function", None) is not None:
+        model.train_function = None
+
+
+def rewrite_keras_train_step(model: Any) -> None:
+    """Make ``model.fit`` run its train step through the rewrite (explicit form of the hook).
+
+    Mutates ``model``: sets an instance attribute ``make_train_function`` and clears a cached
+    train function.  The model must be compiled with an optimizer from
+    :func:`amp_rewrite.enable_mixed_precision_graph_rewrite` by the time ``fit`` runs; with any
+    other optimizer Keras's own train function is used.
+    """
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"expected a keras.Model, got {type(model).__name__}")
+    _install(model)
+
+
+def _make_train_function(model: Any, force: bool = False) -> Any:
+    optimizer = getattr(model, "optimizer", None)
+    if not isinstance(optimizer, LossScaleOptimizer):
+        # Recompiled with another optimizer: Keras's own train function, untouched.
+        return type(model).make_train_function(model, force)
+    if model.train_function is not None and not force:
+        return model.train_function
+    if model.run_eagerly:
+        warn_once(model, "eager", (
+            "amp_rewrite: the model runs eagerly (run_eagerly=True), so there is no graph to "
+            "rewrite; training runs in float32 with loss scaling"
+        ))
+        return type(model).make_train_function(model, force)
+    model.train_function = _rewritten_train_function(model, optimizer.rewrite_options)
+    return model.train_function
+
+
+def _rewritten_train_function(model: Any, options: Mapping[str, Any]) -> Any:
+    """Keras's TensorFlow train function, with amp_rewrite.function in place of tf.function.
+
+    Mirrors ``keras.src.backend.tensorflow.trainer.TensorFlowTrainer._make_function`` (Keras
+    3.15).  ``steps_per_execution`` steps run as a Python loop over the rewritten step.
+    """
+    from keras.src.backend.tensorflow.trainer import reduce_per_replica
+
+    step_function = model.train_step
+
+    def one_step_on_data(data: Any) -> Any:
+        outputs = model.distribute_strategy.run(step_function, args=(data,))
+        return reduce_per_replica(outputs, model.distribute_strategy, reduction="auto")
+
+    one_step = Function(one_step_on_data, autograph=False, reduce_retracing=True,
+                        rewrite_options=options)
+
+    def run_step(data: Any) -> Any:
+        # Keras's _autoconvert_optionals: a missing element (an empty Optional) becomes None.
+        data = tf.nest.map_structure(
+            lambda x: None if isinstance(x, tf.experimental.Optional) else x, data
+        )
+        return one_step(data)
+
+    def function(iterator: Any) -> Any:
+        outputs = None
+        if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+            for _ in range(model.steps_per_execution):
+                optional = iterator.get_next_as_optional()
+                if not optional.has_value():
+                    break
+                outputs = run_step(optional.get_value())
+            if outputs is None:
+                raise StopIteration
+            return outputs
+        for _, data in zip(range(model.steps_per_execution), iterator):
+            outputs = run_step(data)
+        return outputs
+
+    # For inspection: what was rewritten and what ran (tests check the executed dtypes).
+    function.amp_function = one_step  # type: ignore[attr-defined]
+    return function

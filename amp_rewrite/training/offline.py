@@ -1,0 +1,309 @@
+"""Offline: rewrite an exported TF1 *training* MetaGraphDef, its optimizer included.
+
+``rewrite_training_meta_graph(meta_graph_def, loss_scale="dynamic", **rewrite_options)`` does
+what :func:`amp_rewrite.enable_mixed_precision_graph_rewrite` does at graph-construction time,
+but on a graph that was already built and exported (``tf.compat.v1.train.export_meta_graph``
+after ``train_op = opt.minimize(loss)``, with ``train_op`` in the ``train_op`` collection):
+
+1. The GraphDef is rewritten to mixed precision (:func:`amp_rewrite.rewrite_graph_def`).
+2. Loss scaling is written into the graph, under the name scope ``amp_loss_scale/``:
+
+   * three variables: ``current_loss_scale`` (float32), ``good_steps`` and ``skipped_steps``
+     (int64), in ``GLOBAL_VARIABLES`` so ``global_variables_initializer()`` covers them;
+   * the gradient seed of ``tf.gradients`` (the ``.../grad_ys_N`` node) is multiplied by the
+     scale, so every gradient is computed scaled;
+   * every ``Apply*``/``ResourceApply*``/``(Resource)SparseApply*`` update op that the train op
+     depends on gets its ``grad`` input divided by the scale, and passed through a ``Switch`` on
+     "all unscaled gradients are finite": when a gradient is Inf/NaN, the update ops receive a
+     dead tensor and do not run (nor does anything that depends on them, such as the
+     ``global_step`` increment), which is TensorFlow's skip;
+   * the scale update (TensorFlow's dynamic rule, :func:`.loss_scale.next_state`) becomes a
+     control input of the train op, so it runs on every step.
+
+The graph is edited with TensorFlow's graph API (``Operation._update_input`` and
+``_add_control_input``) on a ``tf.Graph`` imported from the rewritten MetaGraphDef, then
+exported again; node names are kept, so fetching ``train_op``/``loss`` by name works.
+
+Assumptions (each violation is an :class:`~amp_rewrite.AmpRewriteError` naming it): exactly
+one train op (or ``train_op=`` names it); gradients come from ``tf.gradients`` with its default
+seed; variables are updated only by ``Apply*`` ops (a sparse ``GradientDescent`` update, which
+uses ``ScatterAdd``, is rejected rather than trained with scaled gradients); the graph is not
+already loss-scaled.  The MetaGraphDef's ``saver_def`` is kept as it was, so a ``Saver`` built
+from it does not save the loss-scale variables.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from ..api import RewriteResult, rewrite_graph_def
+from ..errors import AmpRewriteError
+from . import loss_scale as loss_scale_module
+from ._common import check_rewrite_options
+
+__all__ = ["TrainingRewriteResult", "rewrite_training_meta_graph"]
+
+log = logging.getLogger(__name__)
+
+_APPLY_OP = re.compile(r"^(Resource)?(Sparse)?Apply[A-Z][A-Za-z]*$")
+_SEED = re.compile(r"(^|/)grad_ys_\d+$")
+# Ops that write a variable; one of these fed by the scaled gradients (other than the Apply ops
+# we unscale) would train with gradients too large by the loss scale.
+_WRITERS = re.compile(
+    r"^(Assign|AssignAdd|AssignSub|AssignVariableOp|AssignAddVariableOp|AssignSubVariableOp|"
+    r"(Resource)?Scatter[A-Za-z]*|(Resource)?StridedSliceAssign)$"
+)
+_SCOPE = "amp_loss_scale"
+
+
+@dataclass(frozen=True)
+class TrainingRewriteResult:
+    """The rewritten MetaGraphDef and what was done to it.
+
+    ``report`` is the rewrite's JSON-ready report with a ``"training"`` section added:
+    the train op, the update ops that were unscaled and gated, the gradient seeds, and the
+    loss-scale configuration.
+    """
+
+    meta_graph_def: Any
+    report: dict[str, Any]
+    rewrite_result: RewriteResult
+    apply_ops: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _parse(meta_graph_def: Any) -> Any:
+    from tensorflow.core.protobuf import meta_graph_pb2
+
+    if isinstance(meta_graph_def, (bytes, bytearray)):
+        out = meta_graph_pb2.MetaGraphDef()
+        try:
+            out.ParseFromString(bytes(meta_graph_def))
+        except Exception as exc:  # protobuf's DecodeError has no stable import path
+            raise AmpRewriteError(f"not a serialized MetaGraphDef: {exc}") from None
+        return out
+    if not hasattr(meta_graph_def, "graph_def") or not hasattr(meta_graph_def, "collection_def"):
+        raise AmpRewriteError(
+            f"expected a MetaGraphDef or its bytes, got {type(meta_graph_def).__name__}"
+        )
+    out = meta_graph_pb2.MetaGraphDef()
+    out.CopyFrom(meta_graph_def)
+    return out
+
+
+def _train_op_name(meta: Any, train_op: str | None) -> str:
+    names = {node.name for node in meta.graph_def.node}
+    if train_op is not None:
+        name = train_op.split(":")[0].lstrip("^")
+        if name not in names:
+            raise AmpRewriteError(f"train_op {train_op!r} names no node of the graph", node=name)
+        return name
+    collection = meta.collection_def.get("train_op")
+    entries = list(collection.node_list.value) if collection is not None else []
+    # dict.fromkeys: an op listed twice (minimize() adds it and so may the user) is one op.
+    entries = list(dict.fromkeys(e.split(":")[0] for e in entries if e.split(":")[0] in names))
+    if len(entries) != 1:
+        found = ", ".join(entries) if entries else "none"
+        raise AmpRewriteError(
+            "a training MetaGraphDef needs exactly one op in its 'train_op' collection "
+            f"(found: {found}); pass train_op= to name it"
+        )
+    return entries[0]
+
+
+def _ancestors(op: Any) -> list[Any]:
+    """Ops ``op`` depends on (data and control inputs), in the main graph, ``op`` first."""
+    seen = {op.name: op}
+    order = [op]
+    stack = [op]
+    while stack:
+        cur = stack.pop()
+        for parent in [t.op for t in cur.inputs] + list(cur.control_inputs):
+            if parent.name not in seen:
+                seen[parent.name] = parent
+                order.append(parent)
+                stack.append(parent)
+    return order
+
+
+def _data_descendants(ops: Sequence[Any]) -> list[Any]:
+    """Ops reachable from ``ops`` through data edges (not ``ops`` themselves)."""
+    seen = {op.name for op in ops}
+    out = []
+    stack = list(ops)
+    while stack:
+        cur = stack.pop()
+        for tensor in cur.outputs:
+            for consumer in tensor.consumers():
+                if consumer.name not in seen:
+                    seen.add(consumer.name)
+                    out.append(consumer)
+                    stack.append(consumer)
+    return out
+
+
+def _grad_index(op: Any) -> int:
+    names = [arg.name for arg in op.op_def.input_arg]
+    # Every Apply*/ResourceApply* op names its gradient input "grad", except the plain
+    # gradient-descent updates, which call it "delta".
+    key = "grad" if "grad" in names else "delta"
+    if key not in names or len(names) != len(op.inputs):
+        raise AmpRewriteError(f"update op {op.name} ({op.type}) has no single 'grad' input",
+                              node=op.name, op=op.type)
+    return names.index(key)
+
+
+def rewrite_training_meta_graph(
+    meta_graph_def: Any,
+    loss_scale: Any = "dynamic",
+    *,
+    train_op: str | None = None,
+    **rewrite_options: Any,
+) -> TrainingRewriteResult:
+    """Rewrite a TF1 training MetaGraphDef to mixed precision with loss scaling in the graph.
+
+    Parameters
+    ----------
+    meta_graph_def
+        A ``MetaGraphDef`` (or its bytes) exported after building ``train_op``.  Not modified.
+    loss_scale
+        ``"dynamic"``, a number (fixed scale: gradients are scaled and unscaled, no step is
+        skipped), or a :class:`~amp_rewrite.training.loss_scale.LossScale`.
+    train_op
+        The train op's name, when the ``train_op`` collection does not hold exactly one.
+    rewrite_options
+        For :func:`amp_rewrite.rewrite_graph_def` (``target`` defaults to ``"auto"``).
+
+    Returns
+    -------
+    TrainingRewriteResult
+        ``.meta_graph_def`` imports with ``tf.compat.v1.train.import_meta_graph``; run
+        ``global_variables_initializer()`` (or restore) and then the train op as before.
+
+    Raises
+    ------
+    AmpRewriteError
+        If the graph breaks one of the module's assumptions, the rewrite rejects it, or
+        ``loss_scale`` is not a loss scale.
+    """
+    import tensorflow as tf
+    from tensorflow.python.framework import meta_graph
+
+    from .session import _drop_dangling_collection_entries
+
+    options = check_rewrite_options(rewrite_options)
+    try:
+        scale_config = loss_scale_module.get(loss_scale)
+    except (TypeError, ValueError) as exc:  # one error type for the CLI to report
+        raise AmpRewriteError(str(exc)) from None
+    meta = _parse(meta_graph_def)
+    train_name = _train_op_name(meta, train_op)
+    if any(node.name.startswith(f"{_SCOPE}/") for node in meta.graph_def.node):
+        raise AmpRewriteError(f"the graph is already loss-scaled (it has {_SCOPE}/ nodes)")
+
+    result = rewrite_graph_def(meta.graph_def, **options)
+    meta.graph_def.CopyFrom(result.graph_def)
+    _drop_dangling_collection_entries(meta)
+
+    graph = tf.Graph()
+    with graph.as_default():
+        meta_graph.import_scoped_meta_graph(meta, clear_devices=False, graph=graph)
+        train = graph.get_operation_by_name(train_name)
+        ancestors = _ancestors(train)
+        applies = [op for op in ancestors if _APPLY_OP.match(op.type)]
+        if not applies:
+            raise AmpRewriteError(
+                f"train op {train_name} depends on no Apply*/ResourceApply* update op; "
+                "nothing to loss-scale", node=train_name,
+            )
+        grad_inputs = [(op, _grad_index(op)) for op in applies]
+        # The seeds of the gradients that reach the update ops.
+        grad_ancestors: dict[str, Any] = {}
+        for op, index in grad_inputs:
+            for parent in _ancestors(op.inputs[index].op):
+                grad_ancestors[parent.name] = parent
+        seeds = [op for op in grad_ancestors.values() if _SEED.search(op.name)]
+        if not seeds:
+            raise AmpRewriteError(
+                "could not find the gradient seed (a node named '.../grad_ys_N', as "
+                "tf.gradients creates) behind the update ops' gradients"
+            )
+        apply_names = {op.name for op in applies}
+        writers = sorted(
+            op.name for op in _data_descendants(seeds)
+            if _WRITERS.match(op.type) and op.name not in apply_names
+        )
+        if writers:
+            raise AmpRewriteError(
+                "variables updated from the gradients by ops other than Apply*: "
+                f"{', '.join(writers[:5])}; their gradients cannot be unscaled and gated here",
+                node=writers[0],
+            )
+
+        with tf.name_scope(f"{_SCOPE}/"):
+            def variable(value: Any, dtype: Any, name: str) -> Any:
+                return tf.Variable(value, dtype=dtype, trainable=False, name=name)
+
+            scale_var = variable(scale_config.initial_scale, tf.float32, "current_loss_scale")
+            good_var = variable(0, tf.int64, "good_steps")
+            skipped_var = variable(0, tf.int64, "skipped_steps")
+            # One read per step: the seed, the unscaling and the update all use it, so the
+            # update (which depends on it) cannot run before the reads.
+            scale = tf.identity(scale_var.read_value(), name="scale")
+
+            for seed in seeds:
+                for out in seed.outputs:
+                    consumers = [(c, i) for c in out.consumers()
+                                 for i, t in enumerate(c.inputs) if t is out]
+                    scaled = tf.multiply(out, tf.cast(scale, out.dtype), name="scaled_seed")
+                    for consumer, i in consumers:
+                        consumer._update_input(i, scaled)  # noqa: SLF001 - graph editing
+
+            unscaled = []
+            for op, index in grad_inputs:
+                grad = op.inputs[index]
+                unscaled.append(tf.divide(grad, tf.cast(scale, grad.dtype), name="unscale"))
+            finite = tf.identity(loss_scale_module.all_finite(unscaled), name="all_finite")
+            for (op, index), value in zip(grad_inputs, unscaled):
+                if scale_config.dynamic:
+                    # Switch's true output is dead when `finite` is false, and an op with a
+                    # dead input does not run: the update is skipped.
+                    value = tf.raw_ops.Switch(data=value, pred=finite, name="gate")[1]
+                op._update_input(index, value)  # noqa: SLF001
+
+            new_scale, new_good, new_skipped = loss_scale_module.next_state(
+                scale_config, scale, good_var.read_value(), skipped_var.read_value(), finite
+            )
+            update = tf.group(
+                scale_var.assign(new_scale), good_var.assign(new_good),
+                skipped_var.assign(new_skipped), name="update",
+            )
+        train._add_control_input(update)  # noqa: SLF001
+
+        out = tf.compat.v1.train.export_meta_graph(graph=graph, clear_devices=False)
+    # Keep what the export does not know about: signatures, saver, assets, meta info.
+    # The export's meta_info_def has the right stripped_op_list (it now needs Switch,
+    # IsFinite...); keep the original's tags and version strings.
+    out.meta_info_def.tags[:] = list(meta.meta_info_def.tags)
+    for name in ("meta_graph_version", "tensorflow_version", "tensorflow_git_version"):
+        if getattr(meta.meta_info_def, name):
+            setattr(out.meta_info_def, name, getattr(meta.meta_info_def, name))
+    for key, sig in meta.signature_def.items():
+        out.signature_def[key].CopyFrom(sig)
+    if meta.HasField("saver_def"):
+        out.saver_def.CopyFrom(meta.saver_def)
+    out.asset_file_def.extend(meta.asset_file_def)
+    report = dict(result.report)
+    report["training"] = {
+        "train_op": train_name,
+        "apply_ops": sorted(apply_names),
+        "gradient_seeds": sorted(op.name for op in seeds),
+        "loss_scale": repr(scale_config),
+        "loss_scale_variables": [f"{_SCOPE}/current_loss_scale", f"{_SCOPE}/good_steps",
+                                 f"{_SCOPE}/skipped_steps"],
+    }
+    log.info("amp_rewrite: loss scaling written into the training graph: %d update op(s), "
+             "%d gradient seed(s)", len(applies), len(seeds))
+    return TrainingRewriteResult(out, report, result, tuple(sorted(apply_names)))

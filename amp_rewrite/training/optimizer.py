@@ -1,0 +1,406 @@
+"""``enable_mixed_precision_graph_rewrite``: loss-scaled optimizers, scoped to what they train.
+
+A drop-in for ``tf.compat.v1.mixed_precision.enable_mixed_precision_graph_rewrite(opt)``
+without its faults (user_issues.md, Themes 1 and 7):
+
+* **No process-global switch.**  TensorFlow's version turns Grappler's pass on for every graph
+  and session in the process (tensorflow/tensorflow#33435).  Here the rewrite happens only
+  where this optimizer trains: a Keras model compiled with it, a step decorated with
+  :func:`amp_rewrite.function`, or a TF1 graph run through :class:`amp_rewrite.Session`.
+  Nothing else in the process changes, and :func:`disable_mixed_precision_graph_rewrite`
+  has nothing to undo.
+* **Transparent wrapper.**  Attribute access falls through to the inner optimizer
+  (:mod:`.forwarding`); slots and variables are the inner optimizer's; checkpoints contain
+  both.
+* **Two families accepted:** ``tf.compat.v1.train.Optimizer`` subclasses (any, not only the
+  built-in ones) and Keras 3 optimizers.  Anything else is a ``TypeError`` naming both.
+* **Replica-consistent skipping** under ``tf.distribute`` (see :mod:`.keras_optimizer` and
+  :meth:`LossScaleOptimizerV1.apply_gradients`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import tensorflow as tf
+
+from . import loss_scale as loss_scale_module
+from ._common import (
+    building_unrewritten_function,
+    check_rewrite_options,
+    note_rewrite_options,
+    warn_once,
+)
+from .forwarding import forwarded_attribute
+
+__all__ = [
+    "enable_mixed_precision_graph_rewrite",
+    "disable_mixed_precision_graph_rewrite",
+    "LossScaleOptimizerV1",
+    "graph_rewrite_options",
+]
+
+log = logging.getLogger(__name__)
+
+# tf.Graph -> rewrite options of the loss-scaled optimizer that built a train op in it, so
+# amp_rewrite.Session(graph) rewrites with the options given to enable_...(); weak, so a graph
+# that is garbage collected leaves nothing behind.
+_graph_options: "weakref.WeakKeyDictionary[Any, dict[str, Any]]" = weakref.WeakKeyDictionary()
+
+
+def graph_rewrite_options(graph: Any) -> dict[str, Any] | None:
+    """The rewrite options registered for ``graph`` by a TF1 loss-scaled optimizer, if any."""
+    options = _graph_options.get(graph)
+    return None if options is None else dict(options)
+
+
+def _is_keras_optimizer(opt: Any) -> bool:
+    # Only look at Keras if it is already imported: an object cannot be a Keras optimizer
+    # otherwise, and `import amp_rewrite` must not pull Keras in.
+    keras = sys.modules.get("keras")
+    if keras is None:
+        return False
+    try:
+        return isinstance(opt, keras.optimizers.Optimizer)
+    except AttributeError:  # pragma: no cover - a partial keras import
+        return False
+
+
+def _refuse_keras_mixed_policy() -> None:
+    """As TensorFlow: the rewrite and a mixed Keras dtype policy would cast twice."""
+    keras = sys.modules.get("keras")
+    if keras is None:
+        return
+    try:
+        policy = keras.mixed_precision.global_policy().name
+    except AttributeError:  # pragma: no cover - a partial keras import
+        return
+    if policy.startswith("mixed_"):
+        raise ValueError(
+            f"the mixed precision graph rewrite cannot be enabled while the global Keras dtype "
+            f"policy is {policy!r}; use one or the other (keras.mixed_precision."
+            "set_global_policy('float32') to use the rewrite)"
+        )
+
+
+def enable_mixed_precision_graph_rewrite(
+    opt: Any, loss_scale: Any = "dynamic", **rewrite_options: Any
+) -> Any:
+    """Return a loss-scaled ``opt`` whose training graphs are rewritten to mixed precision.
+
+    Parameters
+    ----------
+    opt
+        A ``tf.compat.v1.train.Optimizer`` (any subclass) or a Keras 3 optimizer
+        (``keras.optimizers.*``).  Not modified, except that Keras's loss-scale wrapper sets the
+        inner optimizer's ``loss_scale_factor`` to None (so gradients are not unscaled twice).
+    loss_scale
+        ``"dynamic"`` (TensorFlow's defaults: 2**15, doubled after 2000 finite steps, halved
+        and the step skipped on Inf/NaN), a number (fixed scale, never skips), or a
+        :class:`~amp_rewrite.training.loss_scale.LossScale` such as
+        ``DynamicLossScale(initial_loss_scale=2**10, increment_period=100)``.
+    rewrite_options
+        Passed to :func:`amp_rewrite.rewrite_graph_def` for every graph this optimizer trains:
+        ``target`` (default ``"auto"``: this machine), ``precision``, ``lists``, ``add``...
+
+    Returns
+    -------
+    A :class:`LossScaleOptimizerV1` for a TF1 optimizer, or an
+    :class:`amp_rewrite.training.keras_optimizer.LossScaleOptimizer` for a Keras optimizer.
+
+    Raises
+    ------
+    TypeError
+        If ``opt`` is neither kind of optimizer.
+    ValueError
+        If ``opt`` is already loss-scaled, ``loss_scale`` is not a loss scale, or the global
+        Keras dtype policy is a mixed one (the model would be cast twice).
+    AmpRewriteError
+        For an unknown rewrite option.
+    """
+    options = check_rewrite_options(rewrite_options)
+    scale = loss_scale_module.get(loss_scale)
+    _refuse_keras_mixed_policy()
+    if isinstance(opt, LossScaleOptimizerV1):
+        raise ValueError(
+            "opt is already loss-scaled by enable_mixed_precision_graph_rewrite; pass the "
+            "optimizer it wraps"
+        )
+    if isinstance(opt, tf.compat.v1.train.Optimizer):
+        return LossScaleOptimizerV1(opt, scale, options)
+    if _is_keras_optimizer(opt):
+        import keras
+
+        if isinstance(opt, keras.optimizers.LossScaleOptimizer):
+            raise ValueError(
+                "opt is already a keras.optimizers.LossScaleOptimizer; pass the optimizer it "
+                "wraps (its inner_optimizer) and enable_mixed_precision_graph_rewrite adds the "
+                "loss scaling"
+            )
+        from .keras_optimizer import LossScaleOptimizer
+
+        return LossScaleOptimizer(opt, loss_scale=scale, rewrite_options=options)
+    raise TypeError(
+        "opt must be a tf.compat.v1.train.Optimizer (any subclass) or a Keras 3 optimizer "
+        f"(keras.optimizers.Optimizer), got {type(opt).__module__}.{type(opt).__qualname__}"
+    )
+
+
+def disable_mixed_precision_graph_rewrite() -> None:
+    """Counterpart of :func:`enable_mixed_precision_graph_rewrite`, kept for symmetry.
+
+    Enabling changes no process-global state, so there is nothing to turn off: graphs that
+    are not trained with a loss-scaled optimizer from this package are never rewritten, and
+    optimizers already wrapped stay wrapped (as in TensorFlow).  Logs one DEBUG line.
+    """
+    log.debug("disable_mixed_precision_graph_rewrite: nothing global to undo")
+
+
+@dataclass
+class _ScaleState:
+    """The loss-scale variables of one graph (or of eager execution)."""
+
+    scale: Any
+    good_steps: Any
+    skipped_steps: Any
+
+
+def _unscale(grad: Any, scale: Any) -> Any:
+    """``grad / scale`` in the gradient's dtype; ``IndexedSlices`` keep their sparsity."""
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / tf.cast(scale, grad.values.dtype), grad.indices,
+                                grad.dense_shape)
+    return grad / tf.cast(scale, grad.dtype)
+
+
+def _fix_train_op_collection(train_op: Any) -> None:
+    """Put ``train_op`` in the graph's TRAIN_OP collection in place of the inner update.
+
+    The inner optimizer adds its own update op to TRAIN_OP, but that op lives inside the
+    ``tf.cond`` branch function, so the collection would name an op the graph does not have
+    (and exporting/importing the MetaGraphDef would fail).  Mutates the default graph's
+    collection; nothing to do eagerly or inside a function.
+    """
+    if tf.executing_eagerly():
+        return
+    graph = tf.compat.v1.get_default_graph()
+    if getattr(graph, "building_function", False):
+        return
+    ref = graph.get_collection_ref(tf.compat.v1.GraphKeys.TRAIN_OP)
+    ref[:] = [op for op in ref if getattr(op, "graph", graph) is graph]
+    if train_op not in ref:
+        ref.append(train_op)
+
+
+class LossScaleOptimizerV1(tf.compat.v1.train.Optimizer):
+    """A loss-scaled ``tf.compat.v1.train.Optimizer`` (TF1 graphs and ``tf.function``).
+
+    Build it with :func:`enable_mixed_precision_graph_rewrite`.  ``minimize`` and
+    ``compute_gradients`` scale the loss and unscale the gradients; ``apply_gradients`` skips
+    non-finite steps (dynamic scale) and updates the scale.  The loss-scale variables are
+    created lazily, one set per graph (and one for eager execution), in ``GLOBAL_VARIABLES``, so
+    ``global_variables_initializer`` and ``Saver`` include them; ``current_loss_scale`` and
+    ``skipped_steps`` are those variables.  Other attributes fall through to the inner
+    optimizer; ``get_slot``/``get_slot_names`` and ``variables()`` are the inner optimizer's
+    (plus the scale variables).  ``compute_gradients`` also records this optimizer's rewrite
+    options on the graph, for :class:`amp_rewrite.Session`.
+    """
+
+    def __init__(self, opt: Any, loss_scale: Any = "dynamic",
+                 rewrite_options: Mapping[str, Any] | None = None) -> None:
+        if not isinstance(opt, tf.compat.v1.train.Optimizer):
+            raise TypeError(
+                f"opt must be a tf.compat.v1.train.Optimizer, got {type(opt).__name__}"
+            )
+        super().__init__(use_locking=opt._use_locking, name=opt.get_name())
+        self._optimizer = opt
+        self._loss_scale = loss_scale_module.get(loss_scale)
+        self._rewrite_options = check_rewrite_options(rewrite_options or {})
+        # Weak per-graph state, so a discarded graph is not kept alive by the optimizer.
+        self._states: weakref.WeakKeyDictionary[Any, _ScaleState] = weakref.WeakKeyDictionary()
+        self._eager_state: _ScaleState | None = None
+        self._track_trackable(opt, "base_optimizer")
+
+    # -- forwarding -------------------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        inner = self.__dict__.get("_optimizer")
+        if inner is None:
+            raise AttributeError(name)
+        return forwarded_attribute(self, inner, name)
+
+    @property
+    def inner_optimizer(self) -> Any:
+        """The wrapped optimizer."""
+        return self._optimizer
+
+    @property
+    def loss_scale(self) -> loss_scale_module.LossScale:
+        return self._loss_scale
+
+    @property
+    def rewrite_options(self) -> dict[str, Any]:
+        return dict(self._rewrite_options)
+
+    def get_slot(self, var: Any, name: str) -> Any:
+        return self._optimizer.get_slot(var, name)
+
+    def get_slot_names(self) -> list[str]:
+        return self._optimizer.get_slot_names()
+
+    def variables(self) -> list[Any]:
+        """The inner optimizer's variables plus this graph's loss-scale variables."""
+        state = self._lookup_state(self._state_key())
+        extra = [] if state is None else [state.scale, state.good_steps, state.skipped_steps]
+        return self._optimizer.variables() + extra
+
+    # -- loss-scale state, one set per graph --------------------------------------------
+    @staticmethod
+    def _state_key() -> Any:
+        with tf.init_scope():
+            return None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+
+    def _lookup_state(self, key: Any) -> _ScaleState | None:
+        return self._eager_state if key is None else self._states.get(key)
+
+    def _state(self) -> _ScaleState:
+        key = self._state_key()
+        state = self._lookup_state(key)
+        if state is None:
+            # Created in the graph that uses them (tensorflow/tensorflow#37666 created them
+            # in the wrong graph), outside any function or cond being traced.
+            with tf.init_scope(), tf.name_scope("amp_loss_scale"):
+                def var(value: Any, dtype: Any, name: str) -> Any:
+                    return tf.Variable(
+                        value, dtype=dtype, trainable=False, name=name,
+                        synchronization=tf.VariableSynchronization.ON_WRITE,
+                        aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+                    )
+                state = _ScaleState(
+                    var(self._loss_scale.initial_scale, tf.float32, "current_loss_scale"),
+                    var(0, tf.int64, "good_steps"),
+                    var(0, tf.int64, "skipped_steps"),
+                )
+            if key is None:
+                self._eager_state = state
+            else:
+                self._states[key] = state
+        return state
+
+    def _visible_state(self) -> _ScaleState:
+        # The state of the current graph (or of eager execution).  Read outside any graph
+        # context (e.g. for sess.run after the `with graph.as_default()` block), the one
+        # graph this optimizer trained is meant, rather than new eager variables.
+        state = self._lookup_state(self._state_key())
+        if state is None:
+            existing = list(self._states.values()) + ([self._eager_state] if self._eager_state else [])
+            if len(existing) == 1:
+                return existing[0]
+            state = self._state()
+        return state
+
+    @property
+    def current_loss_scale(self) -> Any:
+        """The loss-scale variable (``sess.run`` it in a graph, ``float()`` it eagerly)."""
+        return self._visible_state().scale
+
+    @property
+    def skipped_steps(self) -> Any:
+        """The count of skipped updates (an int64 variable)."""
+        return self._visible_state().skipped_steps
+
+    # -- gradients ----------------------------------------------------------------------
+    def compute_gradients(self, loss: Any, var_list: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """Gradients of ``loss * scale``, divided by ``scale`` (TensorFlow's contract)."""
+        note_rewrite_options(self._rewrite_options)
+        scale = tf.convert_to_tensor(self._state().scale)
+        if callable(loss):
+            def scaled_loss() -> Any:
+                value = loss()
+                return value * tf.cast(scale, value.dtype)
+        else:
+            scaled_loss = loss * tf.cast(scale, loss.dtype)
+        graph = tf.compat.v1.get_default_graph()
+        if not tf.executing_eagerly() and not getattr(graph, "building_function", False):
+            _graph_options[graph] = dict(self._rewrite_options)
+        grads_and_vars = self._optimizer.compute_gradients(scaled_loss, var_list, *args, **kwargs)
+        return [(_unscale(g, scale), v) for g, v in grads_and_vars]
+
+    def apply_gradients(self, grads_and_vars: Any, global_step: Any = None,
+                        name: str | None = None) -> Any:
+        """Apply with the inner optimizer unless a gradient is not finite; update the scale.
+
+        Must be called in a replica context.  A skipped step neither updates the variables
+        nor increments ``global_step`` (as in TensorFlow).  Under ``tf.distribute`` the
+        replicas' finite flags are summed in the cross-replica context before deciding.
+        """
+        if tf.distribute.in_cross_replica_context():
+            raise ValueError("apply_gradients() must be called in a replica context.")
+        note_rewrite_options(self._rewrite_options)
+        if building_unrewritten_function():
+            warn_once(self, "unrewritten", (
+                f"amp_rewrite: optimizer {self.get_name()!r} is being traced into a "
+                "tf.function that amp_rewrite does not rewrite; decorate the training "
+                "step with @amp_rewrite.function"
+            ))
+        grads_and_vars = tuple(grads_and_vars)
+        name = name or self.get_name()
+        if not self._loss_scale.dynamic:
+            return self._optimizer.apply_gradients(grads_and_vars, global_step, name)
+        if tf.distribute.has_strategy():
+            return tf.distribute.get_replica_context().merge_call(
+                self._distributed_apply, args=(grads_and_vars, global_step, name)
+            )
+        finite = loss_scale_module.all_finite(g for g, _ in grads_and_vars)
+        return self._finish(
+            finite, lambda: self._optimizer.apply_gradients(grads_and_vars, global_step,
+                                                            name + "-wrapped"), name,
+        )
+
+    def _distributed_apply(self, distribution: Any, grads_and_vars: Any, global_step: Any,
+                           name: str) -> Any:
+        flags = distribution.extended.call_for_each_replica(
+            lambda gv: tf.cast(loss_scale_module.all_finite(g for g, _ in gv), tf.float32),
+            args=(grads_and_vars,),
+        )
+        n_finite = distribution.reduce(tf.distribute.ReduceOp.SUM, flags, axis=None)
+        finite = tf.equal(n_finite, tf.cast(distribution.num_replicas_in_sync, n_finite.dtype))
+
+        def apply_fn() -> Any:
+            return distribution.extended.call_for_each_replica(
+                self._optimizer.apply_gradients,
+                args=(grads_and_vars, global_step, name + "-wrapped"),
+            )
+
+        return self._finish(finite, apply_fn, name)
+
+    def _finish(self, finite: Any, apply_fn: Callable[[], Any], name: str) -> Any:
+        state = self._state()
+        maybe_apply = tf.cond(finite, lambda: tf.group(apply_fn()), tf.no_op)
+        new_scale, new_good, new_skipped = loss_scale_module.next_state(
+            self._loss_scale, state.scale, state.good_steps, state.skipped_steps, finite
+        )
+        # After the update: in a TF1 graph nothing else orders the assignment after the
+        # reads of the scale that unscaled this step's gradients.
+        with tf.control_dependencies([maybe_apply]):
+            update = tf.group(
+                state.scale.assign(new_scale), state.good_steps.assign(new_good),
+                state.skipped_steps.assign(new_skipped),
+            )
+        train_op = tf.group(maybe_apply, update, name=name)
+        _fix_train_op_collection(train_op)
+        return train_op
+
+    # The update is delegated as a whole; these are never reached.
+    def _apply_dense(self, grad: Any, var: Any) -> Any:  # pragma: no cover
+        raise RuntimeError("This function should never be called")
+
+    _resource_apply_dense = _apply_sparse = _resource_apply_sparse = _apply_dense
+
+
+

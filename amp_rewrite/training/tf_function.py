@@ -1,0 +1,327 @@
+"""``amp_rewrite.function``: a drop-in for ``tf.function`` whose traced graph is rewritten.
+
+How it works, for each concrete function (one per input signature, as ``tf.function``):
+
+1. ``tf.function`` traces the Python function as usual, gradients (``GradientTape``) and
+   optimizer updates included, and creates any variables on the first call.
+2. The traced graph's GraphDef (with its function library: ``tf.cond`` branches, loops) is
+   rewritten by :func:`amp_rewrite.rewrite_graph_def`, preserving the outputs' dtypes.
+3. A second ``tf.function`` (the *runner*) imports the rewritten GraphDef with
+   ``tf.graph_util.import_graph_def``.  Each input placeholder is mapped to the runner's
+   argument and each captured placeholder (variable handles, captured constants) to
+   ``tf.identity`` of the captured value, so the rewritten ops read and update the model's own
+   variables.  The runner's automatic control dependencies keep every stateful op (variable
+   updates) and order ops on the same resource in program order.
+4. Calls run the runner; its result is packed into the traced function's output structure.
+
+Functions in the rewritten library are renamed (suffix ``_amp<N>``) because the originals
+stay registered with the eager context under their names with their float32 bodies.
+
+Assumptions and limits: the function is not differentiated from outside (a ``GradientTape``
+around a call sees no gradient); deferred captures (``capture_call_time_value``) are evaluated
+at each call and passed in as arguments; non-tensor Python arguments are part of the trace
+key, as in ``tf.function``; ``jit_compile`` and the ``experimental_*`` options of
+``tf.function`` are not offered.  The renamed library functions are registered with the eager
+context and stay there for the life of the process.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import threading
+import weakref
+from typing import Any, Callable, Mapping, Sequence
+
+from ..errors import AmpRewriteError
+from ._common import check_rewrite_options, rewrite_trace
+
+__all__ = ["function", "Function", "rename_functions"]
+
+log = logging.getLogger(__name__)
+
+# Suffixes for renamed library functions must be unique in the process, because they are
+# registered with TensorFlow's process-wide eager context; the counter never reaches a
+# GraphDef that is compared or saved, so it does not affect output determinism.
+_suffixes = itertools.count(1)
+
+
+def rename_functions(graph_def: Any, suffix: str) -> Any:
+    """A copy of ``graph_def`` whose library functions are all renamed ``<name><suffix>``.
+
+    Every reference is updated: nodes that call a function as their op, ``func`` and
+    ``list(func)`` attributes (``While``/``If``/``PartitionedCall``...), nested name-attr
+    lists, and the library's gradient table.  Does not mutate ``graph_def``.
+    """
+    out = type(graph_def)()
+    out.CopyFrom(graph_def)
+    mapping = {f.signature.name: f"{f.signature.name}{suffix}" for f in out.library.function}
+    if not mapping:
+        return out
+
+    def fix_name_list(name_list: Any) -> None:
+        if name_list.name in mapping:
+            name_list.name = mapping[name_list.name]
+        for value in name_list.attr.values():
+            fix_attr(value)
+
+    def fix_attr(value: Any) -> None:
+        which = value.WhichOneof("value")
+        if which == "func":
+            fix_name_list(value.func)
+        elif which == "list":
+            for name_list in value.list.func:
+                fix_name_list(name_list)
+
+    def fix_node(node: Any) -> None:
+        if node.op in mapping:
+            node.op = mapping[node.op]
+        for value in node.attr.values():
+            fix_attr(value)
+
+    for node in out.node:
+        fix_node(node)
+    for fdef in out.library.function:
+        fdef.signature.name = mapping[fdef.signature.name]
+        for node in fdef.node_def:
+            fix_node(node)
+        for value in fdef.attr.values():
+            fix_attr(value)
+    for grad in out.library.gradient:
+        grad.function_name = mapping.get(grad.function_name, grad.function_name)
+        grad.gradient_func = mapping.get(grad.gradient_func, grad.gradient_func)
+    return out
+
+
+class _Runner:
+    """Runs one rewritten concrete function; built once per concrete function."""
+
+    def __init__(self, concrete: Any, options: Mapping[str, Any]) -> None:
+        import tensorflow as tf
+
+        from ..api import rewrite_graph_def
+
+        graph = concrete.graph
+        static_internal = list(graph.internal_captures)
+        self._captured = list(graph.external_captures)
+        # Deferred captures (capture_call_time_value; MirroredStrategy uses them inside
+        # tf.cond) are evaluated at each call and passed to the runner as extra arguments.
+        self._deferred = list(graph.deferred_external_captures)
+        deferred_internal = tf.nest.flatten(list(graph.deferred_internal_captures),
+                                            expand_composites=True)
+        capture_ids = {id(t) for t in static_internal} | {id(t) for t in deferred_internal}
+        args = [t for t in graph.inputs if id(t) not in capture_ids]
+        self.concrete = concrete
+        self._arg_names = [t.name for t in args] + [t.name for t in deferred_internal]
+        self._capture_names = [t.name for t in static_internal]
+        outputs = list(graph.outputs)
+        self._output_names = [t.name for t in outputs]
+        self._structured_outputs = concrete.structured_outputs
+        options = dict(options)
+        # The outputs keep their dtypes; user fetches (extra nodes to keep) are added to them.
+        fetches = sorted({t.op.name for t in outputs} | set(options.pop("fetches", None) or ()))
+        self.result = rewrite_graph_def(graph.as_graph_def(), fetches=fetches, **options)
+        self.graph_def = rename_functions(self.result.graph_def, f"_amp{next(_suffixes)}")
+        # import_graph_def copies the library into the runner's graph, but TensorFlow does not
+        # carry those functions into the runner's function when it is built, so a lowered
+        # tf.cond branch would not be found at run time: register them with the eager context.
+        from tensorflow.python.eager import context
+
+        ctx = context.context()
+        for fdef in self.graph_def.library.function:
+            ctx.add_function_def(fdef)
+        self._import_name = "amp_rewrite"
+
+        def run(*flat_args: Any) -> list[Any]:
+            input_map = dict(zip(self._arg_names, flat_args))
+            for name, value in zip(self._capture_names, self._captured):
+                # tf.identity of the outer value captures it in this graph: for a variable
+                # handle that is the variable itself, so updates land on the model's variables.
+                input_map[name] = tf.identity(value)
+            returned = tf.graph_util.import_graph_def(
+                self.graph_def, input_map=input_map,
+                return_elements=self._output_names or None, name=self._import_name,
+            )
+            return list(returned or [])
+
+        self._run = tf.function(run, autograph=False)
+
+    def executed_graphs(self) -> list[Any]:
+        """The runner's traced graphs: what TensorFlow actually executes for this function."""
+        # tf.function has no public list of its traces; this private one exists since TF 2.0.
+        return [c.graph for c in self._run._list_all_concrete_functions()]  # noqa: SLF001
+
+    def __call__(self, flat_args: Sequence[Any]) -> Any:
+        import tensorflow as tf
+
+        deferred = tf.nest.flatten([capture() for capture in self._deferred],
+                                   expand_composites=True)
+        values = self._run(*flat_args, *deferred)
+        flat_structure = tf.nest.flatten(self._structured_outputs, expand_composites=True)
+        it = iter(values)
+        packed = []
+        for leaf in flat_structure:
+            packed.append(None if leaf is None else next(it))
+        leftover = list(it)
+        if leftover:
+            raise AmpRewriteError(
+                f"internal error: {len(leftover)} more outputs than the traced structure holds"
+            )
+        return tf.nest.pack_sequence_as(self._structured_outputs, packed, expand_composites=True)
+
+
+def _flat_inputs(concrete: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
+    """The tensors ``concrete`` takes for ``args``/``kwargs``, in its placeholder order.
+
+    This is what ``ConcreteFunction.__call__`` does before ``_call_flat`` (TensorFlow 2.21).
+    """
+    from tensorflow.python.eager.polymorphic_function import function_type_utils
+
+    bound = function_type_utils.canonicalize_function_inputs(args, kwargs, concrete.function_type)
+    return list(concrete.function_type.unpack_inputs(bound))
+
+
+class Function:
+    """A ``tf.function`` whose traced graphs are rewritten to mixed precision before they run.
+
+    Build it with :func:`function`.  Calling it traces (once per input signature), rewrites,
+    and runs the rewritten graph.  ``rewrite_results`` and ``executed_graphs()`` expose what
+    was rewritten and what ran.
+    """
+
+    def __init__(
+        self,
+        python_function: Callable[..., Any],
+        *,
+        input_signature: Sequence[Any] | None = None,
+        autograph: bool = True,
+        reduce_retracing: bool = False,
+        rewrite_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        import tensorflow as tf
+
+        self._python_function = python_function
+        # Explicit options win; without any, a step uses the options its loss-scaled
+        # optimizer was given (noted while tracing), else the defaults.
+        self._explicit = dict(rewrite_options or {})
+        self._options = check_rewrite_options(self._explicit)
+        self._traced_options: dict[str, list[dict[str, Any]]] = {}
+        self._tf_function = tf.function(
+            python_function, input_signature=input_signature, autograph=autograph,
+            reduce_retracing=reduce_retracing,
+        )
+        self._runners: dict[str, _Runner] = {}
+        self._lock = threading.Lock()
+        self._bound: weakref.WeakKeyDictionary[Any, Function] = weakref.WeakKeyDictionary()
+        self._init_kwargs = dict(input_signature=input_signature, autograph=autograph,
+                                 reduce_retracing=reduce_retracing)
+        functools.update_wrapper(self, python_function)
+
+    @property
+    def python_function(self) -> Callable[..., Any]:
+        return self._python_function
+
+    @property
+    def rewrite_options(self) -> dict[str, Any]:
+        """The options given to this function (with defaults), a copy.
+
+        Without explicit options a traced step is rewritten with its loss-scaled optimizer's
+        options; ``rewrite_results`` shows what was used.
+        """
+        return dict(self._options)
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        # Decorating a method: one Function per instance, as tf.function does.
+        if instance is None:
+            return self
+        bound = self._bound.get(instance)
+        if bound is None:
+            bound = Function(
+                self._python_function.__get__(instance, owner), rewrite_options=self._explicit,
+                **self._init_kwargs,
+            )
+            self._bound[instance] = bound
+        return bound
+
+    def get_concrete_function(self, *args: Any, **kwargs: Any) -> Any:
+        """The traced (not rewritten) concrete function for these arguments."""
+        with rewrite_trace() as seen:
+            concrete = self._tf_function.get_concrete_function(*args, **kwargs)
+        if seen:
+            with self._lock:
+                self._traced_options[concrete.name] = seen
+        return concrete
+
+    def _options_for(self, concrete: Any) -> dict[str, Any]:
+        if self._explicit:
+            return self._options
+        seen = self._traced_options.get(concrete.name, [])
+        if len(seen) > 1:
+            raise AmpRewriteError(
+                "the traced step uses loss-scaled optimizers with different rewrite options "
+                f"({seen}); pass the options to amp_rewrite.function explicitly"
+            )
+        return check_rewrite_options(seen[0]) if seen else self._options
+
+    def _runner(self, concrete: Any) -> _Runner:
+        with self._lock:
+            runner = self._runners.get(concrete.name)
+            if runner is None:
+                runner = _Runner(concrete, self._options_for(concrete))
+                self._runners[concrete.name] = runner
+                report = runner.result.report
+                log.debug("amp_rewrite.function %s: %s", getattr(self, "__name__", "?"),
+                          report["skipped"] or f"{report['converted_nodes']} nodes converted")
+            return runner
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        concrete = self.get_concrete_function(*args, **kwargs)
+        runner = self._runner(concrete)
+        return runner(_flat_inputs(concrete, args, kwargs))
+
+    @property
+    def rewrite_results(self) -> list[Any]:
+        """The :class:`~amp_rewrite.RewriteResult` of each traced signature so far."""
+        with self._lock:
+            return [r.result for r in self._runners.values()]
+
+    def executed_graphs(self) -> list[Any]:
+        """The graphs TensorFlow ran: the runner functions' graphs, rewritten ops inside.
+
+        Inspect these (not the traced graph) to check which dtypes really executed.
+        """
+        with self._lock:
+            runners = list(self._runners.values())
+        return [g for r in runners for g in r.executed_graphs()]
+
+
+def function(
+    func: Callable[..., Any] | None = None,
+    *,
+    input_signature: Sequence[Any] | None = None,
+    autograph: bool = True,
+    reduce_retracing: bool = False,
+    **rewrite_options: Any,
+) -> Any:
+    """Like ``tf.function``, but the traced graph is rewritten to mixed precision first.
+
+    Use it as ``@amp_rewrite.function`` or ``@amp_rewrite.function(target="gpu:8.0")``.
+    ``rewrite_options`` go to :func:`amp_rewrite.rewrite_graph_def`; without any, the options
+    of the loss-scaled optimizer used in the step (from
+    :func:`amp_rewrite.enable_mixed_precision_graph_rewrite`) apply, else the defaults
+    (``target="auto"``, this machine).  The function's outputs keep their dtypes (``fetches``
+    adds nodes to keep).  Nothing global changes: other ``tf.function``s stay float32.
+
+    Raises
+    ------
+    AmpRewriteError
+        For an unknown rewrite option (at decoration time).
+    """
+    def decorate(f: Callable[..., Any]) -> Function:
+        return Function(f, input_signature=input_signature, autograph=autograph,
+                        reduce_retracing=reduce_retracing, rewrite_options=rewrite_options)
+
+    if func is None:
+        return decorate
+    return decorate(func)

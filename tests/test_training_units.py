@@ -1,0 +1,208 @@
+"""Unit tests of the training API's pieces: loss-scale rule, option checking, wrappers' contracts.
+
+Fast; no model is trained here (tests/test_training.py does that).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import amp_rewrite
+from amp_rewrite.errors import AmpRewriteError
+from amp_rewrite.training import loss_scale as ls
+
+
+# -- loss scales --------------------------------------------------------------------------
+
+def test_get_interprets_identifiers() -> None:
+    assert ls.get("dynamic") == ls.DynamicLossScale(2.0**15, 2000, 2.0)
+    assert ls.get(128) == ls.FixedLossScale(128)
+    assert ls.get("128") == ls.FixedLossScale(128.0)  # command-line text
+    custom = ls.DynamicLossScale(initial_loss_scale=8.0, increment_period=3)
+    assert ls.get(custom) is custom
+    for bad in (None, "static", "0.5", True, [1]):
+        with pytest.raises(ValueError):
+            ls.get(bad)
+    with pytest.raises(ValueError):
+        ls.FixedLossScale(0.5)
+    with pytest.raises(ValueError):
+        ls.DynamicLossScale(increment_period=0)
+    with pytest.raises(ValueError):
+        ls.DynamicLossScale(multiplier=1.0)
+
+
+def test_get_converts_tensorflows_deprecated_loss_scales() -> None:
+    import tensorflow as tf
+
+    tf_scale = tf.compat.v1.mixed_precision.DynamicLossScale(
+        initial_loss_scale=64, increment_period=7, multiplier=4
+    )
+    assert ls.get(tf_scale) == ls.DynamicLossScale(64.0, 7, 4.0)
+    assert ls.get(tf.compat.v1.mixed_precision.FixedLossScale(16)) == ls.FixedLossScale(16.0)
+
+
+def _run_rule(scale: ls.LossScale, flags: list[bool], start: float) -> list[tuple[float, int, int]]:
+    import tensorflow as tf
+
+    s, good, skipped = tf.constant(start), tf.constant(0, tf.int64), tf.constant(0, tf.int64)
+    out = []
+    for flag in flags:
+        s, good, skipped = ls.next_state(scale, s, good, skipped, tf.constant(flag))
+        out.append((float(s), int(good), int(skipped)))
+    return out
+
+
+def test_dynamic_rule_matches_tensorflow() -> None:
+    rule = ls.DynamicLossScale(initial_loss_scale=8.0, increment_period=3, multiplier=2.0)
+    states = _run_rule(rule, [True, True, True, False, True, False, False, False, False, False], 8.0)
+    assert states[:3] == [(8.0, 1, 0), (8.0, 2, 0), (16.0, 0, 0)]  # grows on the 3rd finite step
+    assert states[3] == (8.0, 0, 1)  # halves, resets the count, counts the skip
+    assert states[4] == (8.0, 1, 1)
+    # Halving stops at min_scale (1), as in TensorFlow's TF1 loss scale.
+    assert [s for s, _, _ in states[5:]] == [4.0, 2.0, 1.0, 1.0, 1.0]
+    assert states[-1][2] == 6
+
+
+def test_growth_is_skipped_when_the_scale_would_overflow() -> None:
+    rule = ls.DynamicLossScale(initial_loss_scale=3e38, increment_period=1)
+    assert _run_rule(rule, [True], 3e38)[0][0] == pytest.approx(3e38)
+
+
+def test_fixed_scale_never_changes() -> None:
+    assert _run_rule(ls.FixedLossScale(4), [True, False], 4.0) == [(4.0, 0, 0), (4.0, 0, 0)]
+
+
+def test_all_finite_sees_indexed_slices_and_skips_none() -> None:
+    import tensorflow as tf
+
+    slices = tf.IndexedSlices(tf.constant([[1.0, np.inf]]), tf.constant([0]), tf.constant([3, 2]))
+    assert not bool(ls.all_finite([None, tf.ones(2), slices]))
+    assert bool(ls.all_finite([None, tf.ones(2)]))
+    assert bool(ls.all_finite([]))
+
+
+# -- the public entry points ----------------------------------------------------------------
+
+def test_import_amp_rewrite_stays_light() -> None:
+    code = ("import sys, amp_rewrite; assert callable(amp_rewrite.DynamicLossScale); "
+            "print('tensorflow' in sys.modules, 'keras' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_enable_rejects_what_it_cannot_wrap() -> None:
+    import tensorflow as tf
+
+    with pytest.raises(TypeError, match=r"tf\.compat\.v1\.train\.Optimizer.*keras\.optimizers"):
+        amp_rewrite.enable_mixed_precision_graph_rewrite(object())
+    with pytest.raises(TypeError, match="tf.compat.v1.train.Optimizer"):
+        amp_rewrite.enable_mixed_precision_graph_rewrite(tf.Module())
+    with pytest.raises(AmpRewriteError, match="unknown rewrite option.*targte"):
+        amp_rewrite.enable_mixed_precision_graph_rewrite(
+            tf.compat.v1.train.GradientDescentOptimizer(0.1), targte="cpu")
+    wrapped = amp_rewrite.enable_mixed_precision_graph_rewrite(
+        tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    with pytest.raises(ValueError, match="already loss-scaled"):
+        amp_rewrite.enable_mixed_precision_graph_rewrite(wrapped)
+    with pytest.raises(ValueError):
+        amp_rewrite.enable_mixed_precision_graph_rewrite(
+            tf.compat.v1.train.GradientDescentOptimizer(0.1), loss_scale="static")
+
+
+def test_enable_rejects_an_already_wrapped_keras_optimizer() -> None:
+    import keras
+
+    inner = keras.optimizers.SGD(0.1)
+    with pytest.raises(ValueError, match="inner_optimizer"):
+        amp_rewrite.enable_mixed_precision_graph_rewrite(keras.optimizers.LossScaleOptimizer(inner))
+    wrapped = amp_rewrite.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1))
+    with pytest.raises(ValueError):
+        amp_rewrite.enable_mixed_precision_graph_rewrite(wrapped)
+
+
+def test_disable_is_a_harmless_no_op() -> None:
+    import tensorflow as tf
+
+    before = tf.config.optimizer.get_experimental_options()
+    assert amp_rewrite.disable_mixed_precision_graph_rewrite() is None
+    assert tf.config.optimizer.get_experimental_options() == before
+
+
+def test_v1_wrapper_forwards_attributes_and_slots() -> None:
+    import tensorflow as tf
+
+    inner = tf.compat.v1.train.MomentumOptimizer(0.25, momentum=0.5)
+    opt = amp_rewrite.enable_mixed_precision_graph_rewrite(inner, target="cpu")
+    assert opt._learning_rate == 0.25 and opt._momentum == 0.5  # private hyperparameters
+    assert opt.inner_optimizer is inner
+    graph = tf.Graph()
+    with graph.as_default():
+        var = tf.Variable([1.0, 2.0])
+        train = opt.minimize(tf.reduce_sum(var * var))
+        assert opt.get_slot_names() == ["momentum"]
+        assert opt.get_slot(var, "momentum") is inner.get_slot(var, "momentum")
+        names = {v.op.name for v in opt.variables()}
+        assert "amp_loss_scale/current_loss_scale" in names and any("Momentum" in n for n in names)
+        # The inner update lives in a tf.cond branch; TRAIN_OP must hold the graph's own op.
+        assert graph.get_collection(tf.compat.v1.GraphKeys.TRAIN_OP) == [train]
+    assert amp_rewrite.training.optimizer.graph_rewrite_options(graph)["target"] == "cpu"
+    with pytest.raises(AttributeError, match="nor the optimizer it wraps"):
+        opt.no_such_attribute
+    with pytest.raises(AttributeError):
+        opt._some_private_bookkeeping
+
+
+def test_keras_wrapper_forwards_attributes_and_serializes() -> None:
+    import keras
+
+    inner = keras.optimizers.Adam(learning_rate=0.125, beta_1=0.75)
+    opt = amp_rewrite.enable_mixed_precision_graph_rewrite(
+        inner, loss_scale=ls.DynamicLossScale(64.0, 5), target="cpu", precision="bfloat16")
+    assert opt.beta_1 == 0.75 and opt.inner_optimizer is inner
+    assert float(opt.learning_rate) == 0.125
+    opt.learning_rate = 0.5  # the setter reaches the inner optimizer (LR schedules rely on it)
+    assert float(inner.learning_rate) == 0.5
+    assert float(opt.current_loss_scale) == 64.0 and int(opt.skipped_steps) == 0
+    var = keras.Variable(np.ones(3, np.float32))
+    opt.build([var])
+    assert len(opt._momentums) == 1  # slot variables of the inner Adam
+    config = opt.get_config()
+    clone = type(opt).from_config(config)
+    assert clone.loss_scale == ls.DynamicLossScale(64.0, 5)
+    assert clone.rewrite_options == {"target": "cpu", "precision": "bfloat16"}
+    assert clone.inner_optimizer.beta_1 == 0.75
+
+
+def test_rename_functions_updates_every_reference() -> None:
+    import tensorflow as tf
+
+    from amp_rewrite.training.tf_function import rename_functions
+
+    @tf.function
+    def f(x):
+        return tf.cond(x > 0, lambda: x * 2.0, lambda: x - 1.0)
+
+    graph_def = f.get_concrete_function(tf.TensorSpec([], tf.float32)).graph.as_graph_def()
+    names = {fd.signature.name for fd in graph_def.library.function}
+    assert names
+    renamed = rename_functions(graph_def, "_x")
+    assert {fd.signature.name for fd in renamed.library.function} == {n + "_x" for n in names}
+    text = str(renamed.node)
+    assert all(n + "_x" in text for n in names)
+    assert all(f'"{n}"' not in text for n in names)
+    assert {fd.signature.name for fd in graph_def.library.function} == names  # input untouched
+
+
+def test_enable_refuses_a_mixed_keras_global_policy() -> None:
+    import keras
+
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        with pytest.raises(ValueError, match="mixed_float16"):
+            amp_rewrite.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
