@@ -35,6 +35,7 @@ __all__ = ["build_report"]
 
 def _graph_section(plan: Plan, stats: RewriteStats, total: int) -> dict[str, Any]:
     converted_nodes = {n for n, _ in stats.converted}
+    folded = set(stats.folded)
     nodes: dict[str, Any] = {}
     for name, nd in plan.nodes.items():
         entry: dict[str, Any] = {
@@ -50,6 +51,15 @@ def _graph_section(plan: Plan, stats: RewriteStats, total: int) -> dict[str, Any
             }
         if nd.attrs and any(d.source for d in nd.attrs.values()):
             entry["deny_source"] = next(d.source for d in nd.attrs.values() if d.source)
+        if name in folded:
+            # The rewrite folded a Cast -> Cast chain: this Cast now reads the low-precision
+            # tensor itself, so its SrcT changed although the painting left it alone.
+            why = f"reads the {dt.name(plan.target_dtype)} tensor directly (Cast chain folded)"
+            entry["attrs"] = {**entry.get("attrs", {str(ta): {"color": d.color, "dtype": dt.name(d.dtype),
+                                                                 "reason": d.reason}
+                                                       for ta, d in nd.attrs.items()}),
+                              "SrcT": {"color": "allow", "dtype": dt.name(plan.target_dtype), "reason": why}}
+            entry.update(color="allow", dtype=dt.name(plan.target_dtype), reason=f"SrcT {why}")
         nodes[name] = entry
     casts = [
         {"name": c.name, "source": f"{c.source}:{c.port}", "dtype": dt.name(c.dst_dtype),

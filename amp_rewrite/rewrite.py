@@ -49,6 +49,9 @@ class RewriteStats:
     casts: tuple[CastInfo, ...]
     #: TensorFlow's own count: casts to low precision not fed by a Const or variable.
     tf_style_casts: int
+    #: Existing Casts that now read a low-precision tensor directly (their ``SrcT`` changed
+    #: when a Cast -> Cast chain was folded); also listed in ``converted``.
+    folded: tuple[str, ...] = ()
 
 
 def _token(dtype: int) -> str:
@@ -101,7 +104,9 @@ def _rewire_consumers(g: nx.MultiDiGraph, node: str, to: tuple[str, int]) -> Non
         g._node[dst]["inputs_changed"] = True
 
 
-def _fold_cast_chains(g: nx.MultiDiGraph, casts: list[CastInfo]) -> list[CastInfo]:
+def _fold_cast_chains(
+    g: nx.MultiDiGraph, casts: list[CastInfo], plan: Plan, folded: list[str]
+) -> list[CastInfo]:
     """Remove Cast -> Cast chains that involve an inserted Cast.  Mutates ``g``.
 
     ``A -> B -> C`` becomes ``A -> C`` (or nothing when ``A == C``) when ``A -> B`` is exact,
@@ -137,12 +142,17 @@ def _fold_cast_chains(g: nx.MultiDiGraph, casts: list[CastInfo]) -> list[CastInf
             data = g._node[dst]
             if data["op"] != "Cast" or dst in inserted or data["dtypes"].get("SrcT") != dt.FLOAT:
                 continue
+            decision = plan.nodes.get(dst)
+            if decision is None or not decision.processed:
+                # A preserved Cast, or one on a device we do not rewrite, keeps its types.
+                continue
             g.remove_edge(c.name, dst, key=key)
             ir.add_data_edge(g, origin[0], origin[1], dst, q, None)
             data["dtypes"]["SrcT"] = g._node[c.name]["dtypes"]["SrcT"]
             data.setdefault("changed_attrs", set()).add("SrcT")
             data["dirty"] = True
             data["inputs_changed"] = True
+            folded.append(dst)
         if g.out_degree(c.name) == 0:
             g.remove_node(c.name)
             removed.add(c.name)
@@ -225,6 +235,8 @@ def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> Re
                 if cast_name is not None:
                     casts.append(CastInfo(cast_name, name, port, low if not src_allow else dt.FLOAT,
                                           tuple(rewired)))
+    folded: list[str] = []
     if fold_casts:
-        casts = _fold_cast_chains(g, casts)
-    return RewriteStats(tuple(converted), tuple(casts), tf_style)
+        casts = _fold_cast_chains(g, casts, plan, folded)
+        converted += [(name, TypeAttr("SrcT", -1, 0)) for name in folded]
+    return RewriteStats(tuple(converted), tuple(casts), tf_style, tuple(folded))
