@@ -65,6 +65,8 @@ def write_report(results: dict[str, Any], out: str) -> None:
         *_goal_lines(results),
         "",
     ]
+    if results.get("notes"):
+        lines += ["## Notes on this run", "", *[f"- {n}" for n in results["notes"]], ""]
     graphs = results.get("graphs", [])
     if graphs:
         lines += [
@@ -128,17 +130,17 @@ def write_report(results: dict[str, Any], out: str) -> None:
             "",
             "## Scaling (synthetic residual MLP blocks; each size in a fresh process)",
             "",
-            "| nodes | total s | us/node | lists | import | decide | rewrite | export | peak RSS MB |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| nodes | total s | us/node | lists | import | decide | rewrite | export | peak RSS MB | RSS growth MB |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in rows:
             if "error" in r:
-                lines.append(f"| {r['nodes']} | {r['error']} | | | | | | | |")
+                lines.append(f"| {r['nodes']} | {r['error']} | | | | | | | | |")
                 continue
             s = r["stages_s"]
             lines.append(f"| {r['nodes']} | {r['total_s']:.2f} | {r['us_per_node']:.1f} | " +
                          " | ".join(f"{s[k]:.2f}" for k in ("lists", "import", "decide", "rewrite", "export")) +
-                         f" | {r['peak_rss_mb']:.0f} |")
+                         f" | {r['peak_rss_mb']:.0f} | {r['rss_growth_mb']:.0f} |")
     with open(os.path.join(out, "RESULTS.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     _plots(results, out)
