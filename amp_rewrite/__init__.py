@@ -52,6 +52,7 @@ def __getattr__(name: str) -> object:
         return getattr(training, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 __all__ = [
     "rewrite_graph_def",
     "rewrite_saved_model",

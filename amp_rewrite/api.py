@@ -101,6 +101,9 @@ def resolve_lists(
 
     ``environ`` is read for TensorFlow's list variables; pass ``{}`` to ignore them.
     """
+    for ref in (lists, lists_file):
+        if ref is not None and "\x00" in os.fspath(ref):
+            raise ListError(f"list name or path {os.fspath(ref)!r} contains a NUL byte")
     env_edits, env_level = edits_from_environ(environ if environ is not None else {})
     arg_edits: list[ListEdit] = []
     for category, ops in (add or {}).items():
@@ -130,7 +133,7 @@ def _file_key(ref: str | os.PathLike[str]) -> tuple[str, float | None]:
     text = os.fspath(ref)
     try:
         return text, os.stat(text).st_mtime
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL byte in the name; the loader reports it
         return text, None
 
 

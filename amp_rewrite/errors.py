@@ -33,7 +33,10 @@ class AmpRewriteError(Exception):
         self.path = path
         parts = []
         if path:
-            parts.append(f"{path}: ")
+            # Paths come from users and files: quote one that holds control characters, so a
+            # message stays on one line.
+            shown = path if path.isprintable() else repr(path)
+            parts.append(f"{shown}: ")
         parts.append(message)
         super().__init__("".join(parts))
 

@@ -16,3 +16,30 @@ def _no_tf_amp_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.startswith("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_"):
             monkeypatch.delenv(key)
+
+
+# ----------------------------------------------------------------------------------------
+# Hypothesis profiles for the property-based tests (tests/test_property_*.py, test_fuzz.py).
+#
+#   ci    (default)  a bounded number of examples per test, derandomized so CI is stable;
+#   deep             thousands of examples per test (>= 2,000 graphs per invariant and
+#                    >= 10,000 fuzzed inputs), for a person to run before a release.
+#
+# Pick one with HYPOTHESIS_PROFILE=deep or pytest's --hypothesis-profile=deep.
+# bench/run_property_deep.py runs the deep profile and writes bench/property_report.md.
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+_SLOW_IS_FINE = [HealthCheck.too_slow, HealthCheck.data_too_large]
+settings.register_profile("ci", max_examples=30, deadline=None, derandomize=True, print_blob=True,
+                          suppress_health_check=_SLOW_IS_FINE)
+settings.register_profile("deep", max_examples=2000, deadline=None, print_blob=True,
+                          suppress_health_check=_SLOW_IS_FINE)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def examples(ci: int, deep: int = 2000) -> int:
+    """Examples for one property test: ``ci`` under the ci profile; under a profile with at
+    least 1,000 examples (deep), that profile's number and at least ``deep``."""
+    active = settings.default.max_examples
+    return max(active, deep) if active >= 1000 else ci
