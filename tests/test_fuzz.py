@@ -9,8 +9,8 @@ data inputs, ports out of range, empty names, broken function libraries, text-fo
 garbage, and several of these at once.  The deep profile runs >= 10,000 inputs in all.
 
 Two core issues found here (a NUL byte, a line break in a list path) are fixed; the
-regression tests at the bottom keep them fixed.  The main fuzz tests still set those two
-inputs aside (``_set_aside_*``); they can go in a later clean-up.
+regression tests at the bottom keep them fixed, and explicit examples keep the inputs that
+found them.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import tempfile
 
 import pytest
 import tensorflow as tf
-from hypothesis import event, example, given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from amp_rewrite.testing import (
     GraphCase,
@@ -46,29 +46,6 @@ def _tiny() -> GraphCase:
 TINY = _tiny()
 
 
-def _set_aside_nul_in_list_paths(options):
-    """Known issue 1: a NUL byte in ``lists``/``lists_file`` lets ``ValueError: embedded null
-    byte`` escape (api._file_key calls os.stat).  Such values lose their NUL bytes here."""
-    fixed = dict(options)
-    for key in ("lists", "lists_file"):
-        if isinstance(fixed.get(key), str) and "\x00" in fixed[key]:
-            fixed[key] = fixed[key].replace("\x00", "") or "default"
-            event("known issue set aside: NUL byte in a list path")
-    return fixed
-
-
-def _set_aside_line_breaks_in_list_paths(args):
-    """Known issue 2: a list path with a line break prints it raw in the error message, which
-    then spans two lines.  Such paths lose their line breaks here."""
-    fixed = []
-    for arg in args:
-        if arg.startswith(("--lists=", "--lists-file=")) and ("\n" in arg or "\r" in arg):
-            arg = arg.replace("\n", "_").replace("\r", "_")
-            event("known issue set aside: line break in a list path")
-        fixed.append(arg)
-    return fixed
-
-
 @settings(max_examples=examples(1500, deep=5000))
 @given(mutants())
 @example(Mutant("random bytes", b"\x00\xff" * 40))
@@ -82,7 +59,7 @@ def test_mutated_graphs_get_only_the_products_error_from_the_api(mutant):
 @given(SMALL, rewrite_options())
 @example(TINY, {"use_env": False, "target": "gpu:8.0", "precision": "bfloat16", "lists": "\x00", "exclude": "("})
 def test_garbage_options_get_only_the_products_error_from_the_api(case, options):
-    check_api_boundary(Mutant("unchanged", case.graph_def.SerializeToString()), **_set_aside_nul_in_list_paths(options))
+    check_api_boundary(Mutant("unchanged", case.graph_def.SerializeToString()), **options)
 
 
 @settings(max_examples=examples(400, deep=2000))
@@ -103,13 +80,13 @@ _CLI_FLAGS = ("--target", "--lists", "--fetch", "--exclude", "--deny", "--allow"
 @settings(max_examples=examples(300, deep=1000))
 @given(SMALL, st.lists(st.tuples(st.sampled_from(_CLI_FLAGS), _CLI_VALUES), max_size=3))
 @example(TINY, [("--lists-file", "\x1e")])  # not a line break for a terminal: one line
+@example(TINY, [("--lists-file", "a\nb")])  # found a two-line message (fixed)
 def test_garbage_cli_options_get_one_line_from_the_cli(case, flags):
     # Command-line arguments cannot hold NUL bytes.
     args = [f"{flag}={value}" for flag, value in flags if "\x00" not in value]
     with tempfile.TemporaryDirectory() as directory:
         args = [a.replace("--report=", f"--report={directory}/") for a in args]
-        check_cli_boundary(Mutant("unchanged", case.graph_def.SerializeToString()), directory,
-                           _set_aside_line_breaks_in_list_paths(args))
+        check_cli_boundary(Mutant("unchanged", case.graph_def.SerializeToString()), directory, args)
 
 
 # ----------------------------------------------------------------------------------------
@@ -118,12 +95,12 @@ def test_garbage_cli_options_get_one_line_from_the_cli(case, flags):
 
 # A NUL byte in a list path once let os.stat's ValueError escape instead of an AmpRewriteError.
 @pytest.mark.parametrize("options", [{"lists": "\x00"}, {"lists": "a\x00b.toml"}, {"lists_file": "x\x00.toml"}])
-def test_known_issue_nul_byte_in_a_list_path(options):
+def test_regression_nul_byte_in_a_list_path(options):
     check_api_boundary(Mutant("unchanged", TINY.graph_def.SerializeToString()), **options)
 
 
 # A line break in a list path once split the CLI's error over two lines (paths are now quoted).
 @pytest.mark.parametrize("flag", ["--lists-file=a\nb", "--lists=a\nb.toml"])
-def test_known_issue_line_break_in_a_list_path(flag):
+def test_regression_line_break_in_a_list_path(flag):
     with tempfile.TemporaryDirectory() as directory:
         check_cli_boundary(Mutant("unchanged", TINY.graph_def.SerializeToString()), directory, [flag])
