@@ -190,8 +190,9 @@ def _report(profile: str, log_path: str, junit: str, wall: float, code: int | No
     other = [(tid, o) for tid, o in sorted(outcomes.items()) if tid not in stats]
     if other:
         passed = sum(1 for _, (o, _, _) in other if o == "passed")
-        lines += ["", f"Other tests of these files (unit tests, one test per op, strict xfails): {passed} of "
-                  f"{len(other)} passed, the rest are listed below."]
+        rest = "" if passed == len(other) else ", the rest are listed below"
+        lines += ["", f"Other tests of these files (unit tests, one test per op, regression tests): {passed} "
+                  f"of {len(other)} passed{rest}."]
     known = [(tid, msg) for tid, (o, _, msg) in sorted(outcomes.items()) if o == "xfail"]
     if known:
         lines += ["", "## Known core issues (strict xfails)", ""]
