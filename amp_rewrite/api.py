@@ -13,6 +13,7 @@ Overrides apply in one order: list profile -> list file -> environment variables
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import gc
 import logging
@@ -28,10 +29,11 @@ from . import dtypes as dt
 from .decide import DecideOptions, Plan, decide
 from .errors import AmpRewriteError, InvalidGraphError, ListError, TargetError
 from .graph_io import export_graph_def, import_graph_def, parse_graph_def, reachable_functions
-from .lists import ListContext, ListEdit, OpLists, edits_from_environ, load_lists
+from .lists import PLANNERS, ListContext, ListEdit, OpLists, edits_from_environ, load_lists
 from .op_registry import OpRegistry, default_registry
 from .report import build_report
 from .rewrite import RewriteStats, apply_plan
+from .shape_inference import function_shapes, graph_shapes
 from .targets import Target, detect_target, parse_target
 from .tensor_names import CONTROL, node_name
 
@@ -225,6 +227,7 @@ def rewrite_graph_def(
     tensorflow_bugs: bool = False,
     use_env: bool = True,
     registry: OpRegistry | None = None,
+    planner: Literal["greedy", "optimal"] | None = None,
 ) -> RewriteResult:
     """Rewrite a GraphDef (and its function library) to mixed precision.
 
@@ -259,6 +262,10 @@ def rewrite_graph_def(
         even where its output cannot run.  Off by default.
     use_env
         Honour TensorFlow's ``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_*`` variables.
+    planner
+        ``"greedy"`` (TensorFlow's passes) or ``"optimal"`` (cost-aware minimum cut with
+        normalization-aware safety); ``None`` takes the list profile's (``lists="optimal"``
+        selects the optimal planner).
 
     Returns
     -------
@@ -275,6 +282,7 @@ def rewrite_graph_def(
             graph_def, target=target, precision=precision, lists=lists, lists_file=lists_file,
             fetches=fetches, add=add, remove=remove, level=level, exclude=exclude,
             functions=functions, tensorflow_bugs=tensorflow_bugs, use_env=use_env, registry=registry,
+            planner=planner,
         )
 
 
@@ -294,6 +302,7 @@ def _rewrite_graph_def(
     tensorflow_bugs: bool,
     use_env: bool,
     registry: OpRegistry | None,
+    planner: str | None = None,
 ) -> RewriteResult:
     if precision not in ("float16", "bfloat16"):
         raise TargetError(f"unknown precision {precision!r}; expected 'float16' or 'bfloat16'")
@@ -313,6 +322,10 @@ def _rewrite_graph_def(
     except re.error as exc:
         raise AmpRewriteError(f"bad --exclude regular expression {exclude!r}: {exc}") from None
 
+    chosen_planner = planner if planner is not None else op_lists.planner
+    if chosen_planner not in PLANNERS:
+        raise AmpRewriteError(f"planner must be one of {', '.join(PLANNERS)}, not {chosen_planner!r}")
+    optimal = chosen_planner == "optimal"
     if functions not in ("all", "reachable"):
         raise AmpRewriteError(f"functions must be 'all' or 'reachable', not {functions!r}")
     clock = time.perf_counter
@@ -326,6 +339,12 @@ def _rewrite_graph_def(
             del imported.functions[fname]
     g = imported.graph
     _check_cycles(g, "the graph")
+    if optimal:
+        # The cost model needs tensor sizes; TensorFlow's shape inference gives them.
+        g.graph["shapes"] = graph_shapes(graph_def)
+        fdefs = {f.signature.name: f for f in graph_def.library.function}
+        for fname, fg in imported.functions.items():
+            fg.graph["shapes"] = function_shapes(fdefs[fname]) if fname in fdefs else {}
     if fetches is None:
         preserve = _default_preserve(g)
     else:
@@ -342,7 +361,8 @@ def _rewrite_graph_def(
         preserve |= {n for n in g.nodes if exclude_re.search(n)}
 
     options = DecideOptions(force_all=lvl == "UNSAFE_FORCE_ALL", preserve=frozenset(preserve),
-                            tensorflow_bugs=tensorflow_bugs)
+                            tensorflow_bugs=tensorflow_bugs, planner="optimal" if optimal else "greedy",
+                            normalization_aware=optimal)
     plans: dict[str, Plan] = {}
     stats: dict[str, RewriteStats] = {}
     t1 = clock()
@@ -361,7 +381,7 @@ def _rewrite_graph_def(
             keep |= {n for n in fg.graph["keep"] if n in fg}
             if exclude_re is not None:
                 keep |= {n for n in fg.nodes if exclude_re.search(n)}
-            f_options = DecideOptions(options.force_all, frozenset(keep), tensorflow_bugs)
+            f_options = dataclasses.replace(options, preserve=frozenset(keep))
             t1 = clock()
             plan = decide(fg, op_lists, tgt, precision, registry, f_options)
             t2 = clock()

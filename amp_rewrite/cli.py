@@ -39,8 +39,11 @@ def _add_list_options(p: argparse.ArgumentParser, *, precision_default: str = "f
                    help="auto (this machine), cpu, or gpu:X.Y[,X.Y...] (default: auto)")
     p.add_argument("--precision", default=precision_default, choices=("float16", "bfloat16"),
                    help=f"low-precision type (default: {precision_default})")
-    p.add_argument("--lists", default="default", help="default, tensorflow, or a list FILE (.toml)")
+    p.add_argument("--lists", default="default", help="default, optimal, tensorflow, or a list FILE (.toml)")
     p.add_argument("--lists-file", help="a list file layered on top of --lists")
+    p.add_argument("--planner", choices=("greedy", "optimal"),
+                   help="greedy (TensorFlow's passes) or optimal (cost-aware min cut, "
+                        "normalization-aware); default: the --lists profile's")
     p.add_argument("--level", help="DEFAULT, TENSOR_CORES_ONLY, TREAT_INFER_AS_DENY, UNSAFE_FORCE_ALL")
     for cat in _CATEGORIES:
         p.add_argument(f"--{cat}", action="append", default=[], metavar="OP[,OP]",
@@ -134,7 +137,7 @@ def _model_options(args: argparse.Namespace) -> dict[str, Any]:
         target=args.target, precision=args.precision, lists=args.lists, lists_file=args.lists_file,
         add=add, remove=remove, level=args.level, exclude=args.exclude, fetches=args.fetch,
         tags=[t for t in args.tags.split(",")] if args.tags else None,
-        signatures=args.signature, keep_io_types=args.keep_io_types,
+        signatures=args.signature, keep_io_types=args.keep_io_types, planner=args.planner,
     )
 
 

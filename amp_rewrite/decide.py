@@ -33,13 +33,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Literal, Mapping
+from typing import Any, Iterable, Iterator, Literal, Mapping
 
 import networkx as nx
 
 from . import dtypes as dt
 from . import ir
 from .errors import InvalidGraphError
+from .normalization import find_normalizations
 from .op_registry import KernelSpec, OpRegistry, OpSignature
 from .targets import Target, parse_device_name
 from .type_attrs import NodeTypes, TypeAttr, get_dtype, node_types, opaque_node_types
@@ -155,6 +156,14 @@ class DecideOptions:
     #: Reproduce TensorFlow 2.21's known bugs (KNOWN_DIFFERENCES.md) for exact parity,
     #: even where its output cannot run.
     tensorflow_bugs: bool = False
+    #: ``"greedy"``: TensorFlow's passes.  ``"optimal"``: then re-colour the free vertices
+    #: with the cost-aware minimum cut (:mod:`amp_rewrite.optimal`).
+    planner: Literal["greedy", "optimal"] = "greedy"
+    #: Stop deny propagation at the apply ops of moment-based normalizations
+    #: (:mod:`amp_rewrite.normalization`).
+    normalization_aware: bool = False
+    #: Let the cost model penalize matrices whose dimensions miss the device's multiple.
+    shape_aware: bool = True
 
 
 @dataclass(frozen=True)
@@ -178,6 +187,10 @@ class Plan:
     deny_parent: Mapping[tuple[str, TypeAttr], tuple[str, TypeAttr]] = field(default_factory=dict)
     #: Ops missing from the op registry (custom ops) and how many nodes use each.
     unknown_ops: Mapping[str, int] = field(default_factory=dict)
+    #: The ``optimal`` planner's summary (:class:`amp_rewrite.optimal.PlacementSummary`).
+    placement: Any = None
+    #: Normalization apply nodes exempted from deny propagation -> the reason.
+    normalized: Mapping[str, str] = field(default_factory=dict)
 
     def deny_path(self, node: str, ta: TypeAttr) -> list[tuple[str, TypeAttr]]:
         """The chain of attributes from the deny-list op to ``(node, ta)``, in data-flow order."""
@@ -258,6 +271,9 @@ class _Painter:
         self.kernel_missing: set[int] = set()
         self._kernel_cache: dict[tuple[object, ...], bool] = {}
         self.unknown_ops: dict[str, int] = {}
+        self.placement: Any = None
+        self.normalized: dict[str, str] = {}
+        self.had_allow = False  # pass 1 painted something (the planner may undo it all)
 
     # ------------------------------------------------------------------ model construction
 
@@ -559,8 +575,11 @@ class _Painter:
                 self.reason[v] = "UNSAFE_FORCE_ALL paints every op that can be forced"
         if not self.allow:
             return
+        self.had_allow = True
 
         # Pass 2: deny propagates forward through clear/infer when it reaches deny/infer.
+        # Normalization-aware: not from a statistic into the op that applies it.
+        blocked = self._normalization_blocks() if self.options.normalization_aware else set()
         if not self.options.force_all:
             reach: set[int] = {v for v in range(n) if cat[v] in ("deny", "infer")}
             stack = list(reach)
@@ -579,7 +598,7 @@ class _Painter:
                 while stack:
                     x = stack.pop()
                     for y in tg.fanout[x]:
-                        if y not in self.deny and y in reach:
+                        if y not in self.deny and y in reach and (x, y) not in blocked:
                             self.deny.add(y)
                             self.deny_parent[y] = x
                             self.reason[y] = "deny propagated"
@@ -677,6 +696,32 @@ class _Painter:
         self.tensor_list_match(clusters)
         self.recurrent_match()
         self.existing_casts()
+        if self.options.planner == "optimal" and not self.options.force_all:
+            from .optimal import place_optimally  # deferred: imports the cost model
+
+            self.placement = place_optimally(self, clusters, self.options.shape_aware)
+
+    def _normalization_blocks(self) -> set[tuple[int, int]]:
+        """(statistic vertex, apply vertex) pairs along which deny must not propagate."""
+        tg = self.tg
+        info = find_normalizations(self.g)
+        blocked: set[tuple[int, int]] = set()
+        for name, (ports, norm) in sorted(info.apply.items()):
+            types = self.types.get(name)
+            if types is None or name not in self.inputs:
+                continue
+            for q in sorted(ports):
+                src, sp = self.inputs[name][q]
+                src_types = self.types.get(src)
+                if src_types is None or sp >= len(src_types.outputs) or q >= len(types.inputs):
+                    continue
+                blocked.add((tg.index[(src, src_types.outputs[sp])], tg.index[(name, types.inputs[q])]))
+            self.normalized[name] = (
+                f"applies the statistics of normalization {norm.mean!r}/{norm.variance!r} to a "
+                "full-size tensor: bounded by construction, so deny does not propagate from the "
+                "statistics (they stay float32)"
+            )
+        return blocked
 
     def recurrent_match(self) -> None:
         """Force NextIteration and the Merge nodes it feeds to one colour."""
@@ -779,6 +824,8 @@ class _Painter:
             nodes=nodes,
             deny_parent=parent,
             unknown_ops=dict(sorted(self.unknown_ops.items())),
+            placement=self.placement,
+            normalized=dict(sorted(self.normalized.items())),
         )
 
     def _attr_decision(self, v: int) -> AttrDecision:
@@ -788,7 +835,10 @@ class _Painter:
         cat = self.v_cat[v]
         if v in self.allow:
             final = self.low if dtype == dt.FLOAT else dtype
-            return AttrDecision("allow", final, self.reason.get(v, "allow"))
+            reason = self.reason.get(v, "allow")
+            if name in self.normalized:
+                reason = f"{reason}; normalization-aware: {self.normalized[name]}"
+            return AttrDecision("allow", final, reason)
         if v in self.deny:
             reason = self.reason.get(v, "deny")
             source = None
@@ -826,10 +876,12 @@ class _Painter:
         elif cat == "clear":
             reason = "clear op with no allow neighbour" if self.supports(v) else (
                 f"no {self.precision} kernel for {self.ops[name]}")
-        elif self.allow:
+        elif self.had_allow:
             reason = f"{self.ops[name]} is on no list"
         else:
             reason = "no allow-list op in the graph"
+        if name in self.normalized:
+            reason = f"{reason}; normalization-aware: {self.normalized[name]}"
         return AttrDecision(color, dtype, reason)
 
 

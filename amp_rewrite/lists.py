@@ -24,6 +24,9 @@ Profile schema (version 1)
     source = "..."
     extends = "tensorflow"             # optional: parent profile (packaged name or .toml path,
                                        # a relative path is taken from this file's folder)
+    planner = "optimal"                # optional: "greedy" (TensorFlow's passes, the default)
+                                       # or "optimal" (cost-aware min cut, normalization-aware);
+                                       # inherited through extends
 
     [float16.allow]                    # tables: {float16,bfloat16}.{allow,infer,deny,clear}
     MatMul = "one-line reason"         # plain form: just the reason
@@ -130,7 +133,10 @@ _PACKAGE = "amp_rewrite._lists"
 _SOURCE_TREE_LISTS = Path(__file__).resolve().parent.parent / "lists"
 
 _SCHEMA_VERSION = 1
-_TOP_KEYS = frozenset({"schema_version", "name", "description", "source", "extends", *PRECISIONS})
+_TOP_KEYS = frozenset({"schema_version", "name", "description", "source", "extends", "planner", *PRECISIONS})
+#: Values of the top-level ``planner`` key: TensorFlow's greedy passes, or the cost-aware
+#: minimum cut with normalization-aware safety (``amp_rewrite.optimal``).
+PLANNERS = ("greedy", "optimal")
 _SECTION_KEYS = frozenset({*CATEGORIES, "remove"})
 _ENTRY_KEYS = frozenset({"reason", "min_cuda", "min_cudnn", "backends", "registered"})
 # TensorFlow op names: a capital letter (or "_" for internal ops) then letters, digits, "_", ">".
@@ -212,6 +218,9 @@ class OpLists:
     reasons: Mapping[str, str] = field(default_factory=dict, hash=False)
     origins: Mapping[str, str] = field(default_factory=dict, hash=False)
     profile: str = ""
+    #: The planner the profile asks for (``"greedy"`` or ``"optimal"``); the last layer of the
+    #: ``extends`` chain that sets ``planner`` wins.
+    planner: str = "greedy"
 
     def category_of(self, op: str) -> Category | None:
         """The list ``op`` is on, or ``None`` when it is on none (the lists never overlap)."""
@@ -263,6 +272,7 @@ class _Layer:
     base_dir: Traversable | None  # where a relative ``extends`` path is resolved
     entries: dict[str, dict[str, _Entry]]  # precision -> op -> entry
     removes: dict[str, dict[str, str]]  # precision -> op -> reason
+    planner: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -412,6 +422,9 @@ def _parse_layer(data: dict[str, Any], label: str, location: str, base_dir: Trav
     for key in ("name", "description", "source", "extends"):
         if key in data and (not isinstance(data[key], str) or not data[key]):
             raise ListError(f"{key!r} must be a non-empty string, got {data[key]!r}", path=location)
+    if "planner" in data and data["planner"] not in PLANNERS:
+        raise ListError(f"'planner' must be one of {', '.join(PLANNERS)}, got {data['planner']!r}",
+                        path=location)
     entries: dict[str, dict[str, _Entry]] = {p: {} for p in PRECISIONS}
     removes: dict[str, dict[str, str]] = {p: {} for p in PRECISIONS}
     for precision in PRECISIONS:
@@ -455,6 +468,7 @@ def _parse_layer(data: dict[str, Any], label: str, location: str, base_dir: Trav
         base_dir=base_dir,
         entries=entries,
         removes=removes,
+        planner=data.get("planner"),
     )
 
 
@@ -617,6 +631,7 @@ def load_lists(
         reasons=MappingProxyType(reasons),
         origins=MappingProxyType(origins),
         profile=profile_label,
+        planner=next((layer.planner for layer in reversed(layers) if layer.planner), "greedy"),
     )
 
 

@@ -13,6 +13,9 @@ Layout::
       "skipped_functions": {"f": "reason"},
       "nodes": {name: {"op", "color", "dtype", "reason", "attrs": {attr: {...}}}},
       "casts": [{"name", "source", "dtype", "consumers"}],
+      "placement": {...},          # optimal planner only: estimated cost of float32, greedy
+                                   # and optimal colourings, and what the min cut changed
+      "normalized": {name: reason},  # normalization-aware apply nodes (optimal planner)
       "functions": {fname: {"total_nodes", ..., "nodes", "casts"}}
     }
 
@@ -75,6 +78,8 @@ def _graph_section(plan: Plan, stats: RewriteStats, total: int) -> dict[str, Any
         "skipped": plan.skipped,
         "nodes": nodes,
         "casts": casts,
+        **({"placement": plan.placement.as_dict()} if plan.placement is not None else {}),
+        **({"normalized": dict(plan.normalized)} if plan.normalized else {}),
     }
 
 
@@ -123,5 +128,6 @@ def build_report(
         "skipped_functions": dict(sorted(skipped_functions.items())),
         "nodes": main["nodes"],
         "casts": main["casts"],
+        **{k: main[k] for k in ("placement", "normalized") if k in main},
         "functions": functions,
     }

@@ -431,6 +431,7 @@ def rewrite_model(
     keep_io_types: bool = True,
     tensorflow_bugs: bool = False,
     use_env: bool = True,
+    planner: str | None = None,
     progress: Progress | None = None,
 ) -> ModelRewrite:
     """Rewrite every selected graph of ``model`` in memory.  ``model`` is not modified.
@@ -456,6 +457,7 @@ def rewrite_model(
     options: dict[str, Any] = dict(
         target=tgt, precision=precision, lists=lists, lists_file=lists_file, add=add, remove=remove,
         level=level, tensorflow_bugs=tensorflow_bugs, use_env=use_env, functions="all",
+        planner=planner,
     )
     if model.format == "graph_def":
         if tags is not None:
@@ -712,6 +714,7 @@ def rewrite_saved_model(
     keep_io_types: bool = True,
     tensorflow_bugs: bool = False,
     use_env: bool = True,
+    planner: str | None = None,
     overwrite: bool = False,
     report_file: str | os.PathLike[str] | None = None,
     dump_dir: str | os.PathLike[str] | None = None,
@@ -764,6 +767,7 @@ def rewrite_saved_model(
         model, target=target, precision=precision, lists=lists, lists_file=lists_file, add=add,
         remove=remove, level=level, exclude=exclude, fetches=fetches, tags=tags, signatures=signatures,
         keep_io_types=keep_io_types, tensorflow_bugs=tensorflow_bugs, use_env=use_env, progress=progress,
+        planner=planner,
     )
     report = dict(rewrite.report)
     report["output"] = os.path.abspath(dst_s)

@@ -316,15 +316,36 @@ def test_unregistered_entries_are_exactly_the_ops_tensorflow_lacks(tf_dumps):
 
 
 def test_packaged_profiles_are_well_formed():
-    assert available_profiles() == ["default", "tensorflow"]
+    assert available_profiles() == ["default", "optimal", "tensorflow"]
     for name in available_profiles():
         data = tomllib.loads((LISTS_DIR / f"{name}.toml").read_text())
         assert data["name"] == name and data["schema_version"] == 1
         for precision in ("float16", "bfloat16"):
-            for table in data[precision].values():
+            for table in data.get(precision, {}).values():
                 for op, value in table.items():
                     reason = value if isinstance(value, str) else value["reason"]
                     assert reason.strip() and "\n" not in reason and len(reason) < 130, (name, op)
+
+
+def test_optimal_profile_has_default_lists_and_optimal_planner():
+    optimal = load_lists("optimal", context=CUDA)
+    default = load_lists("default", context=CUDA)
+    assert optimal.as_dict() == default.as_dict()
+    assert optimal.planner == "optimal" and default.planner == "greedy"
+    assert load_lists("tensorflow", context=CUDA).planner == "greedy"
+
+
+def test_planner_key_is_validated_and_inherited(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('schema_version = 1\nplanner = "fastest"\n')
+    with pytest.raises(ListError, match="planner"):
+        load_lists(str(bad), context=CUDA)
+    child = tmp_path / "child.toml"
+    child.write_text('schema_version = 1\nextends = "optimal"\n[float16.deny]\nTanh = "mine"\n')
+    assert load_lists(str(child), context=CUDA).planner == "optimal"
+    back = tmp_path / "back.toml"
+    back.write_text('schema_version = 1\nextends = "optimal"\nplanner = "greedy"\n')
+    assert load_lists(str(back), context=CUDA).planner == "greedy"
 
 
 def test_bf16_clear_list_relation_from_spec():
@@ -372,7 +393,7 @@ def test_fallback_to_source_tree_when_package_missing(monkeypatch):
     monkeypatch.setattr(lists_mod, "_SOURCE_TREE_LISTS", LISTS_DIR)
     found = lists_mod._lists_dir()
     assert Path(str(found)).resolve() == LISTS_DIR.resolve()
-    assert available_profiles() == ["default", "tensorflow"]
+    assert available_profiles() == ["default", "optimal", "tensorflow"]
     assert len(load_lists("tensorflow", context=CUDA, is_known_op=always_known).allow) == 39
     monkeypatch.setattr(lists_mod, "_SOURCE_TREE_LISTS", LISTS_DIR / "no_such_dir")
     with pytest.raises(ListError, match="packaged op lists are missing"):
@@ -401,7 +422,7 @@ def test_installed_layout_finds_package_data(tmp_path):
     assert proc.returncode == 0, proc.stderr
     where, profiles, deny = proc.stdout.splitlines()
     assert Path(where).resolve() == (package / "_lists").resolve()
-    assert profiles == "['default', 'tensorflow']" and deny == "16"
+    assert profiles == "['default', 'optimal', 'tensorflow']" and deny == "16"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -484,7 +505,7 @@ def test_unknown_op_in_edit_is_rejected():
 
 
 def test_unknown_profile_lists_available():
-    with pytest.raises(ListError, match=r"unknown profile 'nope'.*default, tensorflow"):
+    with pytest.raises(ListError, match=r"unknown profile 'nope'.*default, optimal, tensorflow"):
         load_lists("nope", context=CUDA)
     with pytest.raises(ListError, match="list file not found"):
         load_lists("/no/such/profile.toml", context=CUDA)

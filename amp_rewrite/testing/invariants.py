@@ -64,7 +64,7 @@ __all__ = [
 #: Keyword arguments of :func:`amp_rewrite.rewrite_graph_def` the checks pass through.
 REWRITE_OPTIONS = (
     "target", "precision", "lists", "lists_file", "fetches", "add", "remove", "level",
-    "exclude", "functions", "tensorflow_bugs", "use_env", "registry",
+    "exclude", "functions", "tensorflow_bugs", "use_env", "registry", "planner",
 )
 
 #: Error allowed per level of low-precision ops, relative to the magnitude of the values
@@ -258,9 +258,13 @@ def check_allow_deny(
     add: Mapping[str, Iterable[str]] | None = None, remove: Mapping[str, Iterable[str]] | None = None,
     level: str | None = None, fetches: Sequence[str] | None = None, exclude: str | None = None,
     functions: str = "all", use_env: bool = True, tensorflow_bugs: bool = False, registry: Any = None,
+    planner: str | None = None,
 ) -> None:
     """**allow/deny**: every allow op on an eligible device with a low-precision kernel is low
     precision; no deny op is; no op on an ineligible device (or preserved) changed.
+
+    Under the ``optimal`` planner an allow op may stay float32, but only where the report
+    says the cost model kept it (so the report is then required).
 
     The report, when given, must agree: a node is converted exactly when the report paints
     it ``allow`` in the low precision (or it was already low precision).
@@ -272,6 +276,9 @@ def check_allow_deny(
     op_lists, lvl = resolve_lists(lists, target=tgt, precision=precision, lists_file=lists_file, add=add,
                                   remove=remove, level=level, environ=os.environ if use_env else {})
     force = lvl == "UNSAFE_FORCE_ALL"
+    optimal = (planner or op_lists.planner) == "optimal"
+    if optimal and report is None:
+        raise TypeError("check_allow_deny needs the report under the optimal planner")
     low = low_dtype(precision)
     rewritten = _rewritten_functions(before, report, functions)
     a_scopes = scopes(after)
@@ -314,6 +321,9 @@ def check_allow_deny(
                     label = node.attr["_kernel"].s.decode() if "_kernel" in node.attr else ""
                     if not _kernel_exists(node.op, device_type, {**b_types, k: low}, label):
                         continue
+                    if a_types.get(k) != low and optimal and "cost model" in _reason_of(
+                            report, scope.name, name, k):
+                        continue  # the optimal planner kept it float32, and says why
                     if a_types.get(k) != low:
                         raise InvariantError(
                             "allow/deny", f"allow-list op {node.op} on an eligible device kept {k} "
@@ -321,6 +331,19 @@ def check_allow_deny(
                             node=name, scope=scope.name)
     if report is not None:
         _check_report_agrees(before, after, report, low, precision)
+
+
+def _reason_of(report: Mapping[str, Any] | None, scope: str, node: str, attr: str) -> str:
+    """The report's reason for one type attribute of a node ('' when it has none)."""
+    if report is None:
+        return ""
+    section = report if scope == "" else report.get("functions", {}).get(scope, {})
+    entry = section.get("nodes", {}).get(node, {})
+    attrs = entry.get("attrs", {})
+    for key, value in attrs.items():
+        if key == attr or key.startswith(attr + "["):
+            return str(value.get("reason", ""))
+    return str(entry.get("reason", ""))
 
 
 def _check_report_agrees(before: Any, after: Any, report: Mapping[str, Any], low: int, precision: str) -> None:

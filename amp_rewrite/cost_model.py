@@ -1,0 +1,214 @@
+"""A per-node cost model: estimated nanoseconds for an op in float32 or in low precision.
+
+Used by the cost-aware planner (:mod:`amp_rewrite.placement`) to decide where converting
+pays.  The model is deliberately simple -- a roofline per node plus a fixed cost per extra
+op -- because its job is to rank colourings, not to predict step times:
+
+* dense math (MatMul, BatchMatMul, Conv2D/3D and their gradients, Einsum) costs
+  ``flops / rate(dtype) + bytes / bandwidth``;
+* everything else is memory bound: ``bytes / bandwidth``, scaled by how fast the device's
+  low-precision element-wise kernels are;
+* a Cast costs ``op_overhead + elements * (4 + 2) / bandwidth``.
+
+Rates are per device class (:data:`DEVICE_COSTS`).  The classes for this repository's CPU
+were calibrated with ``bench/calibrate.py``; the GPU and AMX ones follow the vendors'
+published ratios (Tensor Cores 8x float32 math, AMX about 8x AVX-512 float32); a Cast on a
+GPU costs about 2 us (kernel launch; the executor's host time overlaps the device).
+Shape-aware: a matrix whose dimensions miss the device's preferred multiple loses part of
+the low-precision speed-up (:func:`alignment_efficiency`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from . import dtypes as dt
+from .shape_inference import Shape, numel
+from .targets import Device
+
+__all__ = ["DeviceCosts", "DEVICE_COSTS", "costs_for", "NodeCost", "node_cost", "cast_cost",
+           "DENSE_OPS", "misaligned_dims", "alignment_efficiency"]
+
+#: Dense ops whose cost is dominated by multiply-accumulates.
+MATMUL_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
+                        "_FusedMatMul", "SparseMatMul"})
+CONV_OPS = frozenset({"Conv2D", "Conv3D", "Conv2DBackpropInput", "Conv2DBackpropFilter",
+                      "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "_FusedConv2D"})
+DEPTHWISE_OPS = frozenset({"DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
+                           "DepthwiseConv2dNativeBackpropFilter"})
+DENSE_OPS = MATMUL_OPS | CONV_OPS | DEPTHWISE_OPS
+
+#: Elements assumed for one unknown dimension (typically a batch) and for an unknown rank.
+UNKNOWN_DIM = 32
+UNKNOWN_TENSOR = 65536
+
+
+@dataclass(frozen=True)
+class DeviceCosts:
+    """Throughputs of one class of device.  Rates in operations or bytes per nanosecond."""
+
+    name: str
+    f32_flops: float  #: dense float32 multiply-add rate (flop/ns)
+    low_flops: float  #: dense low-precision rate on aligned shapes (flop/ns)
+    bandwidth: float  #: memory bandwidth for element-wise ops and casts (bytes/ns)
+    #: time of a low-precision element-wise op relative to float32 on the same element
+    #: count (0.5 = half, as memory traffic halves; >0.5 where kernels convert per element).
+    low_elementwise: float
+    #: speed of depthwise convolution in low precision relative to float32.
+    low_depthwise: float
+    op_overhead: float  #: fixed cost of one more op (a Cast) in the executor (ns)
+    multiple: int  #: preferred multiple of matrix dimensions for the fast low-precision path
+    #: low-precision dense rate when shapes miss ``multiple`` (no Tensor Cores / tiles).
+    misaligned_low_flops: float
+
+
+DEVICE_COSTS: dict[str, DeviceCosts] = {
+    # Volta/Turing/Ampere+ Tensor Cores: ~8x float32 math (cuBLAS/cuDNN), HBM bandwidth,
+    # ~2 us per extra small kernel.  Without multiples of 8
+    # older cuBLAS falls back to half-precision FMA, about 2x float32.
+    "gpu-tensor-cores": DeviceCosts("gpu-tensor-cores", 15_000.0, 120_000.0, 1_500.0, 0.5, 1.5,
+                                    2_000.0, 8, 30_000.0),
+    # Sapphire Rapids AMX (bf16 and fp16 tiles): ~8x AVX-512 float32 on dense math;
+    # element-wise kernels run natively.  Tiles are 16 rows x 32 bf16/fp16 values.
+    "cpu-amx": DeviceCosts("cpu-amx", 100.0, 800.0, 40.0, 0.55, 1.0, 4_000.0, 32, 200.0),
+    # AVX512-FP16 without AMX: native fp16 FMA at twice the float32 lanes.
+    "cpu-avx512-fp16": DeviceCosts("cpu-avx512-fp16", 100.0, 200.0, 40.0, 0.55, 1.0, 4_000.0, 16, 200.0),
+    # AVX512-BF16 only (this repository's benchmark machine, AMD EPYC): measured with
+    # bench/calibrate.py -- conv 1.5-1.8x, large MatMul ~2x, depthwise ~1.05x, element-wise
+    # ~1.1x, a Cast of n elements ~0.36 ns/element plus ~20 us executor overhead.
+    "cpu-avx512-bf16": DeviceCosts("cpu-avx512-bf16", 40.0, 70.0, 16.0, 0.8, 1.0, 20_000.0, 16, 60.0),
+}
+
+
+def costs_for(device: Device, precision: str) -> DeviceCosts:
+    """The cost class of ``device`` for ``precision`` (a device assumed fast when unknown)."""
+    if device.type == "GPU":
+        return DEVICE_COSTS["gpu-tensor-cores"]
+    feats = device.features
+    if not feats:  # ``target="cpu"``: a CPU assumed to have AMX
+        return DEVICE_COSTS["cpu-amx"]
+    if "amx_bf16" in feats or "amx_fp16" in feats or "amx_tile" in feats:
+        return DEVICE_COSTS["cpu-amx"]
+    if precision == "float16" and "avx512_fp16" in feats:
+        return DEVICE_COSTS["cpu-avx512-fp16"]
+    return DEVICE_COSTS["cpu-avx512-bf16"]
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    """Estimated time of one node in float32 and in low precision (ns), and why."""
+
+    high: float
+    low: float
+    flops: float
+    misaligned: tuple[int, ...] = ()
+
+
+def _numel(shape: Shape) -> int:
+    if shape is None:
+        return UNKNOWN_TENSOR
+    return numel(shape, UNKNOWN_DIM)
+
+
+def _dims(shape: Shape) -> tuple[int, ...] | None:
+    if shape is None or any(d is None for d in shape):
+        return None
+    return tuple(int(d) for d in shape)  # type: ignore[arg-type]
+
+
+def _dense_flops(op: str, ins: Sequence[Shape], outs: Sequence[Shape]) -> tuple[float, tuple[int, ...]]:
+    """Multiply-add flops of a dense op and the matrix dimensions that decide alignment."""
+    out = outs[0] if outs else None
+    n_out = _numel(out)
+    if op in MATMUL_OPS:
+        a = ins[0] if ins else None
+        last = (out[-1] if out and out[-1] is not None else UNKNOWN_DIM) if out else UNKNOWN_DIM
+        k = max(1, _numel(a) * last // max(1, n_out))
+        rows = max(1, n_out // max(1, last))
+        return 2.0 * n_out * k, (rows, k, last)
+    if op in CONV_OPS:
+        # Forward: filter is input 1; backprop input: filter input 1, dy input 2; backprop
+        # filter: output is the filter gradient, dy input 2.
+        if op.startswith("Conv2DBackpropFilter") or op.startswith("Conv3DBackpropFilter"):
+            filt, dy = out, (ins[2] if len(ins) > 2 else None)
+        elif "BackpropInput" in op:
+            filt, dy = (ins[1] if len(ins) > 1 else None), (ins[2] if len(ins) > 2 else None)
+        else:
+            filt, dy = (ins[1] if len(ins) > 1 else None), out
+        fd = _dims(filt)
+        if fd and len(fd) >= 2:
+            cin, cout = fd[-2], fd[-1]
+            per_out = _numel(filt) // max(1, cout)
+        else:
+            # Filter shape unknown (a variable without shape information): take the input
+            # channels from the activation (forward input / backprop-input output) and assume
+            # a 3x3 window.
+            act = outs[0] if "BackpropInput" in op else (ins[0] if ins else None)
+            cin = act[-1] if act and act[-1] is not None else UNKNOWN_DIM
+            cout = dy[-1] if dy and dy[-1] is not None else UNKNOWN_DIM
+            per_out = 9 * cin
+        return 2.0 * _numel(dy) * per_out, (cin, cout)
+    if op in DEPTHWISE_OPS:
+        filt = ins[1] if len(ins) > 1 else (out if "Filter" in op else None)
+        fd = _dims(filt)
+        taps = (fd[0] * fd[1]) if fd and len(fd) >= 2 else 9
+        dy = out if not op.endswith("Filter") else (ins[2] if len(ins) > 2 else None)
+        return 2.0 * _numel(dy) * taps, ()
+    return 0.0, ()
+
+
+def misaligned_dims(dims: Sequence[int], multiple: int) -> tuple[int, ...]:
+    """The dimensions of ``dims`` that are not multiples of ``multiple``."""
+    return tuple(d for d in dims if d % multiple)
+
+
+def alignment_efficiency(dims: Sequence[int], multiple: int) -> float:
+    """Useful fraction of the padded work when every dim is rounded up to ``multiple``."""
+    eff = 1.0
+    for d in dims:
+        if d > 0:
+            eff *= d / (-(-d // multiple) * multiple)
+    return eff
+
+
+def node_cost(
+    op: str,
+    in_shapes: Sequence[Shape],
+    out_shapes: Sequence[Shape],
+    low_bytes: int,
+    costs: DeviceCosts,
+    *,
+    shape_aware: bool = True,
+) -> NodeCost:
+    """Estimated time of one node (float32 and low precision).  Pure.
+
+    ``in_shapes``/``out_shapes`` are the shapes of its float tensors (others do not change
+    with the colour).  Unknown dimensions count as :data:`UNKNOWN_DIM`.
+    """
+    elems = sum(_numel(s) for s in in_shapes) + sum(_numel(s) for s in out_shapes)
+    mem_high = elems * 4 / costs.bandwidth
+    mem_low = elems * low_bytes / costs.bandwidth
+    if op in DENSE_OPS:
+        flops, dims = _dense_flops(op, in_shapes, out_shapes)
+        low_rate = costs.low_flops
+        bad: tuple[int, ...] = ()
+        if op in DEPTHWISE_OPS:
+            low_rate = costs.f32_flops * costs.low_depthwise
+        elif shape_aware and dims and all(isinstance(d, int) for d in dims):
+            bad = misaligned_dims(dims, costs.multiple)
+            if bad:
+                low_rate = max(costs.misaligned_low_flops,
+                               costs.low_flops * alignment_efficiency(dims, costs.multiple))
+        return NodeCost(flops / costs.f32_flops + mem_high, flops / low_rate + mem_low, flops, bad)
+    return NodeCost(mem_high, mem_high * costs.low_elementwise, 0.0)
+
+
+def cast_cost(shape: Shape, low_bytes: int, costs: DeviceCosts) -> float:
+    """Estimated time of one Cast between float32 and low precision (ns).  Pure."""
+    return costs.op_overhead + _numel(shape) * (4 + low_bytes) / costs.bandwidth
+
+
+def dtype_bytes(dtype: int) -> int:
+    """Bytes per element of a float type."""
+    return 4 if dtype == dt.FLOAT else 2

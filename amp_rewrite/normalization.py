@@ -1,0 +1,210 @@
+"""Recognize normalization computed from moments, so its normalized output may run in low precision.
+
+Keras 3 (and ``tf.nn.moments`` users) compute batch and layer normalization from primitive
+ops instead of ``FusedBatchNorm``::
+
+    mean = Mean(x)                       var  = Mean(SquaredDifference(x, StopGradient(mean)))
+    scale = Rsqrt(var + eps) * gamma     offset = beta - mean * scale
+    y = x * scale + offset
+
+``Mean`` is deny-listed, and TensorFlow's deny propagation then paints every ``Mul``/``Add``
+after it -- and through them the ReLUs and residual adds of the whole network -- float32.
+But only the *statistics* (``mean``, ``var``, ``scale``, ``offset``: reductions and
+per-channel vectors) need float32.  The *apply* ops that combine a full-size tensor with a
+statistic (``x * scale``, ``+ offset``, ``x - mean``, and the same products in the
+gradient, ``dy * scale``) produce values bounded by construction (about ``gamma * (x -
+mean) / std + beta``), exactly what a fused batch norm computes in float16 with float32
+statistics (TensorFlow's own lists let ``FusedBatchNormV3`` run with ``T=half, U=float``).
+
+:func:`find_normalizations` returns those apply nodes and, for each, the input ports that
+carry statistics; the decision stage then stops deny propagation along exactly those
+inputs.  Pure: the graph is only read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import networkx as nx
+
+from . import ir
+
+__all__ = ["Normalization", "NormalizationInfo", "find_normalizations"]
+
+#: Ops that compute statistics from statistics and parameters (per-channel vectors).
+_STAT_OPS = frozenset({
+    "Add", "AddV2", "Sub", "Mul", "RealDiv", "Div", "DivNoNan", "Rsqrt", "Sqrt", "Reciprocal",
+    "Inv", "Neg", "Maximum", "Minimum", "Squeeze", "Reshape", "ExpandDims", "StopGradient",
+    "Identity", "Cast", "Square", "BroadcastTo",
+})
+#: Element-wise ops that apply a statistic to a full-size tensor.
+_APPLY_OPS = frozenset({"Add", "AddV2", "Sub", "Mul", "RealDiv", "Div"})
+#: Ops through which a parameter (weight or constant) stays a parameter.
+_PARAM_OPS = frozenset({"Identity", "Reshape", "Cast", "Squeeze", "ExpandDims", "ReadVariableOp",
+                        "Neg", "Mul", "Add", "AddV2", "Sub", "StopGradient"})
+_PARAM_LEAVES = frozenset({"Const", "VarHandleOp", "VariableV2", "Variable", "HostConst"})
+
+
+@dataclass(frozen=True)
+class Normalization:
+    """One recognized normalization: the normalized tensor's producer and its moments."""
+
+    source: str  #: node producing ``x``
+    mean: str  #: the ``Mean`` node of the mean
+    variance: str  #: the ``Mean`` node of the variance
+
+
+@dataclass(frozen=True)
+class NormalizationInfo:
+    """What :func:`find_normalizations` found.
+
+    ``apply`` maps each apply node to the data input ports that carry statistics and the
+    normalization it belongs to; ``stats`` are the statistic nodes (they keep float32).
+    """
+
+    norms: tuple[Normalization, ...] = ()
+    apply: Mapping[str, tuple[frozenset[int], Normalization]] = field(default_factory=dict)
+    stats: frozenset[str] = frozenset()
+
+
+def _resource_placeholder(g: nx.MultiDiGraph, name: str) -> bool:
+    data = g._node[name]
+    return data["op"] == "Placeholder" and data["dtypes"].get("dtype") == 20  # DT_RESOURCE
+
+
+def find_normalizations(g: nx.MultiDiGraph) -> NormalizationInfo:
+    """Find moment-based normalizations in ``g`` (see the module docstring).  Pure."""
+    ops = {n: d["op"] for n, d in g.nodes(data=True)}
+    inputs_cache: dict[str, list[tuple[str, int]]] = {}
+
+    def inputs(n: str) -> list[tuple[str, int]]:
+        got = inputs_cache.get(n)
+        if got is None:
+            got = inputs_cache[n] = ir.data_inputs(g, n)
+        return got
+
+    def consumers(n: str) -> list[str]:
+        return sorted({dst for _, dst, d in g.out_edges(n, data=True) if d["src_port"] >= 0})
+
+    param_memo: dict[str, bool] = {}
+
+    def is_param(n: str, depth: int = 0) -> bool:
+        """A weight or constant: nothing data-dependent feeds it."""
+        got = param_memo.get(n)
+        if got is not None:
+            return got
+        op = ops[n]
+        if op in _PARAM_LEAVES or _resource_placeholder(g, n):
+            result = True
+        elif op in _PARAM_OPS and depth < 16:
+            ins = inputs(n)
+            result = bool(ins) and all(is_param(src, depth + 1) for src, _ in ins)
+        else:
+            result = False
+        param_memo[n] = result
+        return result
+
+    def through_identity(n: str) -> set[str]:
+        """``n`` and the StopGradient/Identity nodes that merely forward it."""
+        out = {n}
+        todo = [n]
+        while todo:
+            x = todo.pop()
+            for c in consumers(x):
+                if ops[c] in ("StopGradient", "Identity") and c not in out:
+                    out.add(c)
+                    todo.append(c)
+        return out
+
+    norms: list[Normalization] = []
+    for m1 in sorted(n for n, op in ops.items() if op == "Mean"):
+        ins = inputs(m1)
+        if not ins:
+            continue
+        x = ins[0]
+        mean_like = through_identity(m1)
+        variance = None
+        for c in consumers(m1) + sorted(set().union(*(consumers(k) for k in mean_like))):
+            c_ins = inputs(c)
+            if len(c_ins) != 2 or x not in c_ins:
+                continue
+            other = c_ins[1] if c_ins[0] == x else c_ins[0]
+            if other[0] not in mean_like:
+                continue
+            squared: list[str] = []
+            if ops[c] == "SquaredDifference":
+                squared = [c]
+            elif ops[c] == "Sub":
+                squared = [s for s in consumers(c) if ops[s] == "Square"
+                           or (ops[s] == "Mul" and inputs(s) == [(c, 0), (c, 0)])]
+            for sq in squared:
+                var = next((v for v in consumers(sq) if ops[v] == "Mean"), None)
+                if var is not None:
+                    variance = var
+                    break
+            if variance:
+                break
+        if variance is not None:
+            norms.append(Normalization(x[0], m1, variance))
+    if not norms:
+        return NormalizationInfo()
+
+    stats: set[str] = set()
+    owner: dict[str, Normalization] = {}
+    for norm in norms:
+        for seed in through_identity(norm.mean) | through_identity(norm.variance):
+            stats.add(seed)
+            owner.setdefault(seed, norm)
+    # Grow the statistics: ops whose inputs are all statistics or parameters.  A fixed point,
+    # because an op can read two statistics discovered in either order.
+    frontier = sorted(stats)
+    while frontier:
+        new: list[str] = []
+        for s in frontier:
+            for c in consumers(s):
+                if c in stats or ops[c] not in _STAT_OPS:
+                    continue
+                c_ins = inputs(c)
+                if all(src in stats or is_param(src) for src, _ in c_ins):
+                    stats.add(c)
+                    owner.setdefault(c, owner[s])
+                    new.append(c)
+        frontier = sorted(new)
+
+    apply: dict[str, tuple[frozenset[int], Normalization]] = {}
+    for s in sorted(stats):
+        for c in consumers(s):
+            if c in stats or c in apply or ops[c] not in _APPLY_OPS:
+                continue
+            c_ins = inputs(c)
+            stat_ports = frozenset(p for p, (src, _) in enumerate(c_ins) if src in stats)
+            data_ports = [p for p, (src, _) in enumerate(c_ins) if src not in stats and not is_param(src)]
+            if len(data_ports) == 1 and stat_ports:
+                apply[c] = (stat_ports, owner[s])
+    # In the gradient, dx sums the apply ops' gradients (dy * scale) with the gradient of
+    # the mean: the per-channel gradient sum broadcast back (Tile/BroadcastTo) and divided by
+    # the element count -- an average of gradients, bounded like the gradients themselves.
+    # The division runs in float32 (it is downstream of a deny-listed Sum); only its
+    # *result* may join the low-precision sum.
+    for a in sorted(apply):
+        for c in consumers(a):
+            if ops[c] not in ("AddN", "Add", "AddV2") or c in apply:
+                continue
+            ports = frozenset(
+                q for q, (src, _) in enumerate(inputs(c))
+                if src not in apply and _is_mean_gradient(src, ops, inputs, is_param)
+            )
+            if ports:
+                apply[c] = (ports, apply[a][1])
+    return NormalizationInfo(tuple(norms), apply, frozenset(stats))
+
+
+def _is_mean_gradient(name: str, ops: Mapping[str, str], inputs, is_param) -> bool:
+    """``RealDiv(Tile|BroadcastTo(...), count)``: the gradient TensorFlow emits for ``Mean``."""
+    if ops[name] not in ("RealDiv", "Div"):
+        return False
+    ins = inputs(name)
+    if len(ins) != 2 or not is_param(ins[1][0]) and ops[ins[1][0]] not in ("Cast", "Prod", "Maximum"):
+        return False
+    return ops[ins[0][0]] in ("Tile", "BroadcastTo")

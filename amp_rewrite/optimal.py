@@ -1,0 +1,239 @@
+"""The ``optimal`` planner: re-decide the free vertices of a painted graph with a minimum cut.
+
+TensorFlow's passes (run first, by :mod:`amp_rewrite.decide`) fix what safety requires:
+deny-list ops and the paths deny propagates along stay float32, and only ops on the four
+lists can change type.  Within those rules TensorFlow colours greedily.  Here the *free*
+vertices -- allow-list attributes (they may stay float32 where converting does not pay) and
+the infer/clear attributes connected to them that TensorFlow could also have painted -- are
+coloured to minimize the estimated time of the graph (:mod:`amp_rewrite.cost_model`): node
+costs in each precision plus one Cast per (tensor, direction), solved exactly as a minimum
+cut (:mod:`amp_rewrite.placement`).
+
+Vertices whose colour TensorFlow ties to others (TensorList clusters, loop back edges) keep
+the greedy decision, and existing Casts are re-matched after the cut.  This module mutates
+the painter it is given (its ``allow`` set and reasons) and nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from . import dtypes as dt
+from . import ir
+from .cost_model import DENSE_OPS, DeviceCosts, cast_cost, costs_for, node_cost
+from .placement import FREE, HIGH, LOW, PlacementProblem, objective, solve
+from .shape_inference import Shape
+from .type_attrs import TypeAttr
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .decide import _Painter
+
+__all__ = ["PlacementSummary", "place_optimally"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PlacementSummary:
+    """Estimated cost (microseconds) of the graph under three colourings, and what changed."""
+
+    float32_us: float
+    greedy_us: float
+    optimal_us: float
+    free_vertices: int
+    to_low: int  #: vertices the cut converts that the greedy passes left float32
+    to_high: int  #: vertices the greedy passes converted that the cut keeps float32
+    misaligned: dict[str, tuple[int, ...]]  #: allow-list nodes whose dims miss the multiple
+    #: The problem solved and its solution (for tests and tools; not in the report).
+    problem: PlacementProblem | None = field(default=None, repr=False, compare=False)
+    solution: tuple[bool, ...] = field(default=(), repr=False, compare=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "estimated_us": {"float32": round(self.float32_us, 1), "greedy": round(self.greedy_us, 1),
+                             "optimal": round(self.optimal_us, 1)},
+            "free_vertices": self.free_vertices,
+            "to_low": self.to_low,
+            "to_high": self.to_high,
+            "misaligned": {k: list(v) for k, v in sorted(self.misaligned.items())},
+        }
+
+
+def _tied_vertices(p: "_Painter", clusters: list[list[str]]) -> set[int]:
+    """Vertices TensorFlow forces to match others: TensorList elements and loop back edges."""
+    tied: set[int] = set()
+    for members in clusters:
+        for m in members:
+            v = p.tl_float(m)
+            if v is not None:
+                tied.add(v)
+    t_attr = TypeAttr("T", -1, 0)
+    for name in p.order:
+        if p.ops[name] == "NextIteration":
+            for x in [name] + [dst for dst, _, _ in ir.consumers(p.g, name, 0)]:
+                v = p.tg.index.get((x, t_attr))
+                if v is not None:
+                    tied.add(v)
+    return tied
+
+
+def _is_constant(p: "_Painter", name: str) -> bool:
+    """A ``Const``, possibly behind ``Identity`` nodes (frozen weights)."""
+    for _ in range(8):
+        op = p.ops[name]
+        if op == "Const":
+            return True
+        if op != "Identity" or not p.inputs[name]:
+            return False
+        name = p.inputs[name][0][0]
+    return False
+
+
+def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool) -> PlacementSummary:
+    """Replace the greedy colouring of ``p``'s free vertices by an optimal one.  Mutates ``p``."""
+    tg = p.tg
+    n = len(tg)
+    shapes: dict[str, tuple[Shape, ...]] = p.g.graph.get("shapes") or {}
+    cat = p.v_cat
+    greedy = set(p.allow)
+    tied = _tied_vertices(p, clusters)
+
+    def out_shape(src: str, port: int) -> Shape:
+        s = shapes.get(src)
+        return s[port] if s is not None and port < len(s) else None
+
+    # ---- which vertices are free
+    def eligible(v: int) -> bool:
+        if v in tied or v in p.deny or not p.v_proc[v] or not p.is_f32(v):
+            return False
+        name = tg.node[v]
+        if p.ops[name] == "Cast":
+            return False
+        if cat[v] == "allow":
+            return v in greedy
+        if cat[v] in ("infer", "clear"):
+            if v in p.kernel_missing or not p.supports(v):
+                return False
+            return not (cat[v] == "clear" and p.reads_ref_var(name))
+        return False
+
+    elig = [eligible(v) for v in range(n)]
+    # Infer/clear vertices are free only when connected (through eligible vertices) to an
+    # allow-list vertex: TensorFlow never converts an infer op that no allow op reaches, and
+    # neither do we.
+    free = [False] * n
+    for r in range(n):
+        if not elig[r] or cat[r] != "allow" or free[r]:
+            continue
+        free[r] = True
+        stack = [r]
+        while stack:
+            x = stack.pop()
+            for y in tg.fanin[x] + tg.fanout[x]:
+                if elig[y] and not free[y]:
+                    free[y] = True
+                    stack.append(y)
+    fixed = [FREE if free[v] else (LOW if v in greedy and p.is_f32(v) and v in tied else HIGH)
+             for v in range(n)]
+
+    # ---- unary costs: each node's time goes on its first free (or float) vertex
+    cost_high = [0.0] * n
+    cost_low = [0.0] * n
+    device_costs: dict[str, DeviceCosts] = {}
+    misaligned: dict[str, tuple[int, ...]] = {}
+
+    def costs_of(name: str) -> DeviceCosts:
+        device = p.g._node[name]["device"]
+        got = device_costs.get(device)
+        if got is None:
+            got = device_costs[device] = costs_for(p.target.place(device), p.precision)
+        return got
+
+    for name in p.order:
+        vs = tg.by_node[name]
+        carrier = next((v for v in vs if free[v]), None)
+        if carrier is None:
+            continue
+        ins = [out_shape(src, port) for src, port in p.inputs[name]]
+        outs = list(shapes.get(name, ()))
+        nc = node_cost(p.ops[name], ins, outs, 2, costs_of(name), shape_aware=shape_aware)
+        if p.ops[name] in DENSE_OPS:
+            cost_high[carrier] += nc.high
+            cost_low[carrier] += nc.low
+        else:
+            # Element-wise ops: a possible gain in low precision is not worth a Cast here
+            # (the planner minimizes Casts first, as TensorFlow's lists intend), but a loss
+            # -- low-precision kernels slower than float32 on the target -- counts.
+            cost_low[carrier] += max(0.0, nc.low - nc.high)
+        if nc.misaligned and cat[carrier] == "allow":
+            misaligned[name] = nc.misaligned
+
+    # ---- one hyperedge per float tensor: its producer vertex and consumer vertices
+    members: dict[tuple[str, int], list[int]] = {}
+    for name in p.order:
+        types = p.types[name]
+        for q, (src, sp) in enumerate(p.inputs[name]):
+            src_types = p.types.get(src)
+            if src_types is None or sp >= len(src_types.outputs) or q >= len(types.inputs):
+                continue
+            a = tg.index[(src, src_types.outputs[sp])]
+            if not p.is_f32(a):
+                continue
+            b = tg.index[(name, types.inputs[q])]
+            m = members.setdefault((src, sp), [a])
+            if b not in m:
+                m.append(b)
+    tensors = []
+    for (src, sp), ms in members.items():
+        if len(ms) < 2 or not any(free[m] for m in ms):
+            continue
+        # A Cast of a constant is folded by Grappler when the graph is loaded: it costs
+        # nothing per step (weights of frozen graphs; variables are read every step).
+        # It still costs a little, so that among equally fast colourings the cut prefers
+        # the one with fewer Cast nodes.
+        c = costs_of(src)
+        cost = 0.01 * c.op_overhead if _is_constant(p, src) else cast_cost(out_shape(src, sp), 2, c)
+        tensors.append((tuple(ms), cost))
+    problem = PlacementProblem(fixed, cost_high, cost_low, tensors)
+    low = solve(problem)
+
+    before = [v in greedy for v in range(n)]
+    all_high = [f == LOW for f in fixed]
+    summary_costs = (objective(problem, all_high), objective(problem, before), objective(problem, low))
+
+    # ---- apply: the cut decides float vertices; vertices already in low precision stay
+    to_low = to_high = 0
+    new_allow = {v for v in greedy if not p.is_f32(v)}
+    for v in range(n):
+        if not p.is_f32(v):
+            continue
+        if low[v]:
+            new_allow.add(v)
+            if v not in greedy:
+                to_low += 1
+                p.reason[v] = (f"{cat[v]} op placed in {p.precision} by the min-cut planner "
+                               "(fewer or cheaper Casts)")
+        elif v in greedy and fixed[v] == FREE:
+            to_high += 1
+            if cat[v] == "allow":
+                p.reason[v] = (
+                    f"{p.ops[tg.node[v]]} kept float32 by the cost model: converting does not pay "
+                    f"on {costs_of(tg.node[v]).name} (est. {cost_high[v] / 1e3:.1f} us in float32 vs "
+                    f"{cost_low[v] / 1e3:.1f} us plus Casts)"
+                )
+            else:
+                p.reason[v] = f"{cat[v]} op kept float32 by the min-cut planner (saves Casts)"
+    p.allow = new_allow
+    p.existing_casts()
+    summary = PlacementSummary(
+        summary_costs[0] / 1e3, summary_costs[1] / 1e3, summary_costs[2] / 1e3,
+        sum(free), to_low, to_high, misaligned, problem, tuple(low),
+    )
+    log.debug("optimal placement: %s", summary.as_dict())
+    for name, dims in sorted(misaligned.items()):
+        if p.ops[name] in DENSE_OPS:
+            log.debug("%s (%s): dimensions %s are not multiples of the preferred size",
+                      name, p.ops[name], dims)
+    return summary

@@ -1,0 +1,275 @@
+"""The optimal planner: exact min cut, normalization-aware safety, cost model, shape awareness.
+
+Unit and golden tests on tiny graphs; brute force over all colourings for optimality; the
+corpus cast counts against TensorFlow's own pass; numerics of the rewritten corpus graphs.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import amp_rewrite
+from amp_rewrite.cost_model import DEVICE_COSTS, alignment_efficiency, cast_cost, node_cost
+from amp_rewrite.graph_io import import_graph_def
+from amp_rewrite.normalization import find_normalizations
+from amp_rewrite.op_registry import default_registry
+from amp_rewrite.placement import FREE, HIGH, LOW, PlacementProblem, objective, solve
+from graphs import graph_def, run, v1
+
+GPU = DEVICE_COSTS["gpu-tensor-cores"]
+BF16_CPU = DEVICE_COSTS["cpu-avx512-bf16"]
+
+
+# ------------------------------------------------------------------ the solver is exact
+
+
+def _brute_force(problem: PlacementProblem) -> float:
+    free = [v for v, f in enumerate(problem.fixed) if f == FREE]
+    best = float("inf")
+    for bits in itertools.product((False, True), repeat=len(free)):
+        low = [f == LOW for f in problem.fixed]
+        for v, b in zip(free, bits):
+            low[v] = b
+        best = min(best, objective(problem, low))
+    return best
+
+
+@st.composite
+def problems(draw: st.DrawFn) -> PlacementProblem:
+    n = draw(st.integers(2, 9))
+    fixed = draw(st.lists(st.sampled_from([FREE, FREE, FREE, HIGH, LOW]), min_size=n, max_size=n))
+    cost = st.integers(0, 50).map(float)
+    high = draw(st.lists(cost, min_size=n, max_size=n))
+    low = draw(st.lists(cost, min_size=n, max_size=n))
+    tensors = draw(st.lists(
+        st.tuples(st.lists(st.integers(0, n - 1), min_size=2, max_size=min(4, n), unique=True).map(tuple),
+                  st.integers(1, 40).map(float)),
+        max_size=12))
+    return PlacementProblem(fixed, high, low, tensors)
+
+
+@settings(max_examples=300, deadline=None)
+@given(problems())
+def test_min_cut_equals_brute_force_on_random_problems(problem):
+    low = solve(problem)
+    for v, f in enumerate(problem.fixed):
+        if f != FREE:
+            assert low[v] == (f == LOW)
+    assert objective(problem, low) == pytest.approx(_brute_force(problem), abs=1e-6)
+
+
+def test_one_cast_serves_all_consumers():
+    # Producer 0 fixed low, three consumers: two fixed high (a Cast is paid anyway), one free.
+    problem = PlacementProblem([LOW, HIGH, HIGH, FREE], [0, 0, 0, 5.0], [0, 0, 0, 0.0],
+                               [((0, 1, 2, 3), 10.0)])
+    # The free consumer costs 5 in float32 and nothing in low, and the Cast exists anyway.
+    assert solve(problem) == [True, False, False, True]
+    assert objective(problem, [True, False, False, True]) == 10.0
+
+
+def _small_graphs():
+    """Small graphs where every colouring can be enumerated: chains and diamonds around
+    MatMuls, with clear and infer ops between them."""
+    def chain():
+        x = v1.placeholder(tf.float32, (64, 64), name="x")
+        w = tf.constant(np.ones((64, 64), np.float32), name="w")
+        a = tf.matmul(x, w, name="mm1")
+        b = tf.nn.relu(a, name="relu")
+        c = tf.add(b, x, name="add")
+        d = tf.matmul(c, w, name="mm2")
+        e = tf.tanh(d, name="tanh")
+        tf.identity(tf.add(e, b, name="add2"), name="out")
+
+    def diamond():
+        x = v1.placeholder(tf.float32, (128, 128), name="x")
+        w = tf.constant(np.ones((128, 128), np.float32), name="w")
+        a = tf.matmul(x, w, name="mm1")
+        l = tf.nn.relu(a, name="left")
+        r = tf.sigmoid(a, name="right")
+        s = tf.add(l, r, name="sum")
+        m = tf.matmul(s, w, name="mm2")
+        tf.identity(tf.nn.softmax(tf.add(m, s, name="add")), name="out")
+
+    return {"chain": graph_def(chain), "diamond": graph_def(diamond)}
+
+
+@pytest.mark.parametrize("name", ["chain", "diamond"])
+@pytest.mark.parametrize("target", ["gpu:8.0", "cpu"])
+def test_min_cut_is_optimal_on_small_graphs_by_brute_force(name, target):
+    gd = _small_graphs()[name]
+    res = amp_rewrite.rewrite_graph_def(gd, target=target, lists="optimal", use_env=False,
+                                        precision="float16" if target != "cpu" else "bfloat16")
+    summary = res.plans[""].placement
+    problem = summary.problem
+    free = sum(1 for f in problem.fixed if f == FREE)
+    assert 2 <= free <= 16, free
+    assert objective(problem, summary.solution) == pytest.approx(_brute_force(problem))
+    # ... and no worse than TensorFlow's greedy colouring or float32, on the same model.
+    assert summary.optimal_us <= summary.greedy_us + 1e-9
+    assert summary.optimal_us <= summary.float32_us + 1e-9
+
+
+# ------------------------------------------------------------------ cost model
+
+
+def test_cost_model_big_matmul_pays_small_one_does_not_on_gpu():
+    big = node_cost("MatMul", [(1024, 1024), (1024, 1024)], [(1024, 1024)], 2, GPU)
+    small = node_cost("MatMul", [(2, 16), (16, 8)], [(2, 8)], 2, GPU)
+    casts = 3 * cast_cost((1024, 1024), 2, GPU)
+    assert big.high - big.low > casts
+    assert small.high - small.low < 3 * cast_cost((2, 16), 2, GPU)
+
+
+def test_depthwise_gains_nothing_on_a_cpu_without_amx():
+    dw = node_cost("DepthwiseConv2dNative", [(8, 32, 32, 64), (3, 3, 64, 1)], [(8, 32, 32, 64)], 2, BF16_CPU)
+    conv = node_cost("Conv2D", [(8, 32, 32, 64), (3, 3, 64, 64)], [(8, 32, 32, 64)], 2, BF16_CPU)
+    assert dw.low >= dw.high * 0.45  # memory halves at best; no math speed-up
+    assert conv.high / conv.low > 1.3
+
+
+def test_misaligned_dims_are_reported_and_cost_more():
+    aligned = node_cost("MatMul", [(256, 256), (256, 256)], [(256, 256)], 2, GPU)
+    odd = node_cost("MatMul", [(256, 250), (250, 256)], [(256, 256)], 2, GPU)
+    assert aligned.misaligned == () and odd.misaligned == (250,)
+    assert odd.low / odd.flops > aligned.low / aligned.flops
+    assert alignment_efficiency((16, 32), 16) == 1.0 and alignment_efficiency((17,), 16) == pytest.approx(17 / 32)
+
+
+def test_small_matmul_surrounded_by_casts_stays_float32_with_the_reason():
+    def build():
+        x = v1.placeholder(tf.float32, (2, 4), name="x")
+        w = v1.placeholder(tf.float32, (4, 4), name="w")
+        tf.identity(tf.matmul(x, w, name="mm"), name="out")
+
+    gd = graph_def(build)
+    greedy = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", use_env=False)
+    optimal = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", lists="optimal", use_env=False)
+    assert greedy.report["nodes"]["mm"]["color"] == "allow"
+    node = optimal.report["nodes"]["mm"]
+    assert node["dtype"] == "float32" and "cost model" in node["reason"]
+    assert optimal.report["casts_to_low"] + optimal.report["casts_to_high"] == 0
+    assert optimal.report["placement"]["estimated_us"]["optimal"] <= optimal.report["placement"]["estimated_us"]["greedy"]
+
+
+def test_large_matmul_converts_and_planner_option_overrides_profile():
+    def build():
+        x = v1.placeholder(tf.float32, (512, 512), name="x")
+        w = v1.placeholder(tf.float32, (512, 512), name="w")
+        tf.identity(tf.matmul(tf.nn.relu(x), w, name="mm"), name="out")
+
+    gd = graph_def(build)
+    optimal = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", lists="optimal", use_env=False)
+    assert optimal.report["nodes"]["mm"]["dtype"] == "float16"
+    greedy = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", lists="optimal", planner="greedy",
+                                           use_env=False)
+    assert "placement" not in greedy.report
+    with pytest.raises(amp_rewrite.AmpRewriteError, match="planner"):
+        amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", planner="fast", use_env=False)
+
+
+# ------------------------------------------------------------------ normalization
+
+
+def _batch_norm_graph(training: bool = True):
+    """Conv -> moments-based batch norm (as Keras 3 emits it) -> ReLU -> residual add -> conv."""
+    def build():
+        x = v1.placeholder(tf.float32, (16, 32, 32, 64), name="x")
+        k = tf.constant(np.random.RandomState(0).standard_normal((3, 3, 64, 64)).astype(np.float32) * 0.05)
+        gamma = tf.constant(np.ones(64, np.float32), name="gamma")
+        beta = tf.constant(np.zeros(64, np.float32), name="beta")
+        c = tf.nn.conv2d(x, k, 1, "SAME", name="conv1")
+        mean, var = tf.nn.moments(c, axes=[0, 1, 2], keepdims=False, name="moments")
+        inv = tf.math.rsqrt(var + 1e-3, name="rsqrt") * gamma
+        y = tf.add(c * inv, beta - mean * inv, name="bn_out")
+        r = tf.nn.relu(y, name="relu")
+        s = tf.add(r, x, name="residual")
+        tf.identity(tf.nn.conv2d(s, k, 1, "SAME", name="conv2"), name="out")
+
+    return graph_def(build)
+
+
+def test_moments_normalization_is_recognized():
+    gd = _batch_norm_graph()
+    g = import_graph_def(gd, default_registry()).graph
+    info = find_normalizations(g)
+    assert len(info.norms) == 1
+    assert info.norms[0].source == "conv1"
+    assert "mul_1" in info.apply and "bn_out" in info.apply  # c * inv, and + offset
+    assert "mul" in info.stats  # rsqrt(var + eps) * gamma is a statistic
+    assert "moments/mean" in info.stats and "rsqrt" in info.stats
+
+
+def test_normalized_activation_runs_low_while_statistics_stay_float32():
+    gd = _batch_norm_graph()
+    greedy = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", use_env=False)
+    optimal = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", lists="optimal", use_env=False)
+    g_nodes, o_nodes = greedy.report["nodes"], optimal.report["nodes"]
+    # TensorFlow's rules: the deny-listed Mean poisons the apply ops, the ReLU and the add.
+    for name in ("bn_out", "relu", "residual"):
+        assert g_nodes[name]["dtype"] == "float32", name
+        assert o_nodes[name]["dtype"] == "float16", name
+    for name in ("moments/mean", "moments/variance", "rsqrt"):
+        assert o_nodes[name]["dtype"] == "float32", name
+    assert "normalization-aware" in o_nodes["bn_out"]["reason"]
+    assert "bn_out" in optimal.report["normalized"]
+    casts = lambda r: r.report["casts_to_low"] + r.report["casts_to_high"]  # noqa: E731
+    assert casts(optimal) < casts(greedy)
+    # And it computes the same thing.
+    x = np.random.RandomState(1).standard_normal((16, 32, 32, 64)).astype(np.float32)
+    (ref,) = run(gd, {"x:0": x}, ["out:0"])
+    (got,) = run(optimal.graph_def, {"x:0": x}, ["out:0"])
+    assert np.max(np.abs(got - ref)) / np.max(np.abs(ref)) < 2e-2
+
+
+def test_normalization_does_not_unblock_a_deny_on_the_data_path():
+    def build():
+        x = v1.placeholder(tf.float32, (8, 64), name="x")
+        w = tf.constant(np.ones((64, 64), np.float32) * 0.01)
+        e = tf.exp(tf.matmul(x, w), name="exp")  # deny: its output may overflow float16
+        mean, var = tf.nn.moments(e, axes=[1], keepdims=True)
+        y = tf.multiply(e - mean, tf.math.rsqrt(var + 1e-3), name="normed")
+        tf.identity(tf.matmul(y, w, name="mm2"), name="out")
+
+    optimal = amp_rewrite.rewrite_graph_def(graph_def(build), target="gpu:8.0", lists="optimal",
+                                            use_env=False)
+    nodes = optimal.report["nodes"]
+    assert nodes["exp"]["dtype"] == "float32"
+    assert nodes["normed"]["color"] == "deny" and nodes["normed"]["dtype"] == "float32"
+
+
+# ------------------------------------------------------------------ properties of the planner
+
+
+def test_optimal_rewrite_is_deterministic_and_idempotent():
+    from amp_rewrite.testing import check_deterministic, check_idempotent
+
+    gd = _batch_norm_graph()
+    res = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", lists="optimal", use_env=False)
+    check_deterministic(gd, res.graph_def, res.report, hash_seeds=(0, 7), target="gpu:8.0",
+                        lists="optimal", use_env=False)
+    check_idempotent(gd, res.graph_def, res.report, target="gpu:8.0", lists="optimal", use_env=False)
+
+
+def test_optimal_profile_from_the_command_line(tmp_path):
+    from amp_rewrite.cli import main
+
+    src = tmp_path / "g.pb"
+    src.write_bytes(_batch_norm_graph().SerializeToString())
+    out = tmp_path / "o.pb"
+    report = tmp_path / "r.json"
+    assert main(["rewrite", str(src), str(out), "--target", "gpu:8.0", "--lists", "optimal",
+                 "--report", str(report), "-q"]) == 0
+    import json
+
+    data = json.loads(report.read_text())
+    (graph,) = data["graphs"]
+    assert data["lists"] == "optimal" and "placement" in graph and graph["normalized"]
+    assert main(["rewrite", str(src), str(tmp_path / "g2.pb"), "--target", "gpu:8.0", "--lists",
+                 "optimal", "--planner", "greedy", "--report", str(tmp_path / "r2.json"), "-q"]) == 0
+    assert "placement" not in json.loads((tmp_path / "r2.json").read_text())["graphs"][0]
