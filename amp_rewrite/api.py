@@ -227,7 +227,7 @@ def rewrite_graph_def(
     tensorflow_bugs: bool = False,
     use_env: bool = True,
     registry: OpRegistry | None = None,
-    planner: Literal["greedy", "optimal"] | None = None,
+    planner: Literal["greedy", "optimal", "min-casts"] | None = None,
 ) -> RewriteResult:
     """Rewrite a GraphDef (and its function library) to mixed precision.
 
@@ -263,9 +263,10 @@ def rewrite_graph_def(
     use_env
         Honour TensorFlow's ``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_*`` variables.
     planner
-        ``"greedy"`` (TensorFlow's passes) or ``"optimal"`` (cost-aware minimum cut with
-        normalization-aware safety); ``None`` takes the list profile's (``lists="optimal"``
-        selects the optimal planner).
+        ``"greedy"`` (TensorFlow's passes), ``"optimal"`` (cost-aware minimum cut with
+        normalization-aware safety) or ``"min-casts"`` (the same cut and safety, but every
+        allow-list op converts and only Cast bytes are minimized); ``None`` takes the list
+        profile's (``lists="optimal"`` selects the optimal planner).
 
     Returns
     -------
@@ -325,7 +326,7 @@ def _rewrite_graph_def(
     chosen_planner = planner if planner is not None else op_lists.planner
     if chosen_planner not in PLANNERS:
         raise AmpRewriteError(f"planner must be one of {', '.join(PLANNERS)}, not {chosen_planner!r}")
-    optimal = chosen_planner == "optimal"
+    optimal = chosen_planner != "greedy"
     if functions not in ("all", "reachable"):
         raise AmpRewriteError(f"functions must be 'all' or 'reachable', not {functions!r}")
     clock = time.perf_counter
@@ -361,7 +362,7 @@ def _rewrite_graph_def(
         preserve |= {n for n in g.nodes if exclude_re.search(n)}
 
     options = DecideOptions(force_all=lvl == "UNSAFE_FORCE_ALL", preserve=frozenset(preserve),
-                            tensorflow_bugs=tensorflow_bugs, planner="optimal" if optimal else "greedy",
+                            tensorflow_bugs=tensorflow_bugs, planner=chosen_planner,  # type: ignore[arg-type]
                             normalization_aware=optimal)
     plans: dict[str, Plan] = {}
     stats: dict[str, RewriteStats] = {}

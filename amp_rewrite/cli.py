@@ -41,9 +41,10 @@ def _add_list_options(p: argparse.ArgumentParser, *, precision_default: str = "f
                    help=f"low-precision type (default: {precision_default})")
     p.add_argument("--lists", default="default", help="default, optimal, tensorflow, or a list FILE (.toml)")
     p.add_argument("--lists-file", help="a list file layered on top of --lists")
-    p.add_argument("--planner", choices=("greedy", "optimal"),
-                   help="greedy (TensorFlow's passes) or optimal (cost-aware min cut, "
-                        "normalization-aware); default: the --lists profile's")
+    p.add_argument("--planner", choices=("greedy", "optimal", "min-casts"),
+                   help="greedy (TensorFlow's passes), optimal (cost-aware min cut, "
+                        "normalization-aware) or min-casts (every allow op converts, Cast bytes "
+                        "minimized); default: the --lists profile's")
     p.add_argument("--level", help="DEFAULT, TENSOR_CORES_ONLY, TREAT_INFER_AS_DENY, UNSAFE_FORCE_ALL")
     for cat in _CATEGORIES:
         p.add_argument(f"--{cat}", action="append", default=[], metavar="OP[,OP]",

@@ -157,8 +157,10 @@ class DecideOptions:
     #: even where its output cannot run.
     tensorflow_bugs: bool = False
     #: ``"greedy"``: TensorFlow's passes.  ``"optimal"``: then re-colour the free vertices
-    #: with the cost-aware minimum cut (:mod:`amp_rewrite.optimal`).
-    planner: Literal["greedy", "optimal"] = "greedy"
+    #: with the cost-aware minimum cut (:mod:`amp_rewrite.optimal`).  ``"min-casts"``: the
+    #: same cut, but every allow-list op converts (as in TensorFlow) and only the bytes moved
+    #: by Casts are minimized.
+    planner: Literal["greedy", "optimal", "min-casts"] = "greedy"
     #: Stop deny propagation at the apply ops of moment-based normalizations
     #: (:mod:`amp_rewrite.normalization`).
     normalization_aware: bool = False
@@ -696,10 +698,11 @@ class _Painter:
         self.tensor_list_match(clusters)
         self.recurrent_match()
         self.existing_casts()
-        if self.options.planner == "optimal" and not self.options.force_all:
+        if self.options.planner in ("optimal", "min-casts") and not self.options.force_all:
             from .optimal import place_optimally  # deferred: imports the cost model
 
-            self.placement = place_optimally(self, clusters, self.options.shape_aware)
+            self.placement = place_optimally(self, clusters, self.options.shape_aware,
+                                             goal=self.options.planner)
 
     def _normalization_blocks(self) -> set[tuple[int, int]]:
         """(statistic vertex, apply vertex) pairs along which deny must not propagate."""

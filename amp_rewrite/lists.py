@@ -136,7 +136,7 @@ _SCHEMA_VERSION = 1
 _TOP_KEYS = frozenset({"schema_version", "name", "description", "source", "extends", "planner", *PRECISIONS})
 #: Values of the top-level ``planner`` key: TensorFlow's greedy passes, or the cost-aware
 #: minimum cut with normalization-aware safety (``amp_rewrite.optimal``).
-PLANNERS = ("greedy", "optimal")
+PLANNERS = ("greedy", "optimal", "min-casts")
 _SECTION_KEYS = frozenset({*CATEGORIES, "remove"})
 _ENTRY_KEYS = frozenset({"reason", "min_cuda", "min_cudnn", "backends", "registered"})
 # TensorFlow op names: a capital letter (or "_" for internal ops) then letters, digits, "_", ">".

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from . import dtypes as dt
 from . import ir
-from .cost_model import DENSE_OPS, DeviceCosts, cast_cost, costs_for, node_cost
+from .cost_model import DENSE_OPS, UNKNOWN_DIM, UNKNOWN_TENSOR, DeviceCosts, cast_cost, costs_for, node_cost
 from .placement import FREE, HIGH, LOW, PlacementProblem, objective, solve
-from .shape_inference import Shape
+from .shape_inference import Shape, numel
 from .type_attrs import TypeAttr
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -49,12 +49,20 @@ class PlacementSummary:
     #: The problem solved and its solution (for tests and tools; not in the report).
     problem: PlacementProblem | None = field(default=None, repr=False, compare=False)
     solution: tuple[bool, ...] = field(default=(), repr=False, compare=False)
+    objective: str = "optimal"
+    #: The time-optimal cut would have added Casts or Cast bytes over the greedy colouring,
+    #: so the fastest colouring that does not was taken instead (see ``_guard``).
+    guarded: bool = False
 
     def as_dict(self) -> dict[str, Any]:
+        # Under "min-casts" the three figures are kilobytes moved by Casts, not microseconds.
+        key = "estimated_cast_kb" if self.objective == "min-casts" else "estimated_us"
         return {
-            "estimated_us": {"float32": round(self.float32_us, 1), "greedy": round(self.greedy_us, 1),
-                             "optimal": round(self.optimal_us, 1)},
+            "objective": self.objective,
+            key: {"float32": round(self.float32_us, 1), "greedy": round(self.greedy_us, 1),
+                  "optimal": round(self.optimal_us, 1)},
             "free_vertices": self.free_vertices,
+            "guarded": self.guarded,
             "to_low": self.to_low,
             "to_high": self.to_high,
             "misaligned": {k: list(v) for k, v in sorted(self.misaligned.items())},
@@ -79,6 +87,44 @@ def _tied_vertices(p: "_Painter", clusters: list[list[str]]) -> set[int]:
     return tied
 
 
+def _cast_metrics(problem: PlacementProblem, low: list[bool], cast_bytes: list[float]) -> tuple[int, float]:
+    """(Casts, bytes moved by Casts) of a colouring, over the problem's tensors."""
+    count, total = 0, 0.0
+    for (members, _), nbytes in zip(problem.tensors, cast_bytes):
+        if len({low[m] for m in members}) > 1:
+            count += 1
+            total += nbytes
+    return count, total
+
+
+def _guard(problem: PlacementProblem, low: list[bool], greedy: list[bool], cast_bytes: list[float],
+           fixed: list[int], cat: list[str | None]) -> list[bool]:
+    """Never more Casts, nor more bytes through them, than the greedy colouring.
+
+    The time-optimal cut trusts the cost model; where it would add Casts or Cast traffic
+    (the model's estimate of a tensor or a kernel can be wrong), take instead the fastest
+    of the colourings that do not: the cut that minimizes Cast bytes with every allow-list
+    op converted, or the greedy colouring itself.  Pure.
+    """
+    limit = _cast_metrics(problem, greedy, cast_bytes)
+
+    def ok(sol: list[bool]) -> bool:
+        count, nbytes = _cast_metrics(problem, sol, cast_bytes)
+        return count <= limit[0] and nbytes <= limit[1] + 1e-6
+
+    if ok(low):
+        return low
+    bytes_fixed = [LOW if f == FREE and cat[v] == "allow" else f for v, f in enumerate(fixed)]
+    by_bytes = solve(PlacementProblem(bytes_fixed, [0.0] * len(fixed), [0.0] * len(fixed),
+                                      [(m, 1.0 + b) for (m, _), b in zip(problem.tensors, cast_bytes)]))
+    candidates = [sol for sol in (by_bytes,) if ok(sol)] + [greedy]
+    return min(candidates, key=lambda sol: objective(problem, sol))
+
+
+def _elements(shape: Shape) -> int:
+    return UNKNOWN_TENSOR if shape is None else numel(shape, UNKNOWN_DIM)
+
+
 def _is_constant(p: "_Painter", name: str) -> bool:
     """A ``Const``, possibly behind ``Identity`` nodes (frozen weights)."""
     for _ in range(8):
@@ -91,8 +137,16 @@ def _is_constant(p: "_Painter", name: str) -> bool:
     return False
 
 
-def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool) -> PlacementSummary:
-    """Replace the greedy colouring of ``p``'s free vertices by an optimal one.  Mutates ``p``."""
+def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
+                    goal: str = "optimal") -> PlacementSummary:
+    """Replace the greedy colouring of ``p``'s free vertices by an optimal one.  Mutates ``p``.
+
+    ``goal="optimal"`` minimizes the estimated time (allow-list ops may stay float32
+    where converting loses); ``"min-casts"`` ties allow-list ops to low precision, as
+    TensorFlow does, and minimizes the bytes moved by Casts (plus one byte per Cast, so that
+    fewer Casts win a tie).
+    """
+    min_casts = goal == "min-casts"
     tg = p.tg
     n = len(tg)
     shapes: dict[str, tuple[Shape, ...]] = p.g.graph.get("shapes") or {}
@@ -135,8 +189,14 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool)
                 if elig[y] and not free[y]:
                     free[y] = True
                     stack.append(y)
-    fixed = [FREE if free[v] else (LOW if v in greedy and p.is_f32(v) and v in tied else HIGH)
-             for v in range(n)]
+    # Vertices the cut does not decide keep the greedy colour (TensorList clusters, loop back
+    # edges, and whatever the passes painted outside the free set), except existing Casts,
+    # which are matched to their consumers again afterwards.
+    fixed = [FREE if free[v] else (
+        LOW if v in greedy and p.is_f32(v) and p.ops[tg.node[v]] != "Cast" else HIGH)
+        for v in range(n)]
+    if min_casts:
+        fixed = [LOW if f == FREE and cat[v] == "allow" else f for v, f in enumerate(fixed)]
 
     # ---- unary costs: each node's time goes on its first free (or float) vertex
     cost_high = [0.0] * n
@@ -154,7 +214,7 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool)
     for name in p.order:
         vs = tg.by_node[name]
         carrier = next((v for v in vs if free[v]), None)
-        if carrier is None:
+        if carrier is None or min_casts:
             continue
         ins = [out_shape(src, port) for src, port in p.inputs[name]]
         outs = list(shapes.get(name, ()))
@@ -186,20 +246,34 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool)
             if b not in m:
                 m.append(b)
     tensors = []
+    cast_bytes = []  # per tensor: bytes a Cast of it moves (read + write), for the guard
     for (src, sp), ms in members.items():
         if len(ms) < 2 or not any(free[m] for m in ms):
             continue
-        # A Cast of a constant is folded by Grappler when the graph is loaded: it costs
-        # nothing per step (weights of frozen graphs; variables are read every step).
-        # It still costs a little, so that among equally fast colourings the cut prefers
-        # the one with fewer Cast nodes.
         c = costs_of(src)
-        cost = 0.01 * c.op_overhead if _is_constant(p, src) else cast_cost(out_shape(src, sp), 2, c)
+        nbytes = 6.0 * _elements(out_shape(src, sp))
+        cast_bytes.append(nbytes)
+        if min_casts:
+            # Bytes, plus one per Cast so that fewer Casts win a tie.
+            cost = 1.0 + nbytes
+        elif _is_constant(p, src):
+            # A Cast of a constant is folded by Grappler when the graph is loaded: it costs
+            # nothing per step (weights of frozen graphs; variables are read every step).
+            # It still costs a little, so that among equally fast colourings the cut prefers
+            # the one with fewer Cast nodes.
+            cost = 0.01 * c.op_overhead
+        else:
+            cost = cast_cost(out_shape(src, sp), 2, c)
         tensors.append((tuple(ms), cost))
     problem = PlacementProblem(fixed, cost_high, cost_low, tensors)
     low = solve(problem)
-
     before = [v in greedy for v in range(n)]
+    guarded = False
+    if not min_casts:
+        guarded_low = _guard(problem, low, before, cast_bytes, fixed, cat)
+        guarded = guarded_low is not low
+        low = guarded_low
+
     all_high = [f == LOW for f in fixed]
     summary_costs = (objective(problem, all_high), objective(problem, before), objective(problem, low))
 
@@ -229,7 +303,7 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool)
     p.existing_casts()
     summary = PlacementSummary(
         summary_costs[0] / 1e3, summary_costs[1] / 1e3, summary_costs[2] / 1e3,
-        sum(free), to_low, to_high, misaligned, problem, tuple(low),
+        sum(free), to_low, to_high, misaligned, problem, tuple(low), goal, guarded,
     )
     log.debug("optimal placement: %s", summary.as_dict())
     for name, dims in sorted(misaligned.items()):

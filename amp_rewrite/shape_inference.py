@@ -45,6 +45,48 @@ def _attr_shapes(node_defs: Any) -> dict[str, tuple[Shape, ...]]:
     return out
 
 
+#: Ops whose data outputs have the shape of their (first known) data input.  TensorFlow
+#: leaves the loop variables of a lowered ``while_loop`` without a shape (the back edge is
+#: unknown when Merge is built); for the cost model, the shape entering the loop is the
+#: best estimate.
+_FORWARDING = frozenset({"Enter", "Exit", "Merge", "Switch", "NextIteration", "Identity",
+                         "RefEnter", "RefExit", "RefMerge", "RefSwitch", "RefNextIteration"})
+
+
+def _known(shape: Shape) -> bool:
+    return shape is not None and all(d is not None for d in shape)
+
+
+def _forward_loop_shapes(node_defs: Any, shapes: dict[str, tuple[Shape, ...]]) -> dict[str, tuple[Shape, ...]]:
+    """Fill unknown shapes of loop plumbing from their inputs.  Returns ``shapes``, updated."""
+    forwarding = [nd for nd in node_defs if nd.op in _FORWARDING]
+    for _ in range(8):  # nested loops need a few rounds; each round only adds knowledge
+        changed = False
+        for nd in forwarding:
+            outs = shapes.get(nd.name)
+            if not outs or _known(outs[0]):
+                continue
+            for text in nd.input:
+                if text.startswith("^"):
+                    continue
+                name, _, port = text.partition(":")
+                src = shapes.get(name)
+                idx = int(port) if port.isdigit() else 0
+                if src and idx < len(src) and _known(src[idx]):
+                    n_out = 2 if nd.op.endswith("Switch") or nd.op.endswith("Merge") else len(outs)
+                    new = list(outs)
+                    for i in range(min(n_out, len(new))):
+                        if nd.op.endswith("Merge") and i == 1:
+                            continue  # value_index is a scalar int
+                        new[i] = src[idx]
+                    shapes[nd.name] = tuple(new)
+                    changed = True
+                    break
+        if not changed:
+            break
+    return shapes
+
+
 def graph_shapes(graph_def: Any) -> dict[str, tuple[Shape, ...]]:
     """Static output shapes of every node of ``graph_def``'s main graph.  Pure.
 
@@ -57,10 +99,11 @@ def graph_shapes(graph_def: Any) -> dict[str, tuple[Shape, ...]]:
         scratch = tf.Graph()
         with scratch.as_default():
             tf.graph_util.import_graph_def(graph_def, name="")
-        return {
+        shapes = {
             op.name: tuple(_from_tensor_shape(t.shape) for t in op.outputs)
             for op in scratch.get_operations()
         }
+        return _forward_loop_shapes(graph_def.node, shapes)
     except Exception as exc:  # noqa: BLE001 - any failure only means "shapes unknown"
         log.info("static shapes unavailable (TensorFlow cannot import the graph: %s); "
                  "using _output_shapes attributes where present", str(exc).splitlines()[0][:200])

@@ -20,6 +20,7 @@ from amp_rewrite.graph_io import import_graph_def
 from amp_rewrite.normalization import find_normalizations
 from amp_rewrite.op_registry import default_registry
 from amp_rewrite.placement import FREE, HIGH, LOW, PlacementProblem, objective, solve
+from amp_rewrite.testing import MULTI_DEVICES, check_allow_deny, graphs_with_options
 from graphs import graph_def, run, v1
 
 GPU = DEVICE_COSTS["gpu-tensor-cores"]
@@ -273,3 +274,20 @@ def test_optimal_profile_from_the_command_line(tmp_path):
     assert main(["rewrite", str(src), str(tmp_path / "g2.pb"), "--target", "gpu:8.0", "--lists",
                  "optimal", "--planner", "greedy", "--report", str(tmp_path / "r2.json"), "-q"]) == 0
     assert "placement" not in json.loads((tmp_path / "r2.json").read_text())["graphs"][0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(graphs_with_options(lists=("tensorflow", "default"), planners=("min-casts",),
+                           devices=MULTI_DEVICES, while_loops=True, functions=True))
+def test_min_casts_planner_is_optimal_and_beats_greedy_on_drawn_graphs(drawn):
+    case, options = drawn
+    res = amp_rewrite.rewrite_graph_def(case.graph_def, **options)
+    for plan in res.plans.values():
+        summary = plan.placement
+        if summary is None:
+            continue
+        assert summary.optimal_us <= summary.greedy_us + 1e-9
+        problem = summary.problem
+        if sum(1 for f in problem.fixed if f == FREE) <= 12:
+            assert objective(problem, summary.solution) == pytest.approx(_brute_force(problem))
+    check_allow_deny(case.graph_def, res.graph_def, res.report, **options)

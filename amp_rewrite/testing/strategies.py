@@ -876,12 +876,15 @@ def graphs(
     return _draw()
 
 
-def graphs_with_options(*, lists: Sequence[str] = ("default", "tensorflow"), cpu: bool = True,
+def graphs_with_options(*, lists: Sequence[str] = ("default", "tensorflow", "optimal"), cpu: bool = True,
+                        planners: Sequence[str | None] = (None, None, "min-casts"),
                         **graph_options: Any) -> st.SearchStrategy[tuple[GraphCase, dict[str, Any]]]:
     """Draw ``(case, options)``: a :class:`GraphCase` and keyword arguments for
     ``rewrite_graph_def`` (target: the case's GPU target or, when ``cpu``, sometimes ``"cpu"``;
     precision; one of ``lists``; fetches: the case's outputs, or ``None`` which means the
-    same; ``use_env=False``)."""
+    same; ``use_env=False``; and sometimes one of ``planners`` -- ``None`` leaves the
+    profile's planner, ``"min-casts"`` exercises the min cut on the small drawn graphs, where
+    the time-based ``optimal`` planner rightly keeps almost everything float32)."""
 
     @st.composite
     def _draw(draw: Any) -> tuple[GraphCase, dict[str, Any]]:
@@ -893,6 +896,9 @@ def graphs_with_options(*, lists: Sequence[str] = ("default", "tensorflow"), cpu
             "fetches": None if draw(st.booleans()) else list(case.fetches),
             "use_env": False,
         }
+        planner = draw(st.sampled_from(list(planners)))
+        if planner is not None:
+            options["planner"] = planner
         return case, options
 
     return _draw()
