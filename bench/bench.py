@@ -267,25 +267,41 @@ def bench_item(name: str, repeats: int, iters: int) -> dict[str, Any]:
     res["stages_s"] = {k: median([s[k] for s in stages]) for k in stages[0]}
 
     default = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", fetches=fetches, use_env=False)
+    optimal = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", fetches=fetches, use_env=False,
+                                            lists="optimal")
     res["quality_fp16"] = {
         "tensorflow": quality(gd, ref_gd, HALF),
         "ours_tensorflow_lists": quality(gd, ours.graph_def, HALF),
         "ours_default": quality(gd, default.graph_def, HALF),
+        "ours_optimal": quality(gd, optimal.graph_def, HALF),
+    }
+    placement = optimal.plans[""].placement
+    res["optimal_fp16"] = {
+        "placement": placement.as_dict() if placement is not None else None,
+        "normalized": len(optimal.report.get("normalized", {})),
     }
 
     # This CPU: bfloat16 (TF's oneDNN bfloat16 mode vs target="cpu").
     tf_bf16 = tf_amp_rewrite(gd, fetches, mode="bf16")
     ours_bf16 = amp_rewrite.rewrite_graph_def(gd, target="cpu", precision="bfloat16", fetches=fetches,
                                               use_env=False).graph_def
-    res["quality_bf16"] = {"tensorflow": quality(gd, tf_bf16, BF16), "ours_default": quality(gd, ours_bf16, BF16)}
+    # The optimal planner's cost model is per device class: for the speed on *this* machine it
+    # must plan for this CPU (target="auto"); "cpu" means "a CPU with AMX".
+    opt_target = "auto" if amp_rewrite.resolve_target("auto").skip_reason("bfloat16") is None else "cpu"
+    ours_opt_bf16 = amp_rewrite.rewrite_graph_def(gd, target=opt_target, precision="bfloat16",
+                                                  fetches=fetches, use_env=False, lists="optimal").graph_def
+    res["quality_bf16"] = {"tensorflow": quality(gd, tf_bf16, BF16), "ours_default": quality(gd, ours_bf16, BF16),
+                           "ours_optimal": quality(gd, ours_opt_bf16, BF16)}
     force = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", fetches=fetches, use_env=False,
                                           lists="tensorflow", level="UNSAFE_FORCE_ALL").graph_def
     variants = {
         "float32": gd,
         "tf_bf16": tf_bf16,
         "ours_bf16": ours_bf16,
+        "ours_opt_bf16": ours_opt_bf16,
         "tf_fp16": ref_gd,
         "ours_fp16": default.graph_def,
+        "ours_opt_fp16": optimal.graph_def,
         "force_all_fp16": force,
     }
     res["step_s"] = interleaved_step_times(variants, item, repeats, iters)

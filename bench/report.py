@@ -37,6 +37,36 @@ def _goal_lines(results: dict[str, Any]) -> list[str]:
                  and g["rel_error"]["ours_fp16"] > g["rel_error"]["tf_fp16"] * 1.01 + 1e-6]
         lines.append("- **Relative output error no worse than TensorFlow's rewrite** (float16): "
                      + ("met." if not worse else "NOT met for " + ", ".join(worse) + "."))
+    if graphs and all("ours_optimal" in g["quality_fp16"] for g in graphs):
+        more = [g["name"] for g in graphs
+                if g["quality_fp16"]["ours_optimal"]["casts"] > g["quality_fp16"]["tensorflow"]["casts"]
+                or g["quality_fp16"]["ours_optimal"]["cast_bytes"] > g["quality_fp16"]["tensorflow"]["cast_bytes"]]
+        lines.append("- **[issue 7] Optimal planner: Cast count and Cast bytes no larger than TensorFlow's on every "
+                     "corpus graph** (float16, GPU 8.0): " + ("met." if not more else "NOT met for " + ", ".join(more) + "."))
+        for g in graphs:
+            if g["name"] == "resnet50/training":
+                t, o = g["quality_fp16"]["tensorflow"]["casts"], g["quality_fp16"]["ours_optimal"]["casts"]
+                cut = 1 - o / t if t else 0.0
+                lines.append(f"- **[issue 7] At least 30% fewer Casts on the Keras 3 ResNet50 training step:** "
+                             f"{t} -> {o} ({cut:.0%} fewer) -> {'met' if cut >= 0.3 else 'NOT met'}.")
+        slow_tf = [g["name"] for g in graphs if g["step_s"].get("ours_opt_bf16") and g["step_s"].get("tf_bf16")
+                   and g["step_s"]["ours_opt_bf16"] > g["step_s"]["tf_bf16"] * 1.05]
+        slow_32 = [g["name"] for g in graphs if g["step_s"].get("ours_opt_bf16") and g["step_s"].get("float32")
+                   and g["step_s"]["ours_opt_bf16"] > g["step_s"]["float32"] * 1.05]
+        lines.append("- **[issue 7] Optimal planner at least as fast as TensorFlow's rewrite and not slower than "
+                     "float32** (bfloat16 on this CPU, 5% noise margin): "
+                     + ("met." if not (slow_tf or slow_32) else
+                        "NOT met: " + "; ".join(x for x in (
+                            ("slower than TF for " + ", ".join(slow_tf)) if slow_tf else "",
+                            ("slower than float32 for " + ", ".join(slow_32)) if slow_32 else "") if x) + "."))
+        worse = []
+        for g in graphs:
+            e = g.get("rel_error") or {}
+            for ours_k, tf_k in (("ours_opt_bf16", "tf_bf16"), ("ours_opt_fp16", "tf_fp16")):
+                if e.get(ours_k) is not None and e.get(tf_k) is not None and e[ours_k] > e[tf_k] * 1.01 + 1e-6:
+                    worse.append(f"{g['name']} ({ours_k[9:]})")
+        lines.append("- **[issue 7] Optimal planner's output error no worse than TensorFlow's rewrite:** "
+                     + ("met." if not worse else "NOT met for " + ", ".join(worse) + "."))
     rows = [r for r in results.get("scaling", []) if "total_s" in r]
     big = [r for r in rows if r["nodes"] >= 999_000]
     if big:
@@ -85,17 +115,19 @@ def write_report(results: dict[str, Any], out: str) -> None:
             "",
             "## Cast quality (float16 for a GPU 8.0)",
             "",
-            "| graph | casts TF / ours(tf lists) / ours(default) | cast MB TF / ours / default | converted attrs TF / ours / default | low-precision FLOP share TF / ours / default |",
+            "| graph | casts TF / ours(tf lists) / ours(default) / optimal | cast MB TF / ours / default / optimal | converted attrs TF / ours / default / optimal | low-precision FLOP share TF / ours / default / optimal |",
             "|---|---|---|---|---|",
         ]
         for g in graphs:
             q = g["quality_fp16"]
-            t, o, d = q["tensorflow"], q["ours_tensorflow_lists"], q["ours_default"]
+            cols = [q["tensorflow"], q["ours_tensorflow_lists"], q["ours_default"]]
+            if "ours_optimal" in q:
+                cols.append(q["ours_optimal"])
             lines.append(
-                f"| {g['name']} | {t['casts']} / {o['casts']} / {d['casts']} | "
-                f"{t['cast_bytes']/1e6:.2f} / {o['cast_bytes']/1e6:.2f} / {d['cast_bytes']/1e6:.2f} | "
-                f"{t['converted_attrs']} / {o['converted_attrs']} / {d['converted_attrs']} | "
-                f"{_f(t['low_flop_share'])} / {_f(o['low_flop_share'])} / {_f(d['low_flop_share'])} |")
+                f"| {g['name']} | " + " / ".join(str(c["casts"]) for c in cols) + " | "
+                + " / ".join(f"{c['cast_bytes']/1e6:.2f}" for c in cols) + " | "
+                + " / ".join(str(c["converted_attrs"]) for c in cols) + " | "
+                + " / ".join(_f(c["low_flop_share"]) for c in cols) + " |")
         lines += [
             "",
             "## Step time on this machine (ms per step, median) and speed-up vs float32",
@@ -104,26 +136,28 @@ def write_report(results: dict[str, Any], out: str) -> None:
             "float16: the graphs rewritten for a GPU 8.0, executed on this CPU; `force_all_fp16` is the "
             "ceiling (every float op forced to float16).",
             "",
-            "| graph | float32 | TF bf16 | ours bf16 | TF fp16 | ours fp16 | force-all fp16 | ours bf16 / TF bf16 speed | ours bf16 vs fp32 |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| graph | float32 | TF bf16 | ours bf16 | optimal bf16 | TF fp16 | ours fp16 | optimal fp16 | force-all fp16 | optimal bf16 / TF bf16 speed | optimal bf16 vs fp32 |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for g in graphs:
             st, sp = g["step_s"], g["speedup_vs_fp32"]
             cells = [_f(st.get(k), "{:.2f}") if st.get(k) is None else f"{st[k]*1e3:.2f}"
-                     for k in ("float32", "tf_bf16", "ours_bf16", "tf_fp16", "ours_fp16", "force_all_fp16")]
-            rel = (st["tf_bf16"] / st["ours_bf16"]) if st.get("tf_bf16") and st.get("ours_bf16") else None
-            lines.append(f"| {g['name']} | " + " | ".join(cells) + f" | {_f(rel)}x | {_f(sp.get('ours_bf16'))}x |")
+                     for k in ("float32", "tf_bf16", "ours_bf16", "ours_opt_bf16", "tf_fp16", "ours_fp16",
+                               "ours_opt_fp16", "force_all_fp16")]
+            rel = (st["tf_bf16"] / st["ours_opt_bf16"]) if st.get("tf_bf16") and st.get("ours_opt_bf16") else None
+            lines.append(f"| {g['name']} | " + " | ".join(cells) + f" | {_f(rel)}x | {_f(sp.get('ours_opt_bf16'))}x |")
         lines += [
             "",
             "## Numerics: max relative error of outputs vs float32",
             "",
-            "| graph | TF bf16 | ours bf16 | TF fp16 | ours fp16 | force-all fp16 |",
-            "|---|---|---|---|---|---|",
+            "| graph | TF bf16 | ours bf16 | optimal bf16 | TF fp16 | ours fp16 | optimal fp16 | force-all fp16 |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for g in graphs:
             e = g.get("rel_error", {})
             lines.append(f"| {g['name']} | " + " | ".join(_f(e.get(k), "{:.2e}") for k in
-                                                      ("tf_bf16", "ours_bf16", "tf_fp16", "ours_fp16", "force_all_fp16")) + " |")
+                                                      ("tf_bf16", "ours_bf16", "ours_opt_bf16", "tf_fp16", "ours_fp16",
+                                                       "ours_opt_fp16", "force_all_fp16")) + " |")
     rows = results.get("scaling", [])
     if rows:
         lines += [
@@ -158,7 +192,8 @@ def _plots(results: dict[str, Any], out: str) -> None:
     graphs = results.get("graphs", [])
     if graphs:
         names = [g["name"] for g in graphs]
-        keys = [("tf_bf16", "TF bf16"), ("ours_bf16", "ours bf16"), ("tf_fp16", "TF fp16"),
+        keys = [("tf_bf16", "TF bf16"), ("ours_bf16", "ours bf16"), ("ours_opt_bf16", "optimal bf16"),
+                ("tf_fp16", "TF fp16"),
                 ("ours_fp16", "ours fp16"), ("force_all_fp16", "force-all fp16")]
         fig, ax = plt.subplots(figsize=(max(8, len(names) * 0.9), 4.5))
         width = 0.8 / len(keys)
