@@ -51,11 +51,15 @@ __all__ = [
 
 def data_inputs(g: nx.MultiDiGraph, name: str) -> list[tuple[str, int]]:
     """The data inputs of ``name`` as ``(producer, output port)``, in input-port order."""
+    pred = g._pred[name]
+    if not pred:
+        return []
+    # Edge keys are the destination port for data edges and negative for control edges
+    # (see the module docstring), so the key alone tells them apart.
     ins: dict[int, tuple[str, int]] = {}
-    for u, keyed in g._pred[name].items():
-        for d in keyed.values():
-            q = d["dst_port"]
-            if q != CONTROL:
+    for u, keyed in pred.items():
+        for q, d in keyed.items():
+            if q >= 0:
                 ins[q] = (u, d["src_port"])
     return [ins[q] for q in range(len(ins))]
 

@@ -188,11 +188,15 @@ def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> Re
             continue
         data = g._node[name]
         seq = 0
-        # Snapshot of the consumers before any cast of this node is inserted.
-        fanout = ir.consumers_by_port(g, name)
+        # Snapshot of the consumers before any cast of this node is inserted; taken when the
+        # first float32 attribute is met (most nodes have none, and nothing before that
+        # point changes the node's edges).
+        fanout = None
         for ta in nt.attrs:
             if get_dtype(nt.dtypes, ta) != dt.FLOAT:
                 continue
+            if fanout is None:
+                fanout = ir.consumers_by_port(g, name)
             # A fixed-type port cannot change type; painting it (TensorFlow does under
             # UNSAFE_FORCE_ALL) must not reach here.
             src_allow = (name, ta) in allow and not ta.is_fixed

@@ -63,18 +63,32 @@ def build_type_graph(
     node_list = tg.node
     attr_list = tg.attr
     index = tg.index
+    by_node = tg.by_node
+    # Nodes of the same op and attrs share one NodeTypes object (decide caches them): the
+    # positions of their ports among the attrs are computed once per object.  Keyed by id(),
+    # which is stable while ``types`` keeps the objects alive.
+    layout: dict[int, tuple[tuple[TypeAttr, ...], list[int], list[int]]] = {}
     for name in order:
         nt = types[name]
-        local: dict[TypeAttr, int] = {}
-        for ta in nt.attrs:
-            v = len(node_list)
+        lay = layout.get(id(nt))
+        if lay is None:
+            pos = {ta: i for i, ta in enumerate(nt.attrs)}
+            lay = layout[id(nt)] = (nt.attrs, [pos[ta] for ta in nt.inputs], [pos[ta] for ta in nt.outputs])
+        attrs, rel_in, rel_out = lay
+        base = len(node_list)
+        k = len(attrs)
+        if k == 1:
             node_list.append(name)
-            attr_list.append(ta)
-            index[(name, ta)] = v
-            local[ta] = v
-        tg.by_node[name] = list(local.values())
-        in_v[name] = [local[ta] for ta in nt.inputs]
-        out_v[name] = [local[ta] for ta in nt.outputs]
+            attr_list.append(attrs[0])
+            index[(name, attrs[0])] = base
+        else:
+            node_list.extend([name] * k)
+            attr_list.extend(attrs)
+            for i, ta in enumerate(attrs):
+                index[(name, ta)] = base + i
+        by_node[name] = list(range(base, base + k))
+        in_v[name] = [base + i for i in rel_in]
+        out_v[name] = [base + i for i in rel_out]
     n = len(node_list)
     fanin: list[list[int]] = [[] for _ in range(n)]
     fanout: list[list[int]] = [[] for _ in range(n)]
