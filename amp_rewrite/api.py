@@ -154,6 +154,51 @@ def _load_lists_cached(
 
 
 def _check_cycles(g: nx.MultiDiGraph, where: str) -> None:
+    """Raise unless every cycle of ``g`` goes through a NextIteration node.  Reads ``g``.
+
+    One pass in node order marks *settled* every node whose inputs (but loop back edges,
+    NextIteration's out-edges) are all settled already: such a node has only settled
+    ancestors, so it lies on no forbidden cycle.  TensorFlow writes nodes in creation order,
+    so nearly every node settles; the few left (a node listed before one of its inputs) go
+    through Kahn's algorithm, and only if that finds a cycle does the full check below run,
+    for its error message.  Linear in nodes + edges.
+    """
+    nodes = g._node  # networkx's dicts, read directly: the views cost a call per item
+    settled: set[str] = set()
+    left: list[str] = []
+    for v, preds in g._pred.items():
+        for u in preds:
+            if u not in settled and nodes[u]["op"] != "NextIteration":
+                left.append(v)
+                break
+        else:
+            settled.add(v)
+    if not left:
+        return
+    # Kahn's algorithm on the nodes left, counting only edges between them.
+    pending = set(left)
+    indegree = dict.fromkeys(left, 0)
+    for v in left:
+        for u, keyed in g._pred[v].items():
+            if u in pending and nodes[u]["op"] != "NextIteration":
+                indegree[v] += len(keyed)
+    ready = [v for v in left if indegree[v] == 0]
+    done = 0
+    while ready:
+        u = ready.pop()
+        done += 1
+        if nodes[u]["op"] == "NextIteration":
+            continue
+        for v, keyed in g._succ[u].items():
+            if v in pending:
+                indegree[v] -= len(keyed)
+                if indegree[v] == 0:
+                    ready.append(v)
+    if done < len(left):
+        _check_cycles_full(g, where)
+
+
+def _check_cycles_full(g: nx.MultiDiGraph, where: str) -> None:
     """Raise unless every cycle of ``g`` goes through a NextIteration node.
 
     Kahn's algorithm on the graph without NextIteration's out-edges (loop back edges); the
@@ -163,21 +208,6 @@ def _check_cycles(g: nx.MultiDiGraph, where: str) -> None:
     # call per item, several times the work done here.
     succ = g._succ
     nodes = g._node
-    # Fast path: graphs usually list every node after its inputs (TensorFlow writes them in
-    # creation order), and then every edge but loop back edges points forward in node order:
-    # no forbidden cycle.  One pass over the predecessor dicts, no bookkeeping.
-    seen: set[str] = set()
-    forward = True
-    for v, preds in g._pred.items():
-        for u in preds:
-            if u not in seen and nodes[u]["op"] != "NextIteration":
-                forward = False
-                break
-        if not forward:
-            break
-        seen.add(v)
-    if forward:
-        return
     indegree = dict.fromkeys(nodes, 0)
     ops = {n: d["op"] for n, d in nodes.items()}
     for u, nbrs in succ.items():

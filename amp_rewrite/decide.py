@@ -306,6 +306,8 @@ class _Painter:
         self.deny_parent: dict[int, int] = {}
         self.kernel_missing: set[int] = set()
         self._kernel_cache: dict[tuple[object, ...], bool] = {}
+        self._supports_cache: dict[tuple[object, ...], bool] = {}
+        self._has_kernel_cache: dict[tuple[object, ...], bool] = {}
         self.unknown_ops: dict[str, int] = {}
 
     # ------------------------------------------------------------------ model construction
@@ -344,16 +346,23 @@ class _Painter:
         v_cat: list[str | None] = []
         v_proc: list[bool] = []
         v_dtype: list[int] = []
-        attr = tg.attr
+        types = self.types
+        ops = self.ops
+        processed = self.processed
+        # The dtypes of a node's vertices depend only on its NodeTypes, shared by the nodes
+        # of one op and attrs (id() is stable: ``types`` holds the objects).
+        dtypes_of: dict[int, list[int]] = {}
         for name in self.order:
-            vs = tg.by_node[name]
-            if not vs:
+            nt = types[name]
+            k = len(nt.attrs)
+            if not k:
                 continue
-            k = len(vs)
-            v_cat += [cat(self.ops[name])] * k
-            v_proc += [self.processed[name]] * k
-            dtypes = self.types[name].dtypes
-            v_dtype += [get_dtype(dtypes, attr[v]) for v in vs]
+            v_cat += [cat(ops[name])] * k
+            v_proc += [processed[name]] * k
+            chunk = dtypes_of.get(id(nt))
+            if chunk is None:
+                chunk = dtypes_of[id(nt)] = [get_dtype(nt.dtypes, ta) for ta in nt.attrs]
+            v_dtype += chunk
         self.v_cat = v_cat
         self.v_proc = v_proc
         self.v_dtype = v_dtype
@@ -362,10 +371,15 @@ class _Painter:
         types: dict[str, NodeTypes] = {}
         cache: dict[tuple[object, ...], NodeTypes] = {}
         unknown: list[str] = []
+        nodes = self.g._node
+        sigs: dict[str, OpSignature | None] = {}
         for name in self.order:
-            data = self.g._node[name]
+            data = nodes[name]
             op = self.ops[name]
-            sig = self.registry.op(op) or self.signatures.get(op)
+            if op in sigs:
+                sig = sigs[op]
+            else:
+                sig = sigs[op] = self.registry.op(op) or self.signatures.get(op)
             if sig is None:
                 unknown.append(name)
                 self.unknown_ops[op] = self.unknown_ops.get(op, 0) + 1
@@ -417,6 +431,16 @@ class _Painter:
         """TensorFlow's ``SupportsF16DataType``: the op (global registry) accepts the type."""
         name = self.tg.node[v]
         ta = self.tg.attr[v]
+        nt = self.types[name]
+        # The answer depends on the op and the attr only (and on ``known``, a property of the
+        # op too); graphs ask it for thousands of vertices of a few ops.
+        key = (self.ops[name], ta, nt.known)
+        cached = self._supports_cache.get(key)
+        if cached is None:
+            cached = self._supports_cache[key] = self._supports_dtype(name, ta)
+        return cached
+
+    def _supports_dtype(self, name: str, ta: TypeAttr) -> bool:
         if not self.types[name].known:
             return False
         sig = self.registry.op(self.ops[name])
@@ -436,7 +460,17 @@ class _Painter:
         if ta.is_fixed:
             return False
         data = self.g._node[name]
-        device = data["device"] or self.target.default_device().name
+        # Everything below depends on the node's op and dtypes (one NodeTypes object per op
+        # and attrs; id() is stable while self.types holds it), its device, its kernel label
+        # and ``ta``: look that up first, before parsing the device name.
+        quick = (id(self.types[name]), ta, data["device"], data["label"])
+        cached = self._has_kernel_cache.get(quick)
+        if cached is None:
+            cached = self._has_kernel_cache[quick] = self._has_kernel(name, ta, data)
+        return cached
+
+    def _has_kernel(self, name: str, ta: TypeAttr, data: Mapping[str, object]) -> bool:
+        device = data["device"] or self.target.default_device().name  # type: ignore[operator]
         parsed = parse_device_name(device)
         if parsed is None or parsed.type is None:
             return False
@@ -561,7 +595,7 @@ class _Painter:
             for reader in members:
                 if self.ops[reader] not in _TL_READERS:
                     continue
-                start = tg.index.get((reader, TypeAttr("", -1, dt.VARIANT)))
+                start = tg.find(reader, TypeAttr("", -1, dt.VARIANT))
                 if start is None or not self.v_proc[start]:
                     continue
                 target = self.tl_float(reader)
@@ -756,7 +790,7 @@ class _Painter:
             if self.ops[name] != "NextIteration":
                 continue
             t_attr = TypeAttr("T", -1, 0)
-            ni = tg.index.get((name, t_attr))
+            ni = tg.find(name, t_attr)
             if ni is None:
                 continue
             merges = []
@@ -767,7 +801,7 @@ class _Painter:
                         "a loop back edge must end at a Merge",
                         node=name,
                     )
-                merges.append(tg.index[(dst, t_attr)])
+                merges.append(tg.vertex(dst, t_attr))
             if not merges:
                 # TensorFlow paints a dangling NextIteration unconditionally.
                 self.allow.add(ni)
@@ -793,13 +827,13 @@ class _Painter:
                 # Known difference KD-2: a fetched Cast keeps its dtype.
                 continue
             dst_attr = TypeAttr("DstT", -1, 0)
-            v = tg.index.get((name, dst_attr))
+            v = tg.find(name, dst_attr)
             if v is None or self.v_dtype[v] != dt.FLOAT:
                 continue
             cons = ir.consumers(self.g, name, 0)
             if not cons:
                 continue
-            if all(tg.index[(c, self.types[c].inputs[q])] in self.allow for c, q, _ in cons):
+            if all(tg.vertex(c, self.types[c].inputs[q]) in self.allow for c, q, _ in cons):
                 self.allow.add(v)
                 self.reason[v] = "existing Cast feeds only allow consumers"
 

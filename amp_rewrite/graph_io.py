@@ -416,14 +416,25 @@ def _edge_text(
 
 
 def _node_inputs(g: nx.MultiDiGraph, name: str, registry: OpRegistry) -> list[str]:
+    """The input strings of ``name``: data inputs by port, then control inputs in their
+    original order.  Edges the rewrite created are spelled here.  Reads ``g`` only."""
     data_edges = []
     control_edges = []
-    for u, _, d in g.in_edges(name, data=True):
-        if d["dst_port"] == CONTROL:
-            control_edges.append((d["pos"], d["text"] or "^" + u))
-        else:
-            text = d["text"] or _edge_text(g, u, d["src_port"], registry)
-            data_edges.append((d["dst_port"], text))
+    in_graph = g.graph["kind"] == "graph"
+    for u, keyed in g._pred[name].items():  # networkx's dict, read directly (see import)
+        for d in keyed.values():
+            if d["dst_port"] == CONTROL:
+                control_edges.append((d["pos"], d["text"] or "^" + u))
+            else:
+                text = d["text"]
+                if not text:
+                    port = d["src_port"]
+                    if in_graph:
+                        # format_graph_input's spelling, inlined: it runs for every new edge.
+                        text = u if port == 0 else f"{u}:{port}"
+                    else:
+                        text = _edge_text(g, u, port, registry)
+                data_edges.append((d["dst_port"], text))
     data_edges.sort()
     control_edges.sort()
     return [t for _, t in data_edges] + [t for _, t in control_edges]
