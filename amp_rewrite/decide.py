@@ -132,18 +132,42 @@ class NodeDecisions(Mapping[str, NodeDecision]):
             self._vattr[v]: AttrDecision(self._vcolor[v], self._vdtype[v], self._vreason[v], self._vsource[v])  # type: ignore[arg-type]
             for v in range(self._start[i], self._start[i + 1])
         }
+        color, dtype, reason = self._summary(i)
+        return NodeDecision(self._ops[i], self._cats[i], self._proc[i], attrs, color, dtype, reason)  # type: ignore[arg-type]
+
+    def _summary(self, i: int) -> tuple[str, int, str]:
+        """The node-level ``(color, dtype, reason)`` of node number ``i``: its first attribute
+        that is allow in low precision, else its first deny one, else its first float one,
+        else its first one.  Pure."""
+        start, stop = self._start[i], self._start[i + 1]
+        if start == stop:
+            return "none", dt.INVALID, "node has no type attributes"
+        color, dtype = self._vcolor, self._vdtype
         low = self._low
-        chosen = next((d for d in attrs.values() if d.color == "allow" and d.dtype == low), None)
-        if chosen is None:
-            chosen = next((d for d in attrs.values() if d.color == "deny"), None)
-        if chosen is None:
-            floats = [d for d in attrs.values() if d.dtype in (dt.FLOAT, low)]
-            chosen = floats[0] if floats else next(iter(attrs.values()), None)
-        if chosen is None:
-            return NodeDecision(self._ops[i], self._cats[i], self._proc[i], attrs, "none", dt.INVALID,
-                                "node has no type attributes")
-        return NodeDecision(self._ops[i], self._cats[i], self._proc[i], attrs, chosen.color,
-                            chosen.dtype, chosen.reason)
+        for v in range(start, stop):
+            if color[v] == "allow" and dtype[v] == low:
+                return color[v], dtype[v], self._vreason[v]
+        for v in range(start, stop):
+            if color[v] == "deny":
+                return color[v], dtype[v], self._vreason[v]
+        for v in range(start, stop):
+            if dtype[v] == dt.FLOAT or dtype[v] == low:
+                return color[v], dtype[v], self._vreason[v]
+        return color[start], dtype[start], self._vreason[start]
+
+    def rows(self) -> Iterator[tuple[str, str, str, int, str, list[tuple[TypeAttr, str, int, str, str | None]]]]:
+        """Every node as ``(name, op, color, dtype, reason, attrs)``, in graph order, with
+        ``attrs`` a list of ``(type attr, color, dtype, reason, source)``: the content of
+        ``self[name]`` without building its objects (the report reads every node).  Pure."""
+        start = self._start
+        vattr, vcolor, vdtype, vreason, vsource = (
+            self._vattr, self._vcolor, self._vdtype, self._vreason, self._vsource)
+        summary = self._summary
+        for i, name in enumerate(self._order):
+            attrs = [(vattr[v], vcolor[v], vdtype[v], vreason[v], vsource[v])
+                     for v in range(start[i], start[i + 1])]
+            color, dtype, reason = summary(i)
+            yield name, self._ops[i], color, dtype, reason, attrs
 
 
 @dataclass(frozen=True)
@@ -216,12 +240,37 @@ class _Lists:
         self.infer = frozenset(getattr(lists, "infer"))
         self.deny = frozenset(getattr(lists, "deny"))
         self.clear = frozenset(getattr(lists, "clear"))
+        # op -> its category, the first list (in this order) that holds it: one dict lookup
+        # per node instead of up to four set lookups through getattr.
+        self._category: dict[str, str] = {}
+        for name in ("clear", "deny", "infer", "allow"):  # earlier lists win: written last
+            self._category.update(dict.fromkeys(getattr(self, name), name))
 
     def category(self, op: str) -> str | None:
-        for name in ("allow", "infer", "deny", "clear"):
-            if op in getattr(self, name):
-                return name
-        return None
+        return self._category.get(op)
+
+
+#: id(lists object) -> (the object, its _Lists).  Building the frozensets and the category map
+#: costs milliseconds and every graph of a call (and repeated calls) uses the same immutable
+#: lists; the object is kept so its id cannot be reused while the entry exists.
+_LISTS_CACHE: dict[int, tuple[object, _Lists]] = {}
+
+
+def _lists_of(lists: object) -> _Lists:
+    """The :class:`_Lists` of ``lists``, cached for the immutable ``OpLists``.  Does not
+    modify ``lists``; other objects (which might be mutated between calls) are not cached."""
+    from .lists import OpLists
+
+    if not isinstance(lists, OpLists):
+        return _Lists(lists)
+    hit = _LISTS_CACHE.get(id(lists))
+    if hit is not None and hit[0] is lists:
+        return hit[1]
+    if len(_LISTS_CACHE) >= 64:
+        _LISTS_CACHE.clear()
+    made = _Lists(lists)
+    _LISTS_CACHE[id(lists)] = (lists, made)
+    return made
 
 
 def _kernel_matches(
@@ -272,6 +321,8 @@ class _Painter:
         self.deny_parent: dict[int, int] = {}
         self.kernel_missing: set[int] = set()
         self._kernel_cache: dict[tuple[object, ...], bool] = {}
+        self._supports_cache: dict[tuple[object, ...], bool] = {}
+        self._has_kernel_cache: dict[tuple[object, ...], bool] = {}
         self.unknown_ops: dict[str, int] = {}
         self.placement: Any = None
         self.normalized: dict[str, str] = {}
@@ -286,33 +337,67 @@ class _Painter:
         self.processed: dict[str, bool] = {}
         self.renames: dict[str, str] = {}
         self.inputs: dict[str, list[tuple[str, int]]] = {}
+        nodes = g._node
+        # Graphs repeat a handful of device strings over thousands of nodes.
+        eligible: dict[str, bool] = {}
+        data_inputs = ir.data_inputs
         for name in self.order:
-            data = g._node[name]
-            ok = name not in preserve and self.target.node_is_eligible(data["device"], self.precision)
+            data = nodes[name]
+            device = data["device"]
+            ok = eligible.get(device)
+            if ok is None:
+                ok = eligible[device] = self.target.node_is_eligible(device, self.precision)
+            ok = ok and name not in preserve
             self.processed[name] = ok
             op = data["op"]
             if ok and op in _BATCH_NORM_RENAMES:
                 op = _BATCH_NORM_RENAMES[op]
                 self.renames[name] = op
             self.ops[name] = op
-            self.inputs[name] = ir.data_inputs(g, name)
+            self.inputs[name] = data_inputs(g, name)
         self.types = self._node_types()
         self.tg = build_type_graph(self.order, self.types, self.inputs)
         tg = self.tg
-        n = len(tg)
+        # Per-vertex copies of per-node facts, filled node by node (vertices of a node are
+        # consecutive, see build_type_graph).
         cat = self.lists.category
-        self.v_cat = [cat(self.ops[tg.node[v]]) for v in range(n)]
-        self.v_proc = [self.processed[tg.node[v]] for v in range(n)]
-        self.v_dtype = [get_dtype(self.types[tg.node[v]].dtypes, tg.attr[v]) for v in range(n)]
+        v_cat: list[str | None] = []
+        v_proc: list[bool] = []
+        v_dtype: list[int] = []
+        types = self.types
+        ops = self.ops
+        processed = self.processed
+        # The dtypes of a node's vertices depend only on its NodeTypes, shared by the nodes
+        # of one op and attrs (id() is stable: ``types`` holds the objects).
+        dtypes_of: dict[int, list[int]] = {}
+        for name in self.order:
+            nt = types[name]
+            k = len(nt.attrs)
+            if not k:
+                continue
+            v_cat += [cat(ops[name])] * k
+            v_proc += [processed[name]] * k
+            chunk = dtypes_of.get(id(nt))
+            if chunk is None:
+                chunk = dtypes_of[id(nt)] = [get_dtype(nt.dtypes, ta) for ta in nt.attrs]
+            v_dtype += chunk
+        self.v_cat = v_cat
+        self.v_proc = v_proc
+        self.v_dtype = v_dtype
 
     def _node_types(self) -> dict[str, NodeTypes]:
         types: dict[str, NodeTypes] = {}
         cache: dict[tuple[object, ...], NodeTypes] = {}
         unknown: list[str] = []
+        nodes = self.g._node
+        sigs: dict[str, OpSignature | None] = {}
         for name in self.order:
-            data = self.g._node[name]
+            data = nodes[name]
             op = self.ops[name]
-            sig = self.registry.op(op) or self.signatures.get(op)
+            if op in sigs:
+                sig = sigs[op]
+            else:
+                sig = sigs[op] = self.registry.op(op) or self.signatures.get(op)
             if sig is None:
                 unknown.append(name)
                 self.unknown_ops[op] = self.unknown_ops.get(op, 0) + 1
@@ -364,6 +449,16 @@ class _Painter:
         """TensorFlow's ``SupportsF16DataType``: the op (global registry) accepts the type."""
         name = self.tg.node[v]
         ta = self.tg.attr[v]
+        nt = self.types[name]
+        # The answer depends on the op and the attr only (and on ``known``, a property of the
+        # op too); graphs ask it for thousands of vertices of a few ops.
+        key = (self.ops[name], ta, nt.known)
+        cached = self._supports_cache.get(key)
+        if cached is None:
+            cached = self._supports_cache[key] = self._supports_dtype(name, ta)
+        return cached
+
+    def _supports_dtype(self, name: str, ta: TypeAttr) -> bool:
         if not self.types[name].known:
             return False
         sig = self.registry.op(self.ops[name])
@@ -383,7 +478,17 @@ class _Painter:
         if ta.is_fixed:
             return False
         data = self.g._node[name]
-        device = data["device"] or self.target.default_device().name
+        # Everything below depends on the node's op and dtypes (one NodeTypes object per op
+        # and attrs; id() is stable while self.types holds it), its device, its kernel label
+        # and ``ta``: look that up first, before parsing the device name.
+        quick = (id(self.types[name]), ta, data["device"], data["label"])
+        cached = self._has_kernel_cache.get(quick)
+        if cached is None:
+            cached = self._has_kernel_cache[quick] = self._has_kernel(name, ta, data)
+        return cached
+
+    def _has_kernel(self, name: str, ta: TypeAttr, data: Mapping[str, object]) -> bool:
+        device = data["device"] or self.target.default_device().name  # type: ignore[operator]
         parsed = parse_device_name(device)
         if parsed is None or parsed.type is None:
             return False
@@ -508,7 +613,7 @@ class _Painter:
             for reader in members:
                 if self.ops[reader] not in _TL_READERS:
                     continue
-                start = tg.index.get((reader, TypeAttr("", -1, dt.VARIANT)))
+                start = tg.find(reader, TypeAttr("", -1, dt.VARIANT))
                 if start is None or not self.v_proc[start]:
                     continue
                 target = self.tl_float(reader)
@@ -733,7 +838,7 @@ class _Painter:
             if self.ops[name] != "NextIteration":
                 continue
             t_attr = TypeAttr("T", -1, 0)
-            ni = tg.index.get((name, t_attr))
+            ni = tg.find(name, t_attr)
             if ni is None:
                 continue
             merges = []
@@ -744,7 +849,7 @@ class _Painter:
                         "a loop back edge must end at a Merge",
                         node=name,
                     )
-                merges.append(tg.index[(dst, t_attr)])
+                merges.append(tg.vertex(dst, t_attr))
             if not merges:
                 # TensorFlow paints a dangling NextIteration unconditionally.
                 self.allow.add(ni)
@@ -770,13 +875,13 @@ class _Painter:
                 # Known difference KD-2: a fetched Cast keeps its dtype.
                 continue
             dst_attr = TypeAttr("DstT", -1, 0)
-            v = tg.index.get((name, dst_attr))
+            v = tg.find(name, dst_attr)
             if v is None or self.v_dtype[v] != dt.FLOAT:
                 continue
             cons = ir.consumers(self.g, name, 0)
             if not cons:
                 continue
-            if all(tg.index[(c, self.types[c].inputs[q])] in self.allow for c, q, _ in cons):
+            if all(tg.vertex(c, self.types[c].inputs[q]) in self.allow for c, q, _ in cons):
                 self.allow.add(v)
                 self.reason[v] = "existing Cast feeds only allow consumers"
 
@@ -795,19 +900,24 @@ class _Painter:
         start: list[int] = []
         cats: list[str | None] = []
         category = self.lists.category
+        ops = self.ops
+        by_node = tg.by_node
+        attr_of = tg.attr
+        decision = self._attr_decision_fields
+        debug = log.isEnabledFor(logging.DEBUG)
         for name in self.order:
             start.append(len(vattr))
-            cats.append(category(self.ops[name]))
-            for v in tg.by_node[name]:
-                d = self._attr_decision(v)
-                vattr.append(tg.attr[v])
-                vcolor.append(d.color)
-                vdtype.append(d.dtype)
-                vreason.append(d.reason)
-                vsource.append(d.source)
-                if d.color in ("allow", "deny") and log.isEnabledFor(logging.DEBUG):
-                    log.debug("%s: %s %s of %s node %s: %s", graph_name or "graph", d.color.upper(),
-                              tg.attr[v], self.ops[name], name, d.reason)
+            cats.append(category(ops[name]))
+            for v in by_node[name]:
+                color, dtype, reason, source = decision(v)
+                vattr.append(attr_of[v])
+                vcolor.append(color)
+                vdtype.append(dtype)
+                vreason.append(reason)
+                vsource.append(source)
+                if debug and color in ("allow", "deny"):
+                    log.debug("%s: %s %s of %s node %s: %s", graph_name or "graph", color.upper(),
+                              attr_of[v], ops[name], name, reason)
         start.append(len(vattr))
         nodes = NodeDecisions(
             self.order, [self.ops[n] for n in self.order], cats,
@@ -832,6 +942,12 @@ class _Painter:
         )
 
     def _attr_decision(self, v: int) -> AttrDecision:
+        """The decision for vertex ``v`` (after :meth:`run`).  Pure."""
+        return AttrDecision(*self._attr_decision_fields(v))  # type: ignore[arg-type]
+
+    def _attr_decision_fields(self, v: int) -> tuple[str, int, str, str | None]:
+        """``(color, dtype, reason, source)`` of vertex ``v``: :meth:`_attr_decision`'s fields
+        without the object, as :meth:`plan` stores them in flat lists.  Pure."""
         tg = self.tg
         name = tg.node[v]
         dtype = self.v_dtype[v]
@@ -841,7 +957,7 @@ class _Painter:
             reason = self.reason.get(v, "allow")
             if name in self.normalized:
                 reason = f"{reason}; normalization-aware: {self.normalized[name]}"
-            return AttrDecision("allow", final, reason)
+            return "allow", final, reason, None
         if v in self.deny:
             reason = self.reason.get(v, "deny")
             source = None
@@ -856,7 +972,7 @@ class _Painter:
                 reason = f"downstream of deny node {source!r} ({self.ops[source]})" + (
                     " via " + " -> ".join(repr(x) for x in via[-6:]) if via else ""
                 )
-            return AttrDecision("deny", dtype, reason, source)
+            return "deny", dtype, reason, source
         color: Color = cat if cat in ("infer", "clear") else "none"  # type: ignore[assignment]
         if v in self.reason:
             reason = self.reason[v]
@@ -885,7 +1001,7 @@ class _Painter:
             reason = "no allow-list op in the graph"
         if name in self.normalized:
             reason = f"{reason}; normalization-aware: {self.normalized[name]}"
-        return AttrDecision(color, dtype, reason)
+        return color, dtype, reason, None
 
 
 def decide(
@@ -907,7 +1023,7 @@ def decide(
     skip = target.skip_reason(precision)
     if skip is not None:
         return Plan(name, precision, dt.HALF if precision == "float16" else dt.BFLOAT16, skip)
-    painter = _Painter(g, _Lists(lists), target, precision, registry, options)
+    painter = _Painter(g, _lists_of(lists), target, precision, registry, options)
     painter.build()
     painter.run()
     return painter.plan(name)

@@ -96,9 +96,12 @@ def base(dtype: int) -> int:
 
 def name(dtype: int) -> str:
     """Return a readable name (``float32``, ``float16``, ``int32_ref``...) for an enum value."""
+    text = _NAMES.get(dtype)
+    if text is not None:  # the common case, without building the fallback string
+        return text
     if dtype > REF_OFFSET:
         return name(dtype - REF_OFFSET) + "_ref"
-    return _NAMES.get(dtype, f"dtype{dtype}")
+    return f"dtype{dtype}"
 
 
 def from_name(text: str) -> int:

@@ -96,48 +96,76 @@ def load_graph_def(path: str | os.PathLike[str]) -> Any:
 
 def _attr_values(
     node_def: Any,
-) -> tuple[dict[str, int | tuple[int, ...]], dict[str, int], str, tuple[str, ...]]:
+) -> tuple[dict[str, int | tuple[int, ...]], dict[str, int], str, tuple[str, ...], tuple[str, ...]]:
+    """Type attrs, int attrs, kernel label, called functions and sorted attr names of a
+    NodeDef.  Reads only; does not modify ``node_def``.
+
+    Iterates the attr map by key and indexes it: the map's ``items()`` view is implemented in
+    Python (``collections.abc``) and costs several times more per attribute.
+    """
     types: dict[str, int | tuple[int, ...]] = {}
     ints: dict[str, int] = {}
     label = ""
     funcs: list[str] = []
-    for key, value in node_def.attr.items():
+    attr_map = node_def.attr
+    keys = sorted(attr_map)
+    for key in keys:
+        value = attr_map[key]
         kind = value.WhichOneof("value")
-        if kind == "func":
-            funcs.append(value.func.name)
-        elif kind == "list" and value.list.func:
-            funcs.extend(f.name for f in value.list.func)
         if kind == "type":
-            types[key] = int(value.type)
+            types[key] = value.type
         elif kind == "list":
-            if value.list.type:
-                types[key] = tuple(int(t) for t in value.list.type)
+            lst = value.list
+            if lst.type:
+                types[key] = tuple(lst.type)
+            if lst.func:
+                funcs.extend(f.name for f in lst.func)
         elif kind == "i":
-            ints[key] = int(value.i)
+            ints[key] = value.i
+        elif kind == "func":
+            funcs.append(value.func.name)
         elif kind == "s" and key == "_kernel":
             label = value.s.decode("utf-8", "replace")
-    return types, ints, label, tuple(sorted(funcs)) if funcs else ()
+    return types, ints, label, tuple(sorted(funcs)) if funcs else (), tuple(keys)
 
 
 def _add_proto_node(g: nx.MultiDiGraph, node_def: Any, index: int) -> None:
-    if node_def.name in g:
-        raise InvalidGraphError(f"duplicate node name {node_def.name!r}", node=node_def.name)
-    if not node_def.name:
+    """Add ``node_def`` as node ``(index, 0)`` of ``g``.  Mutates ``g`` (not ``node_def``).
+
+    Writes networkx's adjacency dicts directly, with exactly the layout ``add_node`` gives
+    (same dicts, same key order): the public method costs several microseconds per call
+    (argument handling, cache clearing), which dominated the import of large graphs.  Safe
+    because ``g`` is a fresh graph being built here, with no cached views to invalidate.
+    """
+    name = node_def.name
+    if name in g._node:
+        raise InvalidGraphError(f"duplicate node name {name!r}", node=name)
+    if not name:
         raise InvalidGraphError("a node has an empty name")
-    types, ints, label, funcs = _attr_values(node_def)
-    ir.add_node(
-        g,
-        node_def.name,
-        op=node_def.op,
-        device=node_def.device,
-        order=(index, 0),
-        dtypes=types,
-        ints=ints,
-        attr_names=tuple(sorted(node_def.attr.keys())),
-        label=label,
-        proto=node_def,
-    )
-    g._node[node_def.name]["funcs"] = funcs
+    types, ints, label, funcs, attr_names = _attr_values(node_def)
+    g._succ[name] = {}
+    g._pred[name] = {}
+    # Key order as ir.add_node writes it (kept so node dicts look the same either way).
+    g._node[name] = {
+        "op": node_def.op, "device": node_def.device, "order": (index, 0), "dtypes": types,
+        "ints": ints, "attr_names": attr_names, "label": label, "proto": node_def,
+        "synthetic": None, "dirty": False, "funcs": funcs,
+    }
+
+
+def _add_edge_fast(
+    succ: dict, pred: dict, src: str, dst: str, key: int, data: dict[str, Any]
+) -> None:
+    """``MultiDiGraph.add_edge`` for import: same dict layout, no argument handling.
+
+    Assumes both nodes exist and the key is new for ``(src, dst)`` (ports and control
+    positions are unique per destination).  Mutates ``succ``/``pred`` (the graph's).
+    """
+    keydict = succ[src].get(dst)
+    if keydict is None:
+        succ[src][dst] = pred[dst][src] = {key: data}
+    else:
+        keydict[key] = data
 
 
 def _check_input_order(node: str, inputs: list[str]) -> None:
@@ -152,28 +180,47 @@ def _check_input_order(node: str, inputs: list[str]) -> None:
 
 
 def _import_main(gd: Any) -> nx.MultiDiGraph:
+    """The IR of ``gd``'s node list (not its library).  Pure with respect to ``gd``."""
     g = nx.MultiDiGraph(kind="graph", name="")
-    for i, node_def in enumerate(gd.node):
+    node_defs = list(gd.node)  # one Python wrapper per node, reused by both passes
+    for i, node_def in enumerate(node_defs):
         _add_proto_node(g, node_def, i)
-    for node_def in gd.node:
+    nodes = g._node
+    succ = g._succ
+    pred = g._pred
+    for node_def in node_defs:
         dst = node_def.name
         inputs = list(node_def.input)
-        _check_input_order(dst, inputs)
         port = 0
+        seen_control = False
         for pos, text in enumerate(inputs):
-            try:
-                ref = parse_graph_input(text)
-            except ValueError as exc:
-                raise InvalidGraphError(f"node {dst!r}: {exc}", node=dst) from None
-            if ref.node not in g:
+            if text[:1] == "^" or ":" in text:
+                try:
+                    src, src_port = parse_graph_input(text)
+                except ValueError as exc:
+                    # A misplaced data input is reported first, wherever it is.
+                    _check_input_order(dst, inputs)
+                    raise InvalidGraphError(f"node {dst!r}: {exc}", node=dst) from None
+            else:
+                # The common case, a bare node name (output 0), without the parser's call.
+                src, src_port = text, 0
+            if src not in nodes:
+                _check_input_order(dst, inputs)
+                if not text:
+                    raise InvalidGraphError(f"node {dst!r}: empty input name", node=dst)
                 raise InvalidGraphError(
                     f"node {dst!r} has input {text!r}, which names a node that does not exist",
                     node=dst,
                 )
-            if ref.is_control:
-                g.add_edge(ref.node, dst, key=-1 - pos, src_port=CONTROL, dst_port=CONTROL, pos=pos, text=text)
+            if src_port == CONTROL:
+                seen_control = True
+                _add_edge_fast(succ, pred, src, dst, -1 - pos,
+                               {"src_port": CONTROL, "dst_port": CONTROL, "pos": pos, "text": text})
             else:
-                ir.add_data_edge(g, ref.node, ref.port, dst, port, text)
+                if seen_control:
+                    _check_input_order(dst, inputs)  # raises with the first offending input
+                _add_edge_fast(succ, pred, src, dst, port,
+                               {"src_port": src_port, "dst_port": port, "pos": port, "text": text})
                 port += 1
     return g
 
@@ -305,10 +352,14 @@ def import_graph_def(graph_def: Any, registry: OpRegistry) -> ImportedGraph:
 
 def _called_functions(node_defs: Any, library: set[str]) -> set[str]:
     called = set()
+    if not library:
+        return called
     for nd in node_defs:
         if nd.op in library:
             called.add(nd.op)
-        for value in nd.attr.values():
+        attr_map = nd.attr
+        for key in attr_map:  # by key: the map's values() view is slow pure Python
+            value = attr_map[key]
             kind = value.WhichOneof("value")
             if kind == "func" and value.func.name in library:
                 called.add(value.func.name)
@@ -365,14 +416,25 @@ def _edge_text(
 
 
 def _node_inputs(g: nx.MultiDiGraph, name: str, registry: OpRegistry) -> list[str]:
+    """The input strings of ``name``: data inputs by port, then control inputs in their
+    original order.  Edges the rewrite created are spelled here.  Reads ``g`` only."""
     data_edges = []
     control_edges = []
-    for u, _, d in g.in_edges(name, data=True):
-        if d["dst_port"] == CONTROL:
-            control_edges.append((d["pos"], d["text"] or "^" + u))
-        else:
-            text = d["text"] or _edge_text(g, u, d["src_port"], registry)
-            data_edges.append((d["dst_port"], text))
+    in_graph = g.graph["kind"] == "graph"
+    for u, keyed in g._pred[name].items():  # networkx's dict, read directly (see import)
+        for d in keyed.values():
+            if d["dst_port"] == CONTROL:
+                control_edges.append((d["pos"], d["text"] or "^" + u))
+            else:
+                text = d["text"]
+                if not text:
+                    port = d["src_port"]
+                    if in_graph:
+                        # format_graph_input's spelling, inlined: it runs for every new edge.
+                        text = u if port == 0 else f"{u}:{port}"
+                    else:
+                        text = _edge_text(g, u, port, registry)
+                data_edges.append((d["dst_port"], text))
     data_edges.sort()
     control_edges.sort()
     return [t for _, t in data_edges] + [t for _, t in control_edges]

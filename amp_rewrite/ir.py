@@ -32,6 +32,7 @@ Nothing here imports protobuf or TensorFlow.
 
 from __future__ import annotations
 
+import operator
 from typing import Iterator
 
 import networkx as nx
@@ -51,11 +52,15 @@ __all__ = [
 
 def data_inputs(g: nx.MultiDiGraph, name: str) -> list[tuple[str, int]]:
     """The data inputs of ``name`` as ``(producer, output port)``, in input-port order."""
+    pred = g._pred[name]
+    if not pred:
+        return []
+    # Edge keys are the destination port for data edges and negative for control edges
+    # (see the module docstring), so the key alone tells them apart.
     ins: dict[int, tuple[str, int]] = {}
-    for u, keyed in g._pred[name].items():
-        for d in keyed.values():
-            q = d["dst_port"]
-            if q != CONTROL:
+    for u, keyed in pred.items():
+        for q, d in keyed.items():
+            if q >= 0:
                 ins[q] = (u, d["src_port"])
     return [ins[q] for q in range(len(ins))]
 
@@ -96,7 +101,14 @@ def consumers(g: nx.MultiDiGraph, name: str, port: int) -> list[tuple[str, int, 
 def ordered_nodes(g: nx.MultiDiGraph) -> list[str]:
     """Node names sorted by their ``order`` attribute (original GraphDef order)."""
     nodes = g._node
-    return sorted(nodes, key=lambda n: nodes[n]["order"])
+    keys = [d["order"] for d in nodes.values()]
+    # A freshly imported graph is already in order (nodes are added in GraphDef order): one
+    # C-level pairwise check instead of a sort with a Python key function.
+    if all(map(operator.lt, keys, keys[1:])):
+        return list(nodes)
+    # Orders are unique, so sorting the pairs never compares names: same result as sorting
+    # the names by their order.
+    return [n for _, n in sorted(zip(keys, nodes))]
 
 
 def add_node(

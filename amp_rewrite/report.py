@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from . import dtypes as dt
-from .decide import Plan
+from .decide import NodeDecisions, Plan
 from .graph_io import ImportedGraph
 from .rewrite import RewriteStats
 from .targets import Target
@@ -40,27 +40,35 @@ def _graph_section(plan: Plan, stats: RewriteStats, total: int) -> dict[str, Any
     converted_nodes = {n for n, _ in stats.converted}
     folded = set(stats.folded)
     nodes: dict[str, Any] = {}
-    for name, nd in plan.nodes.items():
+    rows = plan.nodes.rows() if isinstance(plan.nodes, NodeDecisions) else (
+        (name, nd.op, nd.color, nd.dtype, nd.reason,
+         [(ta, d.color, d.dtype, d.reason, d.source) for ta, d in nd.attrs.items()])
+        for name, nd in plan.nodes.items()
+    )
+    dtype_name = dt.name
+    for name, op, color, dtype, reason, attrs in rows:
         entry: dict[str, Any] = {
-            "op": nd.op,
-            "color": nd.color,
-            "dtype": dt.name(nd.dtype),
-            "reason": nd.reason,
+            "op": op,
+            "color": color,
+            "dtype": dtype_name(dtype),
+            "reason": reason,
         }
-        if len(nd.attrs) > 1:
+        if len(attrs) > 1:
             entry["attrs"] = {
-                str(ta): {"color": d.color, "dtype": dt.name(d.dtype), "reason": d.reason}
-                for ta, d in nd.attrs.items()
+                str(ta): {"color": a_color, "dtype": dtype_name(a_dtype), "reason": a_reason}
+                for ta, a_color, a_dtype, a_reason, _ in attrs
             }
-        if nd.attrs and any(d.source for d in nd.attrs.values()):
-            entry["deny_source"] = next(d.source for d in nd.attrs.values() if d.source)
+        for _, _, _, _, source in attrs:
+            if source:
+                entry["deny_source"] = source
+                break
         if name in folded:
             # The rewrite folded a Cast -> Cast chain: this Cast now reads the low-precision
             # tensor itself, so its SrcT changed although the painting left it alone.
             why = f"reads the {dt.name(plan.target_dtype)} tensor directly (Cast chain folded)"
-            entry["attrs"] = {**entry.get("attrs", {str(ta): {"color": d.color, "dtype": dt.name(d.dtype),
-                                                                 "reason": d.reason}
-                                                       for ta, d in nd.attrs.items()}),
+            entry["attrs"] = {**entry.get("attrs", {str(ta): {"color": a_color, "dtype": dtype_name(a_dtype),
+                                                                 "reason": a_reason}
+                                                       for ta, a_color, a_dtype, a_reason, _ in attrs}),
                               "SrcT": {"color": "allow", "dtype": dt.name(plan.target_dtype), "reason": why}}
             entry.update(color="allow", dtype=dt.name(plan.target_dtype), reason=f"SrcT {why}")
         nodes[name] = entry

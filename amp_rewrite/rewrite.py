@@ -182,17 +182,26 @@ def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> Re
     casts: list[CastInfo] = []
     tf_style = 0
     order = ir.ordered_nodes(g)
+    # Per NodeTypes object (shared by the nodes of one op and attrs): its float32 attrs, each
+    # with the output ports it governs.  id() is stable while ``types`` holds the objects.
+    float_attrs: dict[int, list[tuple[TypeAttr, list[int]]]] = {}
     for name in order:
         nt = types.get(name)
         if nt is None:
+            continue
+        todo = float_attrs.get(id(nt))
+        if todo is None:
+            todo = float_attrs[id(nt)] = [
+                (ta, [port for port, out_ta in enumerate(nt.outputs) if out_ta == ta])
+                for ta in nt.attrs if get_dtype(nt.dtypes, ta) == dt.FLOAT
+            ]
+        if not todo:
             continue
         data = g._node[name]
         seq = 0
         # Snapshot of the consumers before any cast of this node is inserted.
         fanout = ir.consumers_by_port(g, name)
-        for ta in nt.attrs:
-            if get_dtype(nt.dtypes, ta) != dt.FLOAT:
-                continue
+        for ta, ports in todo:
             # A fixed-type port cannot change type; painting it (TensorFlow does under
             # UNSAFE_FORCE_ALL) must not reach here.
             src_allow = (name, ta) in allow and not ta.is_fixed
@@ -200,9 +209,7 @@ def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> Re
                 _set_dtype(data, ta, low)
                 converted.append((name, ta))
                 log.debug("changing type %s of %s node %s to %s", ta, data["op"], name, dt.name(low))
-            for port, out_ta in enumerate(nt.outputs):
-                if out_ta != ta:
-                    continue
+            for port in ports:
                 cast_name = None
                 rewired = []
                 for dst, q, key in fanout.get(port, ()):

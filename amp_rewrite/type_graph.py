@@ -10,7 +10,7 @@ Loop back edges (NextIteration -> Merge) are ordinary edges, so the graph can ha
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from .errors import InvalidGraphError
 from .type_attrs import NodeTypes, TypeAttr
@@ -25,16 +25,35 @@ class TypeGraph:
 
     node: list[str] = field(default_factory=list)
     attr: list[TypeAttr] = field(default_factory=list)
-    index: dict[tuple[str, TypeAttr], int] = field(default_factory=dict)
-    by_node: dict[str, list[int]] = field(default_factory=dict)
+    _index: dict[tuple[str, TypeAttr], int] | None = None
+    by_node: dict[str, Sequence[int]] = field(default_factory=dict)
     fanin: list[list[int]] = field(default_factory=list)
     fanout: list[list[int]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.node)
 
+    @property
+    def index(self) -> dict[tuple[str, TypeAttr], int]:
+        """``(node, type attr) -> vertex``, built on first use: the painting passes only
+        look up a few vertices, usually through :meth:`find`, so most runs never need it."""
+        if self._index is None:
+            self._index = {(n, ta): v for v, (n, ta) in enumerate(zip(self.node, self.attr))}
+        return self._index
+
+    def find(self, node: str, ta: TypeAttr) -> int | None:
+        """The vertex of ``(node, ta)``, or ``None``.  Scans the node's few vertices."""
+        attr = self.attr
+        for v in self.by_node.get(node, ()):
+            if attr[v] == ta:
+                return v
+        return None
+
     def vertex(self, node: str, ta: TypeAttr) -> int:
-        return self.index[(node, ta)]
+        v = self.find(node, ta)
+        if v is None:
+            raise KeyError((node, ta))
+        return v
 
     def add_edge(self, src: int, dst: int) -> None:
         self.fanout[src].append(dst)
@@ -62,25 +81,38 @@ def build_type_graph(
     out_v: dict[str, list[int]] = {}
     node_list = tg.node
     attr_list = tg.attr
-    index = tg.index
+    by_node = tg.by_node
+    # Nodes of the same op and attrs share one NodeTypes object (decide caches them): the
+    # positions of their ports among the attrs are computed once per object.  Keyed by id(),
+    # which is stable while ``types`` keeps the objects alive.
+    layout: dict[int, tuple[tuple[TypeAttr, ...], list[int], list[int]]] = {}
     for name in order:
         nt = types[name]
-        local: dict[TypeAttr, int] = {}
-        for ta in nt.attrs:
-            v = len(node_list)
+        lay = layout.get(id(nt))
+        if lay is None:
+            pos = {ta: i for i, ta in enumerate(nt.attrs)}
+            lay = layout[id(nt)] = (nt.attrs, [pos[ta] for ta in nt.inputs], [pos[ta] for ta in nt.outputs])
+        attrs, rel_in, rel_out = lay
+        base = len(node_list)
+        k = len(attrs)
+        if k == 1:
             node_list.append(name)
-            attr_list.append(ta)
-            index[(name, ta)] = v
-            local[ta] = v
-        tg.by_node[name] = list(local.values())
-        in_v[name] = [local[ta] for ta in nt.inputs]
-        out_v[name] = [local[ta] for ta in nt.outputs]
+            attr_list.append(attrs[0])
+        else:
+            node_list.extend([name] * k)
+            attr_list.extend(attrs)
+        by_node[name] = range(base, base + k)  # immutable and cheaper than a list
+        in_v[name] = [base + i for i in rel_in]
+        out_v[name] = [base + i for i in rel_out]
     n = len(node_list)
     fanin: list[list[int]] = [[] for _ in range(n)]
     fanout: list[list[int]] = [[] for _ in range(n)]
     for name in order:
-        dst_vertices = in_v[name]
-        for port, (src, src_port) in enumerate(inputs[name]):
+        ins = inputs[name]
+        if not ins:
+            continue
+        # One input vertex per data input (node_types checked the count).
+        for b, (src, src_port) in zip(in_v[name], ins):
             src_vertices = out_v[src]
             if src_port >= len(src_vertices):
                 raise InvalidGraphError(
@@ -89,7 +121,6 @@ def build_type_graph(
                     node=name,
                 )
             a = src_vertices[src_port]
-            b = dst_vertices[port]
             fanout[a].append(b)
             fanin[b].append(a)
     tg.fanin = fanin
