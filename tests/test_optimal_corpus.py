@@ -8,14 +8,13 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
 import amp_rewrite
 import corpus
 from amp_rewrite.shape_inference import graph_shapes, numel
-from test_corpus import ALL, INFERENCE, INFERENCE_RTOL, _rel_err, _runs
+from test_corpus import ALL, INFERENCE, INFERENCE_RTOL, _rel_err, assert_loss_as_close_as_tensorflow
 from tf_oracle import amp_cast_count, tf_amp_rewrite
 
 _BYTES = {tf.float32.as_datatype_enum: 4, tf.float16.as_datatype_enum: 2,
@@ -74,10 +73,4 @@ def test_optimal_inference_graphs_run_close_to_float32(name, precision, target):
 @pytest.mark.parametrize("name", [p for p in ALL if p.id.endswith("/training")])
 def test_optimal_training_steps_run_as_close_as_tensorflow(name):
     item = corpus.build(name)
-    result = _optimal(item)
-    loss_f32 = float(np.ravel(corpus.run(item.graph_def, item)[0])[0])
-    loss = float(np.ravel(corpus.run(result.graph_def, item)[0])[0])
-    assert np.isfinite(loss)
-    ref = tf_amp_rewrite(item.graph_def, list(item.fetches))
-    tf_error = abs(float(np.ravel(corpus.run(ref, item)[0])[0]) - loss_f32) if _runs(ref, item) else np.inf
-    assert abs(loss - loss_f32) <= min(tf_error, 0.1 * abs(loss_f32)) + 1e-2 * max(1.0, abs(loss_f32))
+    assert_loss_as_close_as_tensorflow(item, _optimal(item).graph_def)
