@@ -440,14 +440,18 @@ def _node_inputs(g: nx.MultiDiGraph, name: str, registry: OpRegistry) -> list[st
     return [t for _, t in data_edges] + [t for _, t in control_edges]
 
 
-def _build_node_def(g: nx.MultiDiGraph, name: str, registry: OpRegistry, node_def_cls: Any) -> Any:
+def _fill_node_def(g: nx.MultiDiGraph, name: str, registry: OpRegistry, nd: Any) -> None:
+    """Write node ``name`` of ``g`` into ``nd``, a new empty NodeDef.  Mutates ``nd`` only."""
     data = g._node[name]
-    nd = node_def_cls()
     if data["proto"] is not None:
         nd.CopyFrom(data["proto"])
         nd.op = data["op"]
-        for attr in sorted(data.get("changed_attrs", ())):
-            _set_type_attr(nd.attr, attr, data["dtypes"][attr])
+        changed = data.get("changed_attrs")
+        if changed:
+            attr_map = nd.attr
+            dtypes = data["dtypes"]
+            for attr in sorted(changed):
+                _set_type_attr(attr_map, attr, dtypes[attr])
     else:
         nd.name = name
         nd.op = data["op"]
@@ -459,24 +463,31 @@ def _build_node_def(g: nx.MultiDiGraph, name: str, registry: OpRegistry, node_de
     if data["proto"] is None or data.get("inputs_changed"):
         del nd.input[:]
         nd.input.extend(_node_inputs(g, name, registry))
-    return nd
 
 
-def _export_nodes(g: nx.MultiDiGraph, registry: OpRegistry, node_def_cls: Any) -> list[Any]:
-    out = []
+def _export_nodes(g: nx.MultiDiGraph, registry: OpRegistry, container: Any) -> None:
+    """Append ``g``'s nodes, in node order, to ``container`` (an empty repeated NodeDef field,
+    which this mutates).  Changed nodes are built in place (``container.add()``) rather than
+    built and then copied in; runs of unchanged ones are copied with one ``extend``."""
+    nodes = g._node
+    pending: list[Any] = []
     for name in ir.ordered_nodes(g):
-        data = g._node[name]
+        data = nodes[name]
         if data["synthetic"]:
             continue
         if data["dirty"]:
-            out.append(_build_node_def(g, name, registry, node_def_cls))
+            if pending:
+                container.extend(pending)
+                pending = []
+            _fill_node_def(g, name, registry, container.add())
         else:
-            out.append(data["proto"])
-    return out
+            pending.append(data["proto"])
+    if pending:
+        container.extend(pending)
 
 
 def _export_function(fg: nx.MultiDiGraph, registry: OpRegistry) -> Any:
-    from tensorflow.core.framework import function_pb2, node_def_pb2
+    from tensorflow.core.framework import function_pb2
 
     source = fg.graph["source"]
     if not any(d["dirty"] for _, d in fg.nodes(data=True)):
@@ -484,7 +495,7 @@ def _export_function(fg: nx.MultiDiGraph, registry: OpRegistry) -> Any:
     fdef = function_pb2.FunctionDef()
     fdef.CopyFrom(source)
     del fdef.node_def[:]
-    fdef.node_def.extend(_export_nodes(fg, registry, node_def_pb2.NodeDef))
+    _export_nodes(fg, registry, fdef.node_def)
     for name, data in fg.nodes(data=True):
         if data["synthetic"] == "retval":
             (text,) = _node_inputs(fg, name, registry)
@@ -494,15 +505,13 @@ def _export_function(fg: nx.MultiDiGraph, registry: OpRegistry) -> Any:
 
 def export_graph_def(imported: ImportedGraph, registry: OpRegistry) -> Any:
     """Build a new GraphDef from the IR.  Untouched nodes and functions are copied verbatim."""
-    from tensorflow.core.framework import node_def_pb2
-
     source = imported.source
     gd = _graph_def_class()()
     # Copy everything (versions, library, unknown fields) and then replace what changed.
     gd.CopyFrom(source)
     if any(d["dirty"] for _, d in imported.graph.nodes(data=True)):
         del gd.node[:]
-        gd.node.extend(_export_nodes(imported.graph, registry, node_def_pb2.NodeDef))
+        _export_nodes(imported.graph, registry, gd.node)
     for i, fdef in enumerate(source.library.function):
         fg = imported.functions.get(fdef.signature.name)
         if fg is not None:

@@ -125,28 +125,45 @@ def add_node(
     proto: object = None,
     synthetic: str | None = None,
 ) -> None:
-    """Add a node with the full schema.  Mutates ``g``."""
-    g.add_node(
-        name,
-        op=op,
-        device=device,
-        order=order,
-        dtypes=dtypes,
-        ints=ints or {},
-        attr_names=attr_names,
-        label=label,
-        proto=proto,
-        synthetic=synthetic,
-        dirty=proto is None,
-        funcs=(),
-    )
+    """Add a node with the full schema.  Mutates ``g``.
+
+    Writes networkx's dicts directly, exactly as ``MultiDiGraph.add_node`` would (the rewrite
+    adds hundreds of thousands of Casts to large graphs and the public method's overhead
+    showed); an existing node's attributes are updated, as networkx does.
+    """
+    attrs = {
+        "op": op, "device": device, "order": order, "dtypes": dtypes, "ints": ints or {},
+        "attr_names": attr_names, "label": label, "proto": proto, "synthetic": synthetic,
+        "dirty": proto is None, "funcs": (),
+    }
+    if name in g._succ:
+        g._node[name].update(attrs)
+    else:
+        g._succ[name] = {}
+        g._pred[name] = {}
+        g._node[name] = attrs
+    nx._clear_cache(g)
 
 
 def add_data_edge(
     g: nx.MultiDiGraph, src: str, src_port: int, dst: str, dst_port: int, text: str | None
 ) -> None:
-    """Connect ``src:src_port`` to input ``dst_port`` of ``dst``.  Mutates ``g``."""
-    g.add_edge(src, dst, key=dst_port, src_port=src_port, dst_port=dst_port, pos=dst_port, text=text)
+    """Connect ``src:src_port`` to input ``dst_port`` of ``dst``.  Mutates ``g``.
+
+    Both nodes must exist.  Same dict layout as ``MultiDiGraph.add_edge`` (an existing edge
+    with this key is updated), written directly for speed, as in :func:`add_node`.
+    """
+    attrs = {"src_port": src_port, "dst_port": dst_port, "pos": dst_port, "text": text}
+    keydict = g._succ[src].get(dst)
+    if keydict is None:
+        g._succ[src][dst] = g._pred[dst][src] = {dst_port: attrs}
+    else:
+        old = keydict.get(dst_port)
+        if old is None:
+            keydict[dst_port] = attrs
+        else:
+            old.update(attrs)
+    nx._clear_cache(g)
 
 
 def iter_data_edges(g: nx.MultiDiGraph) -> Iterator[tuple[str, str, int, int]]:

@@ -185,6 +185,8 @@ def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> Re
     # Per NodeTypes object (shared by the nodes of one op and attrs): its float32 attrs, each
     # with the output ports it governs.  id() is stable while ``types`` holds the objects.
     float_attrs: dict[int, list[tuple[TypeAttr, list[int]]]] = {}
+    # Checked once: log.debug's own check and its arguments cost a call per converted attr.
+    debug = log.isEnabledFor(logging.DEBUG)
     for name in order:
         nt = types.get(name)
         if nt is None:
@@ -208,7 +210,8 @@ def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> Re
             if src_allow:
                 _set_dtype(data, ta, low)
                 converted.append((name, ta))
-                log.debug("changing type %s of %s node %s to %s", ta, data["op"], name, dt.name(low))
+                if debug:
+                    log.debug("changing type %s of %s node %s to %s", ta, data["op"], name, dt.name(low))
             for port in ports:
                 cast_name = None
                 rewired = []
@@ -233,7 +236,8 @@ def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> Re
                         ir.add_data_edge(g, name, port, cast_name, 0, None)
                         if dst_allow and data["op"] not in _CONST_OR_VARIABLE and not _reads_ref_var(g, name):
                             tf_style += 1
-                        log.debug("inserting cast to %s at %s:%d", dt.name(to_dtype), name, port)
+                        if debug:
+                            log.debug("inserting cast to %s at %s:%d", dt.name(to_dtype), name, port)
                     g.remove_edge(name, dst, key=key)
                     ir.add_data_edge(g, cast_name, 0, dst, q, None)
                     g._node[dst]["dirty"] = True

@@ -76,16 +76,16 @@ def build_type_graph(
     Raises :class:`InvalidGraphError` if an input names an output its producer lacks.
     """
     tg = TypeGraph()
-    # Per node, the vertex of each input and output port, so edges are list lookups.
-    in_v: dict[str, list[int]] = {}
-    out_v: dict[str, list[int]] = {}
     node_list = tg.node
     attr_list = tg.attr
     by_node = tg.by_node
     # Nodes of the same op and attrs share one NodeTypes object (decide caches them): the
     # positions of their ports among the attrs are computed once per object.  Keyed by id(),
-    # which is stable while ``types`` keeps the objects alive.
+    # which is stable while ``types`` keeps the objects alive.  Per node only its first
+    # vertex and that shared layout are kept (no per-node port lists: at a million nodes the
+    # allocations dominated).
     layout: dict[int, tuple[tuple[TypeAttr, ...], list[int], list[int]]] = {}
+    node_base: dict[str, tuple[int, list[int], list[int]]] = {}
     for name in order:
         nt = types[name]
         lay = layout.get(id(nt))
@@ -102,8 +102,7 @@ def build_type_graph(
             node_list.extend([name] * k)
             attr_list.extend(attrs)
         by_node[name] = range(base, base + k)  # immutable and cheaper than a list
-        in_v[name] = [base + i for i in rel_in]
-        out_v[name] = [base + i for i in rel_out]
+        node_base[name] = (base, rel_in, rel_out)
     n = len(node_list)
     fanin: list[list[int]] = [[] for _ in range(n)]
     fanout: list[list[int]] = [[] for _ in range(n)]
@@ -111,16 +110,18 @@ def build_type_graph(
         ins = inputs[name]
         if not ins:
             continue
+        base, rel_in, _ = node_base[name]
         # One input vertex per data input (node_types checked the count).
-        for b, (src, src_port) in zip(in_v[name], ins):
-            src_vertices = out_v[src]
-            if src_port >= len(src_vertices):
+        for i, (src, src_port) in zip(rel_in, ins):
+            src_base, _, src_out = node_base[src]
+            if src_port >= len(src_out):
                 raise InvalidGraphError(
                     f"node {name!r} reads output {src_port} of {src!r}, which has only "
-                    f"{len(src_vertices)} output(s)",
+                    f"{len(src_out)} output(s)",
                     node=name,
                 )
-            a = src_vertices[src_port]
+            a = src_base + src_out[src_port]
+            b = base + i
             fanout[a].append(b)
             fanin[b].append(a)
     tg.fanin = fanin
