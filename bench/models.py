@@ -42,6 +42,11 @@ def _vgg16():
     return keras.applications.VGG16(weights=None, input_shape=(64, 64, 3), classes=10), (64, 64, 3), False
 
 
+def _efficientnetb0():
+    keras = _keras()
+    return keras.applications.EfficientNetB0(weights=None, input_shape=(64, 64, 3), classes=10), (64, 64, 3), False
+
+
 def _bert_like():
     """A 4-layer BERT-style encoder: embeddings + post-LN transformer blocks, GELU FFN."""
     keras = _keras()
@@ -73,6 +78,7 @@ BENCH_MODELS: dict[str, tuple[Callable, Callable]] = {
     "inceptionv3": (_inceptionv3, _sgd),
     "vgg16": (_vgg16, _sgd),
     "bert_like": (_bert_like, _adam),
+    "efficientnetb0": (_efficientnetb0, _sgd),
 }
 corpus.MODELS.update(BENCH_MODELS)
 
@@ -94,7 +100,7 @@ corpus._inputs = _inputs
 #: The --quick corpus: one small and one mid-size model, inference and training.
 QUICK_MODELS = ("mlp", "transformer", "mobilenetv2")
 ALL_MODELS = ("resnet50", "mobilenetv2", "mlp", "transformer", "rnn", "densenet121", "inceptionv3",
-              "vgg16", "bert_like")
+              "vgg16", "bert_like", "efficientnetb0")
 
 
 def item_names(models: tuple[str, ...]) -> list[str]:

@@ -271,11 +271,13 @@ def _build_model_items(model_name: str) -> dict[str, CorpusGraph]:
     for v in list(model.variables) + list(optimizer.variables):
         handle_to_var[id(_var_handle(v))] = v
     variables: dict[str, np.ndarray] = {}
+    captured_feeds: dict[str, np.ndarray] = {}
     for external, internal in tconcrete.graph.captures:
         if internal.dtype != tf.resource:
-            raise NotImplementedError(
-                f"{model_name}: non-resource capture {internal.name} is not supported"
-            )
+            # A captured eager constant (e.g. EfficientNet's input normalization): its
+            # placeholder is fed its value, like x and y.
+            captured_feeds[internal.name] = np.array(external.numpy(), copy=True)
+            continue
         var = handle_to_var.get(id(external))
         if var is None:
             raise RuntimeError(f"{model_name}: no variable for capture {internal.name}")
@@ -298,7 +300,7 @@ def _build_model_items(model_name: str) -> dict[str, CorpusGraph]:
         kind="training",
         graph_def=train_gd,
         fetches=train_fetches,
-        feeds={"x:0": x, "y:0": y},
+        feeds={"x:0": x, "y:0": y, **captured_feeds},
         variables=variables,
         watch=watch,
         output_shapes=tuple(train_shapes) + tuple(variables[w].shape for w in watch),

@@ -112,13 +112,13 @@ def test_keras_fit_matches_float32_and_runs_float16(digits: Any) -> None:
 
 # -- amp_rewrite.function -----------------------------------------------------------------------
 
-def _custom_loop(digits: Any, amp: bool) -> tuple[float, Any, Any]:
+def _custom_loop(digits: Any, amp: bool, **options: Any) -> tuple[float, Any, Any, Any]:
     xtr, ytr, xte, yte = digits
     model = _keras_cnn()
     opt = keras.optimizers.Adam(0.01)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     if amp:
-        opt = amp_rewrite.enable_mixed_precision_graph_rewrite(opt, **TARGET)
+        opt = amp_rewrite.enable_mixed_precision_graph_rewrite(opt, **{**TARGET, **options})
 
     def step(x: Any, y: Any) -> Any:
         with tf.GradientTape() as tape:
@@ -148,6 +148,15 @@ def test_function_training_loop_matches_float32_and_runs_float16(digits: Any) ->
     _assert_ran_in_float16(_graph_dtypes(step.executed_graphs()))
     # Rewritten with the options given to the optimizer (the decorator had none).
     assert step.rewrite_results[0].report["skipped"] is None
+
+
+def test_function_training_loop_with_the_optimal_planner_converges(digits: Any) -> None:
+    acc32, _, _, _ = _custom_loop(digits, amp=False)
+    acc, step, _, _ = _custom_loop(digits, amp=True, lists="optimal")
+    print(f"digits accuracy, amp_rewrite.function, optimal planner: float32 {acc32:.4f}, mixed {acc:.4f}")
+    assert abs(acc - acc32) <= 0.01
+    assert step.rewrite_results[0].report["lists"] == "optimal"
+    assert "placement" in step.rewrite_results[0].report
 
 
 # -- TF1 graph + amp_rewrite.Session ------------------------------------------------------------
