@@ -13,11 +13,13 @@ variants and repeating (medians are reported; these machines are shared and nois
   ``lists="tensorflow"``), the ratio, and our time per stage;
 * quality: Cast count, bytes moved by Casts (static shapes), share of MatMul/Conv FLOPs in
   low precision, attributes converted -- TensorFlow vs ours (tensorflow lists) vs ours
-  (default lists);
+  (default lists) vs the optimal planner (``lists="optimal"``);
 * step time on this machine: float32 vs TensorFlow's rewrite vs ours, for bfloat16 on this
   CPU (TF's ``auto_mixed_precision_onednn_bfloat16`` vs ``target="cpu"``) and for the
   float16 graphs made for a GPU, executed here; plus the ceiling (every float op forced to
-  float16, TensorFlow's ``UNSAFE_FORCE_ALL``);
+  float16, TensorFlow's ``UNSAFE_FORCE_ALL``); the optimal planner plans bfloat16 for this
+  machine's CPU class (``target="auto"``).  Graphs run with Grappler on and its
+  mixed-precision passes off;
 * numerics: relative error of the outputs vs float32 for both rewrites.
 
 Then synthetic graphs of growing size measure the scaling of each stage (time and peak
