@@ -291,3 +291,42 @@ def test_min_casts_planner_is_optimal_and_beats_greedy_on_drawn_graphs(drawn):
         if sum(1 for f in problem.fixed if f == FREE) <= 12:
             assert objective(problem, summary.solution) == pytest.approx(_brute_force(problem))
     check_allow_deny(case.graph_def, res.graph_def, res.report, **options)
+
+
+# ------------------------------------------------------------------ autotune
+
+
+def test_autotune_times_the_candidates_and_returns_the_fastest():
+    def build():
+        x = v1.placeholder(tf.float32, (64, 256), name="x")
+        w = tf.constant(np.random.RandomState(0).standard_normal((256, 256)).astype(np.float32) * 0.05)
+        h = tf.nn.relu(tf.matmul(x, w), name="h")
+        tf.identity(tf.matmul(h, w), name="out")
+
+    gd = graph_def(build)
+    before = gd.SerializeToString(deterministic=True)
+    feeds = {"x:0": np.random.RandomState(1).standard_normal((64, 256)).astype(np.float32)}
+    got = amp_rewrite.autotune(gd, feeds=feeds, fetches=["out"], target="cpu", precision="bfloat16",
+                               repeats=2, steps=2, use_env=False)
+    assert set(got.step_ms) == {"float32", "greedy", "optimal"}
+    assert got.step_ms[got.choice] == min(got.step_ms.values())
+    if got.choice == "float32":
+        assert got.graph_def is gd and got.result is None
+    else:
+        assert got.graph_def is got.result.graph_def
+        (ref,) = run(gd, feeds, ["out:0"])
+        (out,) = run(got.graph_def, feeds, ["out:0"])
+        assert np.max(np.abs(out - ref)) / np.max(np.abs(ref)) < 8e-2
+    assert gd.SerializeToString(deterministic=True) == before  # the input is untouched
+
+
+def test_autotune_refuses_feeds_the_graph_cannot_run_with():
+    def build():
+        x = v1.placeholder(tf.float32, (4, 4), name="x")
+        tf.identity(tf.matmul(x, x), name="out")
+
+    with pytest.raises(amp_rewrite.AmpRewriteError, match="does not run"):
+        amp_rewrite.autotune(graph_def(build), feeds={"x:0": np.zeros((3, 3), np.float32)},
+                             fetches=["out"], target="cpu", precision="bfloat16", use_env=False)
+    with pytest.raises(amp_rewrite.AmpRewriteError, match="repeats"):
+        amp_rewrite.autotune(graph_def(build), feeds={}, fetches=["out"], repeats=0)
