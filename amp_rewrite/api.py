@@ -25,7 +25,6 @@ from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence
 
 import networkx as nx
 
-from . import dtypes as dt
 from .decide import DecideOptions, Plan, decide
 from .errors import AmpRewriteError, InvalidGraphError, ListError, TargetError
 from .graph_io import export_graph_def, import_graph_def, parse_graph_def, reachable_functions
@@ -35,7 +34,7 @@ from .report import build_report
 from .rewrite import RewriteStats, apply_plan
 from .shape_inference import function_shapes, graph_shapes
 from .targets import Target, detect_target, parse_target
-from .tensor_names import CONTROL, node_name
+from .tensor_names import node_name
 
 __all__ = ["RewriteResult", "rewrite_graph_def", "resolve_lists", "resolve_target"]
 

@@ -24,12 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from . import dtypes as dt
 from .shape_inference import Shape, numel
 from .targets import Device
 
 __all__ = ["DeviceCosts", "DEVICE_COSTS", "costs_for", "NodeCost", "node_cost", "cast_cost",
-           "DENSE_OPS", "misaligned_dims", "alignment_efficiency"]
+           "DENSE_OPS", "misaligned_dims", "alignment_efficiency", "elements"]
 
 #: Dense ops whose cost is dominated by multiply-accumulates.
 MATMUL_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
@@ -111,7 +110,8 @@ class NodeCost:
     misaligned: tuple[int, ...] = ()
 
 
-def _numel(shape: Shape) -> int:
+def elements(shape: Shape) -> int:
+    """Elements of ``shape``, counting unknown dimensions and ranks as the defaults above."""
     if shape is None:
         return UNKNOWN_TENSOR
     return numel(shape, UNKNOWN_DIM)
@@ -126,11 +126,11 @@ def _dims(shape: Shape) -> tuple[int, ...] | None:
 def _dense_flops(op: str, ins: Sequence[Shape], outs: Sequence[Shape]) -> tuple[float, tuple[int, ...]]:
     """Multiply-add flops of a dense op and the matrix dimensions that decide alignment."""
     out = outs[0] if outs else None
-    n_out = _numel(out)
+    n_out = elements(out)
     if op in MATMUL_OPS:
         a = ins[0] if ins else None
         last = (out[-1] if out and out[-1] is not None else UNKNOWN_DIM) if out else UNKNOWN_DIM
-        k = max(1, _numel(a) * last // max(1, n_out))
+        k = max(1, elements(a) * last // max(1, n_out))
         rows = max(1, n_out // max(1, last))
         return 2.0 * n_out * k, (rows, k, last)
     if op in CONV_OPS:
@@ -145,7 +145,7 @@ def _dense_flops(op: str, ins: Sequence[Shape], outs: Sequence[Shape]) -> tuple[
         fd = _dims(filt)
         if fd and len(fd) >= 2:
             cin, cout = fd[-2], fd[-1]
-            per_out = _numel(filt) // max(1, cout)
+            per_out = elements(filt) // max(1, cout)
         else:
             # Filter shape unknown (a variable without shape information): take the input
             # channels from the activation (forward input / backprop-input output) and assume
@@ -154,13 +154,13 @@ def _dense_flops(op: str, ins: Sequence[Shape], outs: Sequence[Shape]) -> tuple[
             cin = act[-1] if act and act[-1] is not None else UNKNOWN_DIM
             cout = dy[-1] if dy and dy[-1] is not None else UNKNOWN_DIM
             per_out = 9 * cin
-        return 2.0 * _numel(dy) * per_out, (cin, cout)
+        return 2.0 * elements(dy) * per_out, (cin, cout)
     if op in DEPTHWISE_OPS:
         filt = ins[1] if len(ins) > 1 else (out if "Filter" in op else None)
         fd = _dims(filt)
         taps = (fd[0] * fd[1]) if fd and len(fd) >= 2 else 9
         dy = out if not op.endswith("Filter") else (ins[2] if len(ins) > 2 else None)
-        return 2.0 * _numel(dy) * taps, ()
+        return 2.0 * elements(dy) * taps, ()
     return 0.0, ()
 
 
@@ -192,7 +192,7 @@ def node_cost(
     ``in_shapes``/``out_shapes`` are the shapes of its float tensors (others do not change
     with the colour).  Unknown dimensions count as :data:`UNKNOWN_DIM`.
     """
-    elems = sum(_numel(s) for s in in_shapes) + sum(_numel(s) for s in out_shapes)
+    elems = sum(elements(s) for s in in_shapes) + sum(elements(s) for s in out_shapes)
     mem_high = elems * 4 / costs.bandwidth
     mem_low = elems * low_bytes / costs.bandwidth
     if op in DENSE_OPS:
@@ -212,9 +212,4 @@ def node_cost(
 
 def cast_cost(shape: Shape, low_bytes: int, costs: DeviceCosts) -> float:
     """Estimated time of one Cast between float32 and low precision (ns).  Pure."""
-    return costs.op_overhead + _numel(shape) * (4 + low_bytes) / costs.bandwidth
-
-
-def dtype_bytes(dtype: int) -> int:
-    """Bytes per element of a float type."""
-    return 4 if dtype == dt.FLOAT else 2
+    return costs.op_overhead + elements(shape) * (4 + low_bytes) / costs.bandwidth

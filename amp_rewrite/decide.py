@@ -44,7 +44,7 @@ from .normalization import find_normalizations
 from .op_registry import KernelSpec, OpRegistry, OpSignature
 from .targets import Target, parse_device_name
 from .type_attrs import NodeTypes, TypeAttr, get_dtype, node_types, opaque_node_types
-from .type_graph import TypeGraph, build_type_graph
+from .type_graph import build_type_graph
 
 __all__ = ["AttrDecision", "NodeDecision", "NodeDecisions", "Plan", "decide", "DecideOptions"]
 
@@ -357,7 +357,6 @@ class _Painter:
             self.inputs[name] = data_inputs(g, name)
         self.types = self._node_types()
         self.tg = build_type_graph(self.order, self.types, self.inputs)
-        tg = self.tg
         # Per-vertex copies of per-node facts, filled node by node (vertices of a node are
         # consecutive, see build_type_graph).
         cat = self.lists.category
@@ -812,7 +811,7 @@ class _Painter:
     def _normalization_blocks(self) -> set[tuple[int, int]]:
         """(statistic vertex, apply vertex) pairs along which deny must not propagate."""
         tg = self.tg
-        info = find_normalizations(self.g)
+        info = find_normalizations(self.g, self.inputs)
         blocked: set[tuple[int, int]] = set()
         for name, (ports, norm) in sorted(info.apply.items()):
             types = self.types.get(name)

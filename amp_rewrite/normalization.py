@@ -73,10 +73,16 @@ def _resource_placeholder(g: nx.MultiDiGraph, name: str) -> bool:
     return data["op"] == "Placeholder" and data["dtypes"].get("dtype") == 20  # DT_RESOURCE
 
 
-def find_normalizations(g: nx.MultiDiGraph) -> NormalizationInfo:
-    """Find moment-based normalizations in ``g`` (see the module docstring).  Pure."""
+def find_normalizations(
+    g: nx.MultiDiGraph, data_inputs: Mapping[str, list[tuple[str, int]]] | None = None
+) -> NormalizationInfo:
+    """Find moment-based normalizations in ``g`` (see the module docstring).  Pure.
+
+    ``data_inputs`` may give every node's data inputs already computed (the decision stage
+    has them); missing ones are read from ``g``.
+    """
     ops = {n: d["op"] for n, d in g.nodes(data=True)}
-    inputs_cache: dict[str, list[tuple[str, int]]] = {}
+    inputs_cache: dict[str, list[tuple[str, int]]] = dict(data_inputs or {})
 
     def inputs(n: str) -> list[tuple[str, int]]:
         got = inputs_cache.get(n)

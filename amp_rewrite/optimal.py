@@ -20,11 +20,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import dtypes as dt
 from . import ir
-from .cost_model import DENSE_OPS, UNKNOWN_DIM, UNKNOWN_TENSOR, DeviceCosts, cast_cost, costs_for, node_cost
+from .cost_model import DENSE_OPS, DeviceCosts, cast_cost, costs_for, elements, node_cost
 from .placement import FREE, HIGH, LOW, PlacementProblem, objective, solve
-from .shape_inference import Shape, numel
+from .shape_inference import Shape
 from .type_attrs import TypeAttr
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -119,10 +118,6 @@ def _guard(problem: PlacementProblem, low: list[bool], greedy: list[bool], cast_
                                       [(m, 1.0 + b) for (m, _), b in zip(problem.tensors, cast_bytes)]))
     candidates = [sol for sol in (by_bytes,) if ok(sol)] + [greedy]
     return min(candidates, key=lambda sol: objective(problem, sol))
-
-
-def _elements(shape: Shape) -> int:
-    return UNKNOWN_TENSOR if shape is None else numel(shape, UNKNOWN_DIM)
 
 
 def _is_constant(p: "_Painter", name: str) -> bool:
@@ -251,7 +246,7 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
         if len(ms) < 2 or not any(free[m] for m in ms):
             continue
         c = costs_of(src)
-        nbytes = 6.0 * _elements(out_shape(src, sp))
+        nbytes = 6.0 * elements(out_shape(src, sp))
         cast_bytes.append(nbytes)
         if min_casts:
             # Bytes, plus one per Cast so that fewer Casts win a tie.

@@ -14,7 +14,7 @@ shapes cost quality, never correctness.
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = ["Shape", "graph_shapes", "function_shapes", "numel"]
 

@@ -488,6 +488,31 @@ def test_session_refuses_a_graph_that_grew_after_the_first_run() -> None:
             sess.run(b)
 
 
+def test_session_partial_run_uses_the_rewritten_graph_in_original_names_and_dtypes() -> None:
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, (64, 64), name="x")
+        w = tf.constant(np.eye(64, dtype=np.float32) * 0.5, name="w")
+        h = tf.matmul(x, w, name="h")
+        y = tf.matmul(h, w, name="y")
+    value = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    with amp_rewrite.Session(graph=graph, rewrite_options=TARGET) as sess:
+        handle = sess.partial_run_setup([h, y], [x])
+        got_h = sess.partial_run(handle, h, feed_dict={x: value})
+        got_y = sess.partial_run(handle, y)
+        assert sess.rewrite_result.report["converted_nodes"] > 0
+    assert got_h.dtype == np.float32 and got_y.dtype == np.float32
+    np.testing.assert_allclose(got_h, value * 0.5, rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(got_y, value * 0.25, rtol=2e-2, atol=2e-2)
+
+
+def test_loss_scale_base_class_is_abstract() -> None:
+    from amp_rewrite.training.loss_scale import LossScale
+
+    with pytest.raises(TypeError, match="abstract"):
+        LossScale()
+
+
 def test_function_on_a_method_and_with_explicit_options() -> None:
     class Scaler(tf.Module):
         def __init__(self) -> None:

@@ -222,8 +222,6 @@ def _mutant(draw: Any, base: st.SearchStrategy[Any]) -> Mutant:
     case = draw(base)
     gd = _copy(case.graph_def if hasattr(case, "graph_def") else case)
     kind = draw(st.sampled_from(MUTATIONS))
-    nodes = list(gd.node)
-    names = [n.name for n in nodes]
 
     def node_index(pred: Any = lambda n: True) -> int | None:
         idx = [i for i, n in enumerate(gd.node) if pred(n)]

@@ -21,6 +21,8 @@ calibration skips from real divergence (user_issues.md, Theme 3).
 
 from __future__ import annotations
 
+import abc
+
 import logging
 import math
 from dataclasses import dataclass
@@ -39,7 +41,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class LossScale:
+class LossScale(abc.ABC):
     """Base class of the loss-scale configurations; use :func:`get` to build one."""
 
     @property
@@ -48,8 +50,9 @@ class LossScale:
         return False
 
     @property
+    @abc.abstractmethod
     def initial_scale(self) -> float:
-        raise NotImplementedError
+        """The scale the first step uses."""
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ options of the loss-scaled optimizer that built a train op in it (if any), overr
 options given to the Session.
 
 Assumptions: the graph is complete at the first ``run`` (adding ops afterwards is an error,
-because the running session's state belongs to the graph rewritten then); ``partial_run`` is
-not supported.
+because the running session's state belongs to the graph rewritten then).  ``partial_run``
+works like ``run``: names of the original graph, values in their original dtypes.
 """
 
 from __future__ import annotations
@@ -243,26 +243,44 @@ class Session(SessionInterface):
         original dtypes.
         """
         self._ensure_started()
-        assert self._session is not None and self._rewritten is not None
-        flat = _flatten(fetches)
+        assert self._session is not None
+        new_fetches, dtypes = self._map_fetches(fetches)
+        values = self._session.run(new_fetches, self._map_feed(feed_dict), options, run_metadata)
+        return self._restore(fetches, values, new_fetches, dtypes)
+
+    def _map_fetches(self, fetches: Any) -> tuple[list[Any], list[Any]]:
+        """The rewritten graph's elements for ``fetches`` (flattened), and the original
+        dtypes to give the values back in (``None`` for ops)."""
+        assert self._rewritten is not None
         new_fetches = []
         dtypes: list[Any] = []
-        for leaf in flat:
+        for leaf in _flatten(fetches):
             name = _element_name(leaf, self._graph, "fetch")
             old = self._graph.as_graph_element(name)
             new_fetches.append(self._rewritten.as_graph_element(name))
             dtypes.append(old.dtype if isinstance(old, tf.Tensor) else None)
+        return new_fetches, dtypes
+
+    def _map_feed_key(self, key: Any) -> tuple[Any, Any]:
+        """The rewritten graph's tensor for a feed key, and the original tensor."""
+        assert self._rewritten is not None
+        name = _element_name(key, self._graph, "feed")
+        tensor = self._rewritten.as_graph_element(name)
+        if not isinstance(tensor, tf.Tensor):
+            raise TypeError(f"cannot feed {name!r}: it is not a tensor")
+        return tensor, self._graph.as_graph_element(name)
+
+    def _map_feed(self, feed_dict: Mapping[Any, Any] | None) -> dict[Any, Any] | None:
         new_feed = {}
         for key, value in (feed_dict or {}).items():
-            name = _element_name(key, self._graph, "feed")
-            tensor = self._rewritten.as_graph_element(name)
-            if not isinstance(tensor, tf.Tensor):
-                raise TypeError(f"cannot feed {name!r}: it is not a tensor")
-            old = self._graph.as_graph_element(name)
+            tensor, old = self._map_feed_key(key)
             if tensor.dtype != old.dtype:
                 value = np.asarray(value).astype(tensor.dtype.as_numpy_dtype)
             new_feed[tensor] = value
-        values = self._session.run(new_fetches, new_feed or None, options, run_metadata)
+        return new_feed or None
+
+    @staticmethod
+    def _restore(fetches: Any, values: Sequence[Any], new_fetches: Sequence[Any], dtypes: Sequence[Any]) -> Any:
         out = []
         for value, dtype, new in zip(values, dtypes, new_fetches):
             if dtype is not None and new.dtype != dtype:
@@ -281,10 +299,21 @@ class Session(SessionInterface):
 
         return call
 
-    def partial_run_setup(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError("amp_rewrite.Session does not support partial_run")
+    def partial_run_setup(self, fetches: Any, feeds: Sequence[Any] | None = None) -> Any:
+        """Set up a partial run of the rewritten graph (``tf.compat.v1.Session``'s contract,
+        in the original graph's names)."""
+        self._ensure_started()
+        assert self._session is not None
+        new_fetches, _ = self._map_fetches(fetches)
+        return self._session.partial_run_setup(new_fetches, [self._map_feed_key(f)[0] for f in feeds or []])
 
-    partial_run = partial_run_setup
+    def partial_run(self, handle: Any, fetches: Any, feed_dict: Mapping[Any, Any] | None = None) -> Any:
+        """Continue a partial run; values come back in the original dtypes."""
+        self._ensure_started()
+        assert self._session is not None
+        new_fetches, dtypes = self._map_fetches(fetches)
+        values = self._session.partial_run(handle, new_fetches, self._map_feed(feed_dict))
+        return self._restore(fetches, values, new_fetches, dtypes)
 
     def list_devices(self) -> Any:
         self._ensure_started()
