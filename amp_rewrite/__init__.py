@@ -18,7 +18,7 @@ targets in :mod:`~amp_rewrite.targets`.
 from __future__ import annotations
 
 from .api import RewriteResult, resolve_lists, resolve_target, rewrite_graph_def
-from .autotune import AutotuneResult, autotune
+from .autotune import AutotuneOptions, AutotuneResult, autotune, autotune_model
 from .errors import (
     AmpRewriteError,
     GraphFormatError,
@@ -57,6 +57,8 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "rewrite_graph_def",
     "autotune",
+    "autotune_model",
+    "AutotuneOptions",
     "AutotuneResult",
     "rewrite_saved_model",
     "rewrite_model",

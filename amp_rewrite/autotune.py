@@ -1,47 +1,292 @@
-"""Autotuning: time candidate plans on the local device and keep the fastest.
+"""Autotuning: time candidate rewrites on the local device and keep the fastest.
 
 The optimal planner's cost model ranks colourings by estimate; on a given machine an
-estimate can be wrong (kernel fusions, cache effects, a noisy neighbour).  :func:`autotune`
-rewrites the graph with each candidate planner, runs every candidate and the float32
-original on this machine -- interleaved, repeated, medians -- and returns the fastest,
-float32 included, so that the result is never measurably slower than not rewriting.
+estimate can be wrong (kernel fusions, cache effects, a noisy neighbour).  Autotuning
+measures instead: it rewrites the graph once per *candidate* (a named set of rewrite
+options, e.g. TensorFlow's lists, the default profile, the optimal planner), runs every
+candidate and the float32 original on this machine -- interleaved, repeated, medians -- and
+keeps the fastest rewrite only if it beats float32 by a margin (2% by default), so that the
+result is never measurably slower than not rewriting.  Candidates whose graph is the same
+as another's are timed once.  Each candidate's outputs are compared with float32's on the same inputs;
+``max_rel_error`` rules out candidates that are fast but too far off.
 
-It runs graphs, so it needs feeds for the graph's placeholders and, naturally, a machine
-of the kind the graph is rewritten for.  The caller's GraphDef is never modified.
+Two entry points:
+
+* :func:`autotune` -- a GraphDef, with the caller's feeds and fetches (or the caller's own
+  runner, e.g. one that feeds variables);
+* :func:`autotune_model` -- a model file (a SavedModel's signature or a frozen GraphDef's
+  placeholders), with random inputs of a given batch size; ``amp-rewrite rewrite --autotune``
+  is this.
+
+It runs graphs, so naturally it has to run on a machine of the kind the graph is rewritten
+for.  The caller's graph and model are never modified.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
 
 from .api import RewriteResult, rewrite_graph_def
 from .errors import AmpRewriteError
 
-__all__ = ["AutotuneResult", "autotune"]
+__all__ = [
+    "AutotuneOptions",
+    "AutotuneResult",
+    "CANDIDATES",
+    "DEFAULT_CANDIDATES",
+    "ModelAutotune",
+    "autotune",
+    "autotune_model",
+    "candidate_options",
+]
 
 log = logging.getLogger(__name__)
+
+#: Named candidates: the rewrite options each one sets on top of the caller's.
+CANDIDATES: Mapping[str, Mapping[str, Any]] = {
+    # TensorFlow's own lists and greedy passes: the graph TensorFlow's pass would produce.
+    "tensorflow": {"lists": "tensorflow", "planner": "greedy"},
+    # The caller's lists with the greedy planner (the default profile's behaviour).
+    "greedy": {"planner": "greedy"},
+    # The caller's lists with the cost-aware minimum-cut planner.
+    "optimal": {"planner": "optimal"},
+    "min-casts": {"planner": "min-casts"},
+}
+DEFAULT_CANDIDATES: tuple[str, ...] = ("tensorflow", "greedy", "optimal")
+FLOAT32 = "float32"
+
+#: A step: runs the graph once and returns its outputs.
+StepFn = Callable[[], Sequence[Any]]
+
+
+def candidate_options(candidates: Sequence[str] | Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Named candidates -> their rewrite options.  A sequence names entries of
+    :data:`CANDIDATES`; a mapping gives options directly (``{"mine": {"lists": "x.toml"}}``).
+    Raises :class:`AmpRewriteError` for an unknown or reserved name, or no candidate."""
+    if isinstance(candidates, Mapping):
+        out = {str(k): dict(v) for k, v in candidates.items()}
+    else:
+        out = {}
+        for name in candidates:
+            if name not in CANDIDATES:
+                raise AmpRewriteError(f"unknown autotune candidate {name!r}; expected one of "
+                                      f"{', '.join(CANDIDATES)}")
+            out[name] = dict(CANDIDATES[name])
+    if FLOAT32 in out:
+        raise AmpRewriteError("'float32' is always a candidate (the original graph); do not name it")
+    if not out:
+        raise AmpRewriteError("autotune needs at least one candidate")
+    return out
+
+
+@dataclass(frozen=True)
+class AutotuneOptions:
+    """How :func:`autotune_model` measures.
+
+    ``candidates`` as for :func:`candidate_options`; ``repeats`` rounds of ``steps`` steps
+    per candidate (medians); ``batch`` replaces each input's unknown first dimension, and
+    ``shapes`` gives whole shapes by input name; ``signature`` picks the SavedModel
+    signature to time (default ``serving_default``, else the first); ``max_rel_error``
+    rules out candidates whose outputs differ more from float32's (max abs difference over
+    max abs value, per output); a rewrite is chosen only when it beats float32 by
+    ``min_gain`` (a fraction of float32's step time); ``seed`` makes the random inputs reproducible.
+    """
+
+    candidates: Sequence[str] | Mapping[str, Mapping[str, Any]] = DEFAULT_CANDIDATES
+    repeats: int = 5
+    steps: int = 3
+    batch: int = 1
+    shapes: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    signature: str | None = None
+    max_rel_error: float | None = None
+    min_gain: float = 0.02
+    seed: int = 0
+
+    def check(self) -> None:
+        """Raises :class:`AmpRewriteError` for settings that cannot be measured."""
+        if self.repeats < 1 or self.steps < 1:
+            raise AmpRewriteError("autotune needs repeats >= 1 and steps >= 1")
+        if self.batch < 1:
+            raise AmpRewriteError("autotune needs a batch size >= 1")
+        if not 0 <= self.min_gain < 1:
+            raise AmpRewriteError("autotune's min_gain must be in [0, 1)")
+        if self.max_rel_error is not None and not self.max_rel_error >= 0:
+            raise AmpRewriteError("autotune's max relative error must be >= 0")
+        for name, dims in self.shapes.items():
+            if any(int(d) < 0 for d in dims):
+                raise AmpRewriteError(f"autotune shape for {name!r} has a negative dimension")
+        candidate_options(self.candidates)
 
 
 @dataclass(frozen=True)
 class AutotuneResult:
-    """The winner and what was measured.
+    """The winner of :func:`autotune` and what was measured.
 
-    ``choice`` is ``"float32"`` (keep the original graph) or a planner name; ``graph_def``
-    is the graph to use; ``result`` the winning :class:`RewriteResult` (``None`` for
-    float32); ``step_ms`` the median step time of every candidate.
+    ``choice`` is ``"float32"`` (keep the original graph) or a candidate name;
+    ``graph_def`` is the graph to use; ``result`` the winning :class:`RewriteResult`
+    (``None`` for float32); ``step_ms`` the median step time of every candidate that ran;
+    ``rel_error`` each candidate's output error against float32; ``same_as`` the
+    candidates whose graph is the same as an earlier one's (``"float32"`` when the rewrite
+    changed nothing), which were not timed separately.
     """
 
     choice: str
     graph_def: Any
     result: RewriteResult | None
     step_ms: Mapping[str, float] = field(default_factory=dict)
+    rel_error: Mapping[str, float] = field(default_factory=dict)
+    same_as: Mapping[str, str] = field(default_factory=dict)
 
 
-def _runner(graph_def: Any, feeds: Mapping[str, Any], fetches: Sequence[str]) -> Any:
+# ------------------------------------------------------------------------ measuring
+
+
+def relative_error(got: Sequence[Any], ref: Sequence[Any]) -> float:
+    """Max over outputs of ``max|got - ref| / max|ref|`` (in float64).  Outputs of another
+    shape, or non-finite where the reference is finite, count as infinitely wrong."""
+    worst = 0.0
+    for g, r in zip(got, ref):
+        g64, r64 = np.asarray(g, np.float64), np.asarray(r, np.float64)
+        if g64.shape != r64.shape:
+            return float("inf")
+        if r64.size == 0:
+            continue
+        finite = np.isfinite(r64)
+        if np.any(~np.isfinite(g64) & finite):
+            return float("inf")
+        if not np.any(finite):
+            continue
+        scale = max(float(np.max(np.abs(r64[finite]))), 1e-30)
+        worst = max(worst, float(np.max(np.abs(g64[finite] - r64[finite]))) / scale)
+    return worst
+
+
+def _measure(steps_fns: Mapping[str, StepFn], repeats: int, steps: int) -> dict[str, float]:
+    """Median ms per step of each step function, sampled round-robin so that drift on a
+    shared machine hits every candidate alike.  Each sample is the median of ``steps``."""
+    samples: dict[str, list[float]] = {n: [] for n in steps_fns}
+    for _ in range(repeats):
+        for name, step in steps_fns.items():
+            times = []
+            for _ in range(steps):
+                t = time.perf_counter()
+                step()
+                times.append(time.perf_counter() - t)
+            samples[name].append(statistics.median(times))
+    return {n: statistics.median(s) * 1e3 for n, s in samples.items()}
+
+
+def _choose(step_ms: Mapping[str, float], rel_error: Mapping[str, float], max_rel_error: float | None,
+            min_gain: float) -> str:
+    """The fastest admissible candidate if it beats float32 by at least ``min_gain`` (a
+    fraction of float32's time), else float32: a rewrite has to earn its place, and a
+    margin below the noise would let chance pick it.  Ties go to the earlier candidate."""
+    order = list(step_ms)
+    rivals = [n for n in order if n != FLOAT32 and (max_rel_error is None
+                                                     or rel_error.get(n, float("inf")) <= max_rel_error)]
+    if not rivals or FLOAT32 not in step_ms:
+        return FLOAT32
+    best = min(rivals, key=lambda n: (step_ms[n], order.index(n)))
+    return best if step_ms[best] <= step_ms[FLOAT32] * (1.0 - min_gain) else FLOAT32
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+
+
+def _same_as(keys: Mapping[str, bytes | None]) -> dict[str, str]:
+    """Candidates whose graph is the same as an earlier one's (float32 first): ``None`` as a
+    key means "unchanged", i.e. float32's graph.  Returns ``{later: earlier}``."""
+    first: dict[bytes | None, str] = {}
+    aliases = {}
+    for name, key in keys.items():
+        if key in first:
+            aliases[name] = first[key]
+        else:
+            first[key] = name
+    return aliases
+
+
+def _unchanged(report: Mapping[str, Any]) -> bool:
+    """Whether a rewrite's report says it changed nothing (no conversion, no Cast)."""
+    return not (report["converted_attrs"] or report["casts_to_low"] or report["casts_to_high"])
+
+
+def _tune(makers: Mapping[str, Callable[[], tuple[StepFn, Callable[[], None]]]], *, repeats: int,
+          steps: int, max_rel_error: float | None, min_gain: float,
+          same_as: Mapping[str, str] | None = None) -> tuple[str, dict[str, float], dict[str, float]]:
+    """Build every runner (float32 first), compare outputs, time, choose.
+
+    ``makers`` maps a name to a function returning ``(step, close)``, float32 first, then
+    the candidates in the caller's order.  float32 failing to run is the caller's error
+    (bad feeds); a candidate failing to run just loses.  A candidate in ``same_as`` has the
+    same graph as an earlier one: it is not run again (two timings of one graph would let
+    noise pick between them), it gets that one's numbers, and the earlier one is chosen in
+    its place.  Returns ``(choice, step_ms, rel_error)``, in the order of ``makers``.
+    """
+    same_as = dict(same_as or {})
+    runners: dict[str, tuple[StepFn, Callable[[], None]]] = {}
+    outputs: dict[str, Sequence[Any]] = {}
+    try:
+        for name, make in makers.items():
+            if name in same_as:
+                continue
+            try:
+                runner = make()
+            except AmpRewriteError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a candidate that cannot run loses
+                if name == FLOAT32:
+                    raise AmpRewriteError(f"the original graph does not run with these inputs: "
+                                          f"{_first_line(exc)}") from None
+                log.warning("autotune: candidate %s cannot run here: %s", name, _first_line(exc))
+                continue
+            runners[name] = runner
+            try:
+                outputs[name] = runner[0]()  # also the warm-up: kernels, Grappler, oneDNN primitives
+            except Exception as exc:  # noqa: BLE001
+                if name == FLOAT32:
+                    raise AmpRewriteError(f"the original graph does not run with these inputs: "
+                                          f"{_first_line(exc)}") from None
+                log.warning("autotune: candidate %s cannot run here: %s", name, _first_line(exc))
+                del runners[name]
+                runner[1]()
+        measured = _measure({n: r[0] for n, r in runners.items()}, repeats, steps)
+    finally:
+        for _, close in runners.values():
+            close()
+    step_ms: dict[str, float] = {}
+    rel_error: dict[str, float] = {}
+    for name in makers:
+        source = same_as.get(name, name)
+        if source in measured:
+            step_ms[name] = measured[source]
+            if name != FLOAT32:
+                rel_error[name] = (0.0 if source == FLOAT32
+                                   else relative_error(outputs[source], outputs[FLOAT32]))
+    choice = _choose(step_ms, rel_error, max_rel_error, min_gain)
+    choice = same_as.get(choice, choice)
+    log.info("autotune: %s -> %s", ", ".join(
+        f"{n} {ms:.2f} ms" + (f" (rel. error {rel_error[n]:.1e})" if n in rel_error else "")
+        + (f" (same graph as {same_as[n]})" if n in same_as else "")
+        for n, ms in step_ms.items()), choice)
+    return choice, step_ms, rel_error
+
+
+# ------------------------------------------------------------------------ GraphDefs
+
+
+def _graph_runner(graph_def: Any, feeds: Mapping[str, Any], fetches: Sequence[str]) -> tuple[StepFn, Callable[[], None]]:
+    """A session over ``graph_def`` as users run it: Grappler on, but none of TensorFlow's own
+    mixed-precision passes, so nothing is rewritten twice."""
     import tensorflow as tf
     from tensorflow.core.protobuf import rewriter_config_pb2
 
@@ -49,70 +294,232 @@ def _runner(graph_def: Any, feeds: Mapping[str, Any], fetches: Sequence[str]) ->
     with graph.as_default():
         tf.graph_util.import_graph_def(graph_def, name="")
     config = tf.compat.v1.ConfigProto()
-    # Grappler on, as the graph will run, but no mixed-precision pass of TensorFlow's own.
     ro = config.graph_options.rewrite_options
     off = rewriter_config_pb2.RewriterConfig.OFF
     ro.auto_mixed_precision = ro.auto_mixed_precision_onednn_bfloat16 = off
     ro.auto_mixed_precision_mkl = ro.auto_mixed_precision_cpu = off
-    sess = tf.compat.v1.Session(graph=graph, config=config)
     out = [graph.get_tensor_by_name(f if ":" in f else f + ":0") for f in fetches]
     feed = {graph.get_tensor_by_name(k if ":" in k else k + ":0"): v for k, v in feeds.items()}
-    sess.run(out, feed)  # warm-up: kernel creation, Grappler
-    return sess, out, feed
+    sess = tf.compat.v1.Session(graph=graph, config=config)
+    return (lambda: sess.run(out, feed)), sess.close
 
 
 def autotune(
     graph_def: Any,
     *,
-    feeds: Mapping[str, Any],
+    feeds: Mapping[str, Any] | None = None,
     fetches: Sequence[str],
-    planners: Sequence[str] = ("greedy", "optimal"),
+    candidates: Sequence[str] | Mapping[str, Mapping[str, Any]] = DEFAULT_CANDIDATES,
     repeats: int = 5,
     steps: int = 3,
+    max_rel_error: float | None = None,
+    min_gain: float = 0.02,
+    runner: Callable[[Any], tuple[StepFn, Callable[[], None]]] | None = None,
     **rewrite_options: Any,
 ) -> AutotuneResult:
-    """Rewrite ``graph_def`` with each of ``planners``, time each candidate and float32, and
-    return the fastest.  ``feeds`` maps placeholder tensors (``"x:0"``) to values;
-    ``fetches`` are the tensors a step computes (also preserved by the rewrite).  Other
-    options go to :func:`~amp_rewrite.api.rewrite_graph_def`.
+    """Rewrite ``graph_def`` once per candidate, time each and float32, return the fastest.
 
-    Raises :class:`AmpRewriteError` when the original graph cannot run with ``feeds``.
+    ``feeds`` maps placeholder tensors (``"x:0"``) to values; ``fetches`` are the tensors a
+    step computes (the rewrite preserves them).  Instead of feeds, ``runner`` may build
+    the step itself: called with a GraphDef, it returns ``(step, close)`` where ``step()``
+    runs one step and returns the outputs (e.g. a session that feeds variables).  A rewrite
+    is chosen only if it beats float32 by ``min_gain`` (2% by default).  Other options go to :func:`~amp_rewrite.api.rewrite_graph_def`, under each candidate's.
+
+    Raises :class:`AmpRewriteError` for bad settings or when the original graph cannot run.
+    ``graph_def`` is not modified.
     """
     if repeats < 1 or steps < 1:
         raise AmpRewriteError("autotune needs repeats >= 1 and steps >= 1")
-    results: dict[str, RewriteResult] = {}
-    for planner in planners:
-        results[planner] = rewrite_graph_def(graph_def, planner=planner, fetches=list(fetches),
-                                             **rewrite_options)
-    candidates: dict[str, Any] = {"float32": graph_def}
-    candidates.update({p: r.graph_def for p, r in results.items()})
-    runners = {}
-    try:
-        for name, gd in candidates.items():
-            try:
-                runners[name] = _runner(gd, feeds, fetches)
-            except Exception as exc:  # noqa: BLE001 - a candidate that cannot run loses
-                if name == "float32":
-                    raise AmpRewriteError(f"the original graph does not run with these feeds: "
-                                          f"{str(exc).splitlines()[0][:200]}") from None
-                log.warning("autotune: candidate %s cannot run here: %s", name,
-                            str(exc).splitlines()[0][:200])
-        samples: dict[str, list[float]] = {n: [] for n in runners}
-        for _ in range(repeats):  # round-robin, so drift on a shared machine hits all alike
-            for name, (sess, out, feed) in runners.items():
-                times = []
-                for _ in range(steps):
-                    t = time.perf_counter()
-                    sess.run(out, feed)
-                    times.append(time.perf_counter() - t)
-                samples[name].append(statistics.median(times))
-    finally:
-        for sess, _, _ in runners.values():
-            sess.close()
-    step_ms = {n: statistics.median(s) * 1e3 for n, s in samples.items()}
-    # Ties go to the earlier candidate: float32 first, then the planners in the order given.
-    choice = min(step_ms, key=lambda n: (step_ms[n], list(step_ms).index(n)))
-    log.info("autotune: %s", ", ".join(f"{n} {ms:.2f} ms" for n, ms in step_ms.items()) + f" -> {choice}")
-    if choice == "float32":
-        return AutotuneResult("float32", graph_def, None, step_ms)
-    return AutotuneResult(choice, results[choice].graph_def, results[choice], step_ms)
+    if not 0 <= min_gain < 1:
+        raise AmpRewriteError("autotune's min_gain must be in [0, 1)")
+    if runner is None and feeds is None:
+        raise AmpRewriteError("autotune needs feeds (or a runner)")
+    options = candidate_options(candidates)
+    results = {name: rewrite_graph_def(graph_def, fetches=list(fetches), **{**rewrite_options, **opts})
+               for name, opts in options.items()}
+    graphs = {FLOAT32: graph_def, **{n: r.graph_def for n, r in results.items()}}
+    same_as = _same_as({FLOAT32: None, **{
+        n: None if _unchanged(r.report) else r.graph_def.SerializeToString(deterministic=True)
+        for n, r in results.items()}})
+    make = runner if runner is not None else (lambda gd: _graph_runner(gd, feeds or {}, fetches))
+    choice, step_ms, rel_error = _tune({n: (lambda gd=gd: make(gd)) for n, gd in graphs.items()},
+                                       repeats=repeats, steps=steps, max_rel_error=max_rel_error,
+                                       min_gain=min_gain, same_as=same_as)
+    if choice == FLOAT32:
+        return AutotuneResult(FLOAT32, graph_def, None, step_ms, rel_error, same_as)
+    return AutotuneResult(choice, results[choice].graph_def, results[choice], step_ms, rel_error, same_as)
+
+
+# ------------------------------------------------------------------------ model files
+
+
+@dataclass(frozen=True)
+class ModelAutotune:
+    """The winner of :func:`autotune_model`.  ``rewrite`` is the winning candidate's
+    :class:`~amp_rewrite.saved_model.ModelRewrite`, ``None`` when float32 won."""
+
+    choice: str
+    rewrite: Any
+    step_ms: Mapping[str, float]
+    rel_error: Mapping[str, float]
+    inputs: Mapping[str, tuple[int, ...]]
+    signature: str | None
+    candidates: Mapping[str, Mapping[str, Any]]
+    same_as: Mapping[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready, for the report."""
+        return {
+            "choice": self.choice,
+            "step_ms": {k: round(v, 4) for k, v in self.step_ms.items()},
+            "rel_error": dict(self.rel_error),
+            "same_graph_as": dict(self.same_as),
+            "signature": self.signature,
+            "inputs": {k: list(v) for k, v in self.inputs.items()},
+            "candidates": {k: {o: str(v) for o, v in opts.items()} for k, opts in self.candidates.items()},
+        }
+
+
+def _input_value(name: str, dtype: Any, dims: Sequence[int | None], opts: AutotuneOptions,
+                 rng: np.random.Generator) -> np.ndarray:
+    """A random input: unknown first dimension -> ``opts.batch``; ``opts.shapes[name]``
+    overrides the whole shape.  Floats are standard normal, integers and booleans zero (a
+    valid index and a valid mask)."""
+    if name in opts.shapes:
+        shape = tuple(int(d) for d in opts.shapes[name])
+    else:
+        if dims is None:
+            raise AmpRewriteError(f"input {name!r} has unknown rank; give its shape "
+                                  f"(--autotune-shape {name}=D0,D1,...)")
+        shape_l = []
+        for i, d in enumerate(dims):
+            if d is None or d < 0:
+                if i != 0:
+                    raise AmpRewriteError(f"input {name!r} has an unknown dimension {i}; give its shape "
+                                          f"(--autotune-shape {name}=D0,D1,...)")
+                d = opts.batch
+            shape_l.append(int(d))
+        shape = tuple(shape_l)
+    np_dtype = np.dtype(dtype)
+    if np_dtype.kind == "f":
+        return rng.standard_normal(shape).astype(np_dtype)
+    if np_dtype.kind in "iub":
+        return np.zeros(shape, np_dtype)
+    raise AmpRewriteError(f"autotune cannot make random inputs of dtype {np_dtype} for {name!r}; "
+                          "use amp_rewrite.autotune with your own feeds")
+
+
+def _graph_def_inputs(graph_def: Any, opts: AutotuneOptions) -> dict[str, np.ndarray]:
+    import tensorflow as tf
+
+    rng = np.random.default_rng(opts.seed)
+    feeds = {}
+    for node in graph_def.node:
+        if node.op not in ("Placeholder", "PlaceholderWithDefault"):
+            continue
+        if node.op == "PlaceholderWithDefault" and node.name not in opts.shapes:
+            continue  # it has a value already
+        dtype = tf.dtypes.as_dtype(node.attr["dtype"].type).as_numpy_dtype
+        shape = node.attr["shape"].shape
+        dims = None if shape.unknown_rank or "shape" not in node.attr else [d.size for d in shape.dim]
+        feeds[node.name + ":0"] = _input_value(node.name, dtype, dims, opts, rng)
+    return feeds
+
+
+def _graph_def_fetches(graph_def: Any, outputs: Sequence[str]) -> list[str]:
+    """The output tensors of the graph-output nodes (nodes with no outputs are skipped)."""
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
+    return [t.name for name in outputs for t in graph.get_operation_by_name(name).outputs]
+
+
+def _saved_model_runner(path: str, tags: Sequence[str] | None, signature: str,
+                        inputs: Mapping[str, np.ndarray]) -> tuple[StepFn, Callable[[], None]]:
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(path, tags=list(tags) if tags else None)
+    fn = loaded.signatures[signature]
+    args = {k: tf.constant(v) for k, v in inputs.items()}
+
+    def step() -> list[Any]:
+        out = fn(**args)
+        return [out[k].numpy() for k in sorted(out)]
+
+    return step, lambda: None
+
+
+def _signature_inputs(path: str, tags: Sequence[str] | None, want: str | None,
+                      opts: AutotuneOptions) -> tuple[str, dict[str, np.ndarray]]:
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(path, tags=list(tags) if tags else None)
+    keys = sorted(loaded.signatures.keys())
+    if not keys:
+        raise AmpRewriteError("the SavedModel has no signatures to time; autotune needs one")
+    key = want or ("serving_default" if "serving_default" in keys else keys[0])
+    if key not in keys:
+        raise AmpRewriteError(f"no signature {key!r} to time (the model has: {', '.join(keys)})")
+    specs = loaded.signatures[key].structured_input_signature[1]
+    rng = np.random.default_rng(opts.seed)
+    inputs = {}
+    for name in sorted(specs):
+        spec = specs[name]
+        dims = None if spec.shape.rank is None else list(spec.shape.as_list())
+        inputs[name] = _input_value(name, spec.dtype.as_numpy_dtype, dims, opts, rng)
+    return key, inputs
+
+
+def autotune_model(model: Any, opts: AutotuneOptions, *, tags: Sequence[str] | None = None,
+                   **rewrite_options: Any) -> ModelAutotune:
+    """Rewrite ``model`` (a :class:`~amp_rewrite.saved_model.ModelFile`) once per candidate
+    with :func:`~amp_rewrite.saved_model.rewrite_model`, time each and float32 on random
+    inputs, and return the fastest.
+
+    A SavedModel is timed through one signature (``opts.signature``), each candidate
+    written to a temporary directory and loaded with ``tf.saved_model.load``; a frozen
+    GraphDef through its placeholders and output nodes.  A MetaGraphDef cannot be run
+    without its checkpoint and is refused.  Raises :class:`AmpRewriteError`; ``model`` is
+    not modified and nothing is left on disk.
+    """
+    from .saved_model import _graph_outputs, rewrite_model, stage_model
+    from .staging import Staging
+
+    opts.check()
+    options = candidate_options(opts.candidates)
+    if model.format == "meta_graph":
+        raise AmpRewriteError("autotune runs SavedModels and frozen GraphDefs; a MetaGraphDef (.meta) "
+                              "needs its checkpoint to run")
+    rewrites = {name: rewrite_model(model, tags=tags, **{**rewrite_options, **o}) for name, o in options.items()}
+    same_as = _same_as({FLOAT32: None, **{
+        n: None if _unchanged(r.report) else r.message.SerializeToString(deterministic=True)
+        for n, r in rewrites.items()}})
+
+    if model.format == "graph_def":
+        feeds = _graph_def_inputs(model.message, opts)
+        fetches = _graph_def_fetches(model.message, sorted(_graph_outputs(model.message)))
+        if not fetches:
+            raise AmpRewriteError("the graph has no outputs to time")
+        graphs = {FLOAT32: model.message, **{n: r.message for n, r in rewrites.items()}}
+        makers = {n: (lambda gd=gd: _graph_runner(gd, feeds, fetches)) for n, gd in graphs.items()}
+        choice, step_ms, rel_error = _tune(makers, repeats=opts.repeats, steps=opts.steps,
+                                           max_rel_error=opts.max_rel_error, min_gain=opts.min_gain, same_as=same_as)
+        inputs = {k.rsplit(":", 1)[0]: tuple(v.shape) for k, v in feeds.items()}
+        signature = None
+    else:
+        key, values = _signature_inputs(model.path, tags, opts.signature, opts)
+        with tempfile.TemporaryDirectory(prefix="amp-rewrite-autotune-") as tmp:
+            paths = {FLOAT32: model.path}
+            for name, rw in rewrites.items():
+                paths[name] = os.path.join(tmp, f"candidate{len(paths)}")
+                with Staging() as staging:
+                    stage_model(staging, rw, paths[name])
+                    staging.commit()
+            makers = {n: (lambda p=p: _saved_model_runner(p, tags, key, values)) for n, p in paths.items()}
+            choice, step_ms, rel_error = _tune(makers, repeats=opts.repeats, steps=opts.steps,
+                                               max_rel_error=opts.max_rel_error, min_gain=opts.min_gain, same_as=same_as)
+        inputs = {k: tuple(v.shape) for k, v in values.items()}
+        signature = key
+    return ModelAutotune(choice, rewrites.get(choice), step_ms, rel_error, inputs, signature, options, same_as)

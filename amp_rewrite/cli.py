@@ -108,6 +108,26 @@ def build_parser() -> argparse.ArgumentParser:
                          "with dynamic (or fixed N) loss scaling")
     rw.add_argument("--train-op", metavar="NAME",
                     help="with --loss-scale: the train op, when the train_op collection has several")
+    tune = rw.add_argument_group(
+        "autotuning", "time each candidate rewrite and the float32 model on this machine (random "
+                      "inputs) and write the fastest; float32 wins when no rewrite is faster")
+    tune.add_argument("--autotune", action="store_true", help="measure instead of trusting one plan")
+    tune.add_argument("--autotune-candidates", metavar="NAME[,NAME]", default="tensorflow,greedy,optimal",
+                      help="candidates to time besides float32: tensorflow (TensorFlow's lists), greedy, "
+                           "optimal, min-casts (default: %(default)s)")
+    tune.add_argument("--autotune-batch", type=int, default=1, metavar="N",
+                      help="batch size for inputs whose first dimension is unknown (default: 1)")
+    tune.add_argument("--autotune-shape", action="append", default=[], metavar="INPUT=D0,D1,...",
+                      help="the shape of one input (repeatable)")
+    tune.add_argument("--autotune-signature", metavar="KEY",
+                      help="the SavedModel signature to time (default: serving_default, else the first)")
+    tune.add_argument("--autotune-repeats", type=int, default=5, metavar="N",
+                      help="rounds of timing per candidate, interleaved (default: 5)")
+    tune.add_argument("--autotune-min-gain", type=float, default=0.02, metavar="F",
+                      help="keep float32 unless a rewrite is faster by at least this fraction (default: 0.02)")
+    tune.add_argument("--autotune-max-error", type=float, metavar="E",
+                      help="rule out candidates whose outputs differ from float32's by more than E "
+                           "(max abs difference over max abs value)")
 
     ex = sub.add_parser("explain", parents=[common],
                         help="say why NODE got its colour and dtype",
@@ -139,6 +159,33 @@ def _model_options(args: argparse.Namespace) -> dict[str, Any]:
         add=add, remove=remove, level=args.level, exclude=args.exclude, fetches=args.fetch,
         tags=[t for t in args.tags.split(",")] if args.tags else None,
         signatures=args.signature, keep_io_types=args.keep_io_types, planner=args.planner,
+    )
+
+
+def _autotune_options(args: argparse.Namespace) -> Any:
+    """``--autotune*`` as :class:`~amp_rewrite.autotune.AutotuneOptions` (``None`` without
+    ``--autotune``).  Raises :class:`AmpRewriteError` for a malformed ``--autotune-shape``."""
+    tuning_flags = (args.autotune_shape or args.autotune_signature or args.autotune_max_error is not None
+                    or args.autotune_batch != 1 or args.autotune_repeats != 5 or args.autotune_min_gain != 0.02)
+    if not args.autotune:
+        if tuning_flags:
+            raise AmpRewriteError("the --autotune-* options need --autotune")
+        return None
+    from .autotune import AutotuneOptions
+
+    shapes = {}
+    for item in args.autotune_shape:
+        name, sep, dims = item.partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            shapes[name.strip()] = tuple(int(d) for d in dims.split(",") if d.strip())
+        except ValueError:
+            raise AmpRewriteError(f"bad --autotune-shape {item!r}; expected INPUT=D0,D1,...") from None
+    return AutotuneOptions(
+        candidates=tuple(_ops([args.autotune_candidates])), repeats=args.autotune_repeats,
+        batch=args.autotune_batch, shapes=shapes, signature=args.autotune_signature,
+        max_rel_error=args.autotune_max_error, min_gain=args.autotune_min_gain,
     )
 
 
@@ -191,14 +238,17 @@ def _cmd_rewrite_training(args: argparse.Namespace) -> int:
 def _cmd_rewrite(args: argparse.Namespace, progress: Any) -> int:
     from .saved_model import rewrite_saved_model, summary_line
 
+    autotune = _autotune_options(args)
     if args.loss_scale is not None:
+        if autotune is not None:
+            raise AmpRewriteError("--autotune times models for inference; it cannot go with --loss-scale")
         progress.close()
         return _cmd_rewrite_training(args)
 
     report = rewrite_saved_model(
         args.input, args.output, overwrite=args.overwrite, report_file=args.report,
         dump_dir=args.dump_dir, graph_file=args.graph, tensorboard_dir=args.tensorboard,
-        progress=progress, **_model_options(args),
+        progress=progress, autotune=autotune, **_model_options(args),
     )
     progress.close()
     if not args.quiet:

@@ -35,7 +35,7 @@ import os
 import re
 import shutil
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping, Sequence
 
 from .api import Precision, RewriteResult, resolve_lists, resolve_target, rewrite_graph_def
 from .errors import AmpRewriteError, GraphFormatError, InvalidGraphError
@@ -45,6 +45,9 @@ from .progress import Progress
 from .staging import Staging, check_output, check_writable, is_within
 from .targets import Target
 from .tensor_names import parse_graph_input
+
+if TYPE_CHECKING:  # autotune imports this module; at run time it is imported where used
+    from .autotune import AutotuneOptions
 
 __all__ = [
     "ModelFile",
@@ -686,6 +689,14 @@ def dump_files(rewrite: ModelRewrite) -> dict[str, bytes]:
     return files
 
 
+def _unchanged(model: ModelFile, reference: ModelRewrite, reason: str) -> ModelRewrite:
+    """``model`` as it is, as a :class:`ModelRewrite` whose report says why: settings and
+    node count from ``reference`` (a rewrite of the same model), no conversions, no casts."""
+    report = {k: v for k, v in reference.report.items() if k != "graphs"}
+    report.update({k: 0 for k in _COUNTS if k != "total_nodes"}, skipped=reason, graphs=[])
+    return ModelRewrite(model, model.message, (), report, reference.lists, reference.target)
+
+
 def summary_line(report: Mapping[str, Any]) -> str:
     """One line: ``converted N of M nodes, K cast(s) to float16, J to float32 ...``."""
     line = (f"converted {report['converted_nodes']} of {report['total_nodes']} nodes, "
@@ -693,6 +704,10 @@ def summary_line(report: Mapping[str, Any]) -> str:
             f"(target {report['target']}, lists {report['lists']})")
     if report["skipped"]:
         line += f"; nothing rewritten: {report['skipped']}"
+    tuned = report.get("autotune")
+    if tuned:
+        times = ", ".join(f"{name} {ms:.2f} ms" for name, ms in tuned["step_ms"].items())
+        line += f"; autotune: {times} -> {tuned['choice']}"
     return line
 
 
@@ -715,6 +730,7 @@ def rewrite_saved_model(
     tensorflow_bugs: bool = False,
     use_env: bool = True,
     planner: str | None = None,
+    autotune: "AutotuneOptions | None" = None,
     overwrite: bool = False,
     report_file: str | os.PathLike[str] | None = None,
     dump_dir: str | os.PathLike[str] | None = None,
@@ -733,6 +749,13 @@ def rewrite_saved_model(
     :func:`dump_files`), ``graph_file`` (a drawing: ``.svg``, ``.html`` or ``.dot``, see
     :mod:`amp_rewrite.draw`) and ``tensorboard_dir`` (before/after event files).
     ``progress`` draws a progress line (see :class:`~amp_rewrite.progress.Progress`).
+
+    ``autotune`` (an :class:`~amp_rewrite.autotune.AutotuneOptions`) measures instead of
+    trusting one plan: every candidate rewrite and the float32 original are timed on this
+    machine with random inputs (:func:`~amp_rewrite.autotune.autotune_model`) and the
+    fastest is written -- the input unchanged when float32 wins.  The report then has an
+    ``autotune`` section (times, output errors, the choice).  The drawing and dump outputs
+    describe one rewrite and are not available with it.
 
     Everything is written atomically and together: on any error (or Ctrl-C) no output,
     extra or not, is left behind.  ``src`` is never modified; ``dst`` equal to or inside
@@ -762,14 +785,32 @@ def rewrite_saved_model(
         from .draw import graph_format
 
         graph_format(graph_file)  # an unknown extension fails before the work
+    if autotune is not None:
+        if graph_file is not None or tensorboard_dir is not None or dump_dir is not None:
+            raise AmpRewriteError("--autotune writes the fastest model and its report; --graph, "
+                                  "--tensorboard and --dump-dir describe a single rewrite and cannot go with it")
+        autotune.check()
     model = load_model(src_s)
-    rewrite = rewrite_model(
-        model, target=target, precision=precision, lists=lists, lists_file=lists_file, add=add,
-        remove=remove, level=level, exclude=exclude, fetches=fetches, tags=tags, signatures=signatures,
-        keep_io_types=keep_io_types, tensorflow_bugs=tensorflow_bugs, use_env=use_env, progress=progress,
-        planner=planner,
+    options: dict[str, Any] = dict(
+        target=target, precision=precision, lists=lists, lists_file=lists_file, add=add,
+        remove=remove, level=level, exclude=exclude, fetches=fetches, signatures=signatures,
+        keep_io_types=keep_io_types, tensorflow_bugs=tensorflow_bugs, use_env=use_env, planner=planner,
     )
+    tuned = None
+    if autotune is None:
+        rewrite = rewrite_model(model, tags=tags, progress=progress, **options)
+    else:
+        from .autotune import autotune_model
+
+        if progress:
+            progress.stage("autotuning: rewriting and timing each candidate")
+        tuned = autotune_model(model, autotune, tags=tags, **options)
+        rewrite = tuned.rewrite if tuned.rewrite is not None else _unchanged(
+            model, rewrite_model(model, tags=tags, **options),
+            "autotune: float32 was the fastest on this machine")
     report = dict(rewrite.report)
+    if tuned is not None:
+        report["autotune"] = tuned.as_dict()
     report["output"] = os.path.abspath(dst_s)
     if progress:
         progress.stage("writing the output")

@@ -1,0 +1,253 @@
+"""Autotuning: candidates timed against float32 on this machine, the fastest kept.
+
+Which candidate wins depends on the machine, so the tests assert what holds whatever wins:
+the choice is the fastest admissible measurement, its graph is the one written, outputs
+stay close to float32, inputs are untouched, and bad settings fail before any output.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import amp_rewrite
+from amp_rewrite.autotune import AutotuneOptions, _choose, candidate_options, relative_error
+from amp_rewrite.cli import main
+from graphs import graph_def, run, v1
+
+CPU_BF16 = ["--target", "cpu", "--precision", "bfloat16"]
+
+
+def _mlp_graph(batch: int | None = 64):
+    def build():
+        x = v1.placeholder(tf.float32, (batch, 256), name="x")
+        w = tf.constant(np.random.RandomState(0).standard_normal((256, 256)).astype(np.float32) * 0.05)
+        h = tf.nn.relu(tf.matmul(x, w), name="h")
+        tf.identity(tf.matmul(h, w), name="out")
+
+    return graph_def(build)
+
+
+class _Model(tf.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = tf.Variable(np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32) * 0.1)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 64], tf.float32, name="x")])
+    def __call__(self, x):
+        return {"y": tf.nn.softmax(tf.matmul(tf.nn.relu(tf.matmul(x, self.w)), self.w))}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> pathlib.Path:
+    path = tmp_path_factory.mktemp("autotune") / "model"
+    m = _Model()
+    tf.saved_model.save(m, str(path), signatures={"serving_default": m.__call__})
+    return path
+
+
+def _check_choice(step_ms, rel_error, choice, max_error=None, gain=0.02) -> None:
+    """The choice is the fastest admissible rewrite when that beats float32 by ``gain``,
+    else float32."""
+    rivals = {n: ms for n, ms in step_ms.items()
+              if n != "float32" and (max_error is None or rel_error[n] <= max_error)}
+    best = min(rivals.values(), default=float("inf"))
+    if choice == "float32":
+        assert best > step_ms["float32"] * (1 - gain)
+    else:
+        assert step_ms[choice] == best <= step_ms["float32"] * (1 - gain)
+
+
+def test_choose_needs_a_clear_gain_over_float32_and_an_admissible_error():
+    ms = {"float32": 10.0, "tensorflow": 9.9, "greedy": 9.0, "optimal": 9.0}
+    err = {"tensorflow": 1e-3, "greedy": 2e-3, "optimal": 2e-3}
+    assert _choose(ms, err, None, 0.02) == "greedy"  # ties go to the earlier candidate
+    assert _choose(ms, err, None, 0.15) == "float32"  # 10% faster is not enough
+    assert _choose(ms, err, 1.5e-3, 0.0) == "tensorflow"  # greedy/optimal are too far off
+    assert _choose(ms, err, 1e-4, 0.0) == "float32"
+    assert _choose({"float32": 1.0}, {}, None, 0.02) == "float32"
+
+
+# ------------------------------------------------------------------ library: GraphDefs
+
+
+def test_autotune_times_the_candidates_and_returns_the_fastest():
+    gd = _mlp_graph()
+    before = gd.SerializeToString(deterministic=True)
+    feeds = {"x:0": np.random.RandomState(1).standard_normal((64, 256)).astype(np.float32)}
+    got = amp_rewrite.autotune(gd, feeds=feeds, fetches=["out"], target="cpu", precision="bfloat16",
+                               repeats=2, steps=2, use_env=False)
+    assert set(got.step_ms) == {"float32", "tensorflow", "greedy", "optimal"}
+    assert set(got.rel_error) == {"tensorflow", "greedy", "optimal"}
+    assert all(0 < e < 8e-2 for e in got.rel_error.values())  # bfloat16 rounding, not garbage
+    _check_choice(got.step_ms, got.rel_error, got.choice)
+    if got.choice == "float32":
+        assert got.graph_def is gd and got.result is None
+    else:
+        assert got.graph_def is got.result.graph_def
+        (ref,) = run(gd, feeds, ["out:0"])
+        (out,) = run(got.graph_def, feeds, ["out:0"])
+        assert np.max(np.abs(out - ref)) / np.max(np.abs(ref)) < 8e-2
+    assert gd.SerializeToString(deterministic=True) == before  # the input is untouched
+
+
+def test_autotune_max_rel_error_rules_out_inexact_candidates():
+    gd = _mlp_graph()
+    feeds = {"x:0": np.random.RandomState(1).standard_normal((64, 256)).astype(np.float32)}
+    got = amp_rewrite.autotune(gd, feeds=feeds, fetches=["out"], candidates=["greedy"], target="cpu",
+                               precision="bfloat16", repeats=1, steps=1, max_rel_error=0.0, use_env=False)
+    # bfloat16 changes the outputs, so only float32 is admissible, however fast greedy was.
+    assert got.rel_error["greedy"] > 0
+    assert got.choice == "float32" and got.graph_def is gd
+
+
+def test_autotune_accepts_named_option_sets_and_a_custom_runner():
+    gd = _mlp_graph()
+    x = np.random.RandomState(1).standard_normal((64, 256)).astype(np.float32)
+    built = []
+
+    def runner(graph):
+        built.append(graph)
+        g = tf.Graph()
+        with g.as_default():
+            (out,) = tf.graph_util.import_graph_def(graph, return_elements=["out:0"], name="")
+        sess = tf.compat.v1.Session(graph=g)
+        return (lambda: sess.run([out], {"x:0": x})), sess.close
+
+    got = amp_rewrite.autotune(gd, fetches=["out"], runner=runner,
+                               candidates={"no-matmul": {"remove": {"allow": ["MatMul"]}},
+                                           "plain": {"planner": "greedy"}},
+                               target="cpu", precision="bfloat16", repeats=1, steps=1, use_env=False)
+    assert set(got.step_ms) == {"float32", "no-matmul", "plain"}
+    # Without MatMul in the allow list nothing converts: the same graph as float32, so it is
+    # not timed again (noise must not pick between two timings of one graph) and never chosen.
+    assert got.same_as == {"no-matmul": "float32"}
+    assert got.step_ms["no-matmul"] == got.step_ms["float32"] and got.rel_error["no-matmul"] == 0.0
+    assert got.choice != "no-matmul"
+    assert len(built) == 2 and built[0] is gd and built[1] is not gd
+
+
+def test_autotune_refuses_bad_settings():
+    gd = _mlp_graph(4)
+    with pytest.raises(amp_rewrite.AmpRewriteError, match="does not run"):
+        amp_rewrite.autotune(gd, feeds={"x:0": np.zeros((3, 3), np.float32)}, fetches=["out"],
+                             target="cpu", precision="bfloat16", use_env=False)
+    with pytest.raises(amp_rewrite.AmpRewriteError, match="repeats"):
+        amp_rewrite.autotune(gd, feeds={}, fetches=["out"], repeats=0)
+    with pytest.raises(amp_rewrite.AmpRewriteError, match="feeds"):
+        amp_rewrite.autotune(gd, fetches=["out"])
+    with pytest.raises(amp_rewrite.AmpRewriteError, match="unknown autotune candidate 'fastest'"):
+        candidate_options(["fastest"])
+    with pytest.raises(amp_rewrite.AmpRewriteError, match="always a candidate"):
+        candidate_options({"float32": {}})
+    with pytest.raises(amp_rewrite.AmpRewriteError, match="batch"):
+        AutotuneOptions(batch=0).check()
+
+
+def test_relative_error_flags_wrong_shapes_and_non_finite_outputs():
+    ref = [np.array([1.0, -2.0, 4.0], np.float32)]
+    assert relative_error(ref, ref) == 0.0
+    assert relative_error([np.array([1.0, -2.0, 3.0])], ref) == pytest.approx(0.25)
+    assert relative_error([np.array([1.0, np.inf, 4.0])], ref) == float("inf")
+    assert relative_error([np.array([1.0, 2.0])], ref) == float("inf")
+    assert relative_error([np.array([np.nan])], [np.array([np.nan])]) == 0.0  # both undefined
+
+
+# ------------------------------------------------------------------ models and the CLI
+
+
+def test_cli_autotune_writes_the_fastest_saved_model(saved, tmp_path):
+    before = (saved / "saved_model.pb").read_bytes()
+    out, report_file = tmp_path / "out", tmp_path / "r.json"
+    assert main(["rewrite", str(saved), str(out), *CPU_BF16, "--autotune", "--autotune-batch", "32",
+                 "--autotune-repeats", "2", "--report", str(report_file), "-q"]) == 0
+    report = json.loads(report_file.read_text())
+    tuned = report["autotune"]
+    assert tuned["signature"] == "serving_default" and tuned["inputs"] == {"x": [32, 64]}
+    assert set(tuned["step_ms"]) == {"float32", "tensorflow", "greedy", "optimal"}
+    _check_choice(tuned["step_ms"], tuned["rel_error"], tuned["choice"])
+    assert (saved / "saved_model.pb").read_bytes() == before
+    # The written model is the chosen one, and it serves close to float32.
+    x = np.random.default_rng(3).standard_normal((32, 64)).astype(np.float32)
+    ref = tf.saved_model.load(str(saved)).signatures["serving_default"](x=tf.constant(x))["y"].numpy()
+    got = tf.saved_model.load(str(out)).signatures["serving_default"](x=tf.constant(x))["y"].numpy()
+    assert np.max(np.abs(got - ref)) < 5e-2
+    if tuned["choice"] == "float32":
+        assert report["converted_nodes"] == 0 and "autotune" in report["skipped"]
+    else:
+        assert report["converted_nodes"] > 0 and report["skipped"] is None
+
+
+def test_cli_autotune_keeps_float32_when_no_candidate_is_admissible(saved, tmp_path):
+    out, report_file = tmp_path / "out", tmp_path / "r.json"
+    assert main(["rewrite", str(saved), str(out), *CPU_BF16, "--autotune", "--autotune-repeats", "1",
+                 "--autotune-candidates", "greedy", "--autotune-max-error", "0",
+                 "--report", str(report_file), "-q"]) == 0
+    report = json.loads(report_file.read_text())
+    assert report["autotune"]["choice"] == "float32"
+    assert report["converted_nodes"] == 0 and report["casts_to_low"] == 0
+    assert report["skipped"] == "autotune: float32 was the fastest on this machine"
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    def meta(path):
+        return saved_model_pb2.SavedModel.FromString((path / "saved_model.pb").read_bytes())
+
+    assert meta(out) == meta(saved)  # the model as it was, variables copied alongside
+    assert (out / "variables").is_dir()
+
+
+def test_cli_autotune_frozen_graph_def_with_an_unknown_batch(tmp_path):
+    pb, out, report_file = tmp_path / "in.pb", tmp_path / "out.pb", tmp_path / "r.json"
+    pb.write_bytes(_mlp_graph(None).SerializeToString())
+    assert main(["rewrite", str(pb), str(out), *CPU_BF16, "--autotune", "--autotune-batch", "16",
+                 "--autotune-repeats", "1", "--autotune-candidates", "greedy,min-casts",
+                 "--report", str(report_file), "-q"]) == 0
+    tuned = json.loads(report_file.read_text())["autotune"]
+    assert tuned["inputs"] == {"x": [16, 256]} and tuned["signature"] is None
+    assert set(tuned["step_ms"]) == {"float32", "greedy", "min-casts"}
+    _check_choice(tuned["step_ms"], tuned["rel_error"], tuned["choice"])
+    assert out.exists()
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.startswith("amp-rewrite: error:") and err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--graph", "g.svg"], "cannot go with it"),
+    (["--autotune-candidates", "fastest"], "unknown autotune candidate"),
+    (["--autotune-shape", "x"], "bad --autotune-shape"),
+    (["--autotune-batch", "0"], "batch size"),
+    (["--loss-scale", "dynamic"], "cannot go with --loss-scale"),
+])
+def test_cli_autotune_refuses_bad_options_before_writing(saved, tmp_path, capsys, monkeypatch, extra, message):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    assert main(["rewrite", str(saved), str(out), *CPU_BF16, "--autotune", *extra]) == 1
+    assert message in _one_error_line(capsys)
+    assert not out.exists() and not (tmp_path / "g.svg").exists()
+
+
+def test_cli_autotune_options_need_autotune(saved, tmp_path, capsys):
+    assert main(["rewrite", str(saved), str(tmp_path / "o"), *CPU_BF16, "--autotune-batch", "8"]) == 1
+    assert "need --autotune" in _one_error_line(capsys)
+
+
+def test_cli_autotune_needs_shapes_it_cannot_guess(tmp_path, capsys):
+    def build():
+        x = v1.placeholder(tf.float32, (None, None), name="x")
+        tf.identity(tf.matmul(x, x, transpose_b=True), name="out")
+
+    pb = tmp_path / "in.pb"
+    pb.write_bytes(graph_def(build).SerializeToString())
+    assert main(["rewrite", str(pb), str(tmp_path / "o.pb"), *CPU_BF16, "--autotune"]) == 1
+    assert "--autotune-shape x=" in _one_error_line(capsys)
+    assert not (tmp_path / "o.pb").exists()
+    assert main(["rewrite", str(pb), str(tmp_path / "o.pb"), *CPU_BF16, "--autotune", "--autotune-repeats",
+                 "1", "--autotune-shape", "x=8,32", "-q"]) == 0
