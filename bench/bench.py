@@ -205,8 +205,14 @@ class Runner:
         self.sess.close()
 
 
-def interleaved_step_times(graphs: dict[str, Any], item, repeats: int, iters: int) -> dict[str, float]:
-    """Median seconds per step for each graph, measured round-robin ``repeats`` times."""
+def interleaved_step_times(graphs: dict[str, Any], item, repeats: int, iters: int,
+                           budget_s: float = 0.0, max_repeats: int = 41) -> tuple[dict[str, float], int]:
+    """Median seconds per step for each graph, measured round-robin, and the number of rounds.
+
+    At least ``repeats`` rounds; fast graphs get more (up to ``max_repeats``), enough to fill
+    about ``budget_s`` seconds, because their medians are the noisiest: a 10 ms step is hit
+    harder by one descheduling than a 200 ms one.
+    """
     runners = {}
     for name, gd in graphs.items():
         try:
@@ -214,12 +220,14 @@ def interleaved_step_times(graphs: dict[str, Any], item, repeats: int, iters: in
         except Exception as exc:  # noqa: BLE001 - a rewrite that cannot run is a result
             print(f"    {name}: cannot run here: {str(exc).splitlines()[0][:120]}", flush=True)
     samples: dict[str, list[float]] = {n: [] for n in runners}
-    for _ in range(repeats):
+    rounds, t0 = 0, time.perf_counter()
+    while rounds < repeats or (rounds < max_repeats and time.perf_counter() - t0 < budget_s):
         for name, r in runners.items():
             samples[name].append(median([r.step() for _ in range(iters)]))
+        rounds += 1
     for r in runners.values():
         r.close()
-    return {n: median(s) for n, s in samples.items()}
+    return {n: median(s) for n, s in samples.items()}, rounds
 
 
 def outputs(graph_def, item) -> list[np.ndarray] | None:
@@ -242,7 +250,7 @@ def rel_error(got: list[np.ndarray] | None, ref: list[np.ndarray]) -> float | No
 # --------------------------------------------------------------------------- per graph
 
 
-def bench_item(name: str, repeats: int, iters: int) -> dict[str, Any]:
+def bench_item(name: str, repeats: int, iters: int, budget_s: float = 0.0) -> dict[str, Any]:
     t0 = time.perf_counter()
     item = corpus.build(name)
     gd = item.graph_def
@@ -317,7 +325,7 @@ def bench_item(name: str, repeats: int, iters: int) -> dict[str, Any]:
         "ours_opt_fp16": optimal.graph_def,
         "force_all_fp16": force,
     }
-    res["step_s"] = interleaved_step_times(variants, item, repeats, iters)
+    res["step_s"], res["step_rounds"] = interleaved_step_times(variants, item, repeats, iters, budget_s)
     base = res["step_s"].get("float32")
     res["speedup_vs_fp32"] = {k: base / v for k, v in res["step_s"].items() if base and v}
 
@@ -395,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", help="comma-separated model names (default: all, or the quick set)")
     ap.add_argument("--repeats", type=int)
     ap.add_argument("--iters", type=int, default=5, help="steps per timing sample")
+    ap.add_argument("--budget", type=float, default=30.0,
+                    help="seconds of step timing per graph: fast graphs get more rounds than --repeats")
     ap.add_argument("--sizes", help="scaling sizes, comma-separated")
     ap.add_argument("--scaling-only", action="store_true")
     ap.add_argument("--no-scaling", action="store_true")
@@ -406,12 +416,12 @@ def main(argv: list[str] | None = None) -> int:
         [1000, 10000, 100000] if args.quick else [1000, 10000, 100000, 1000000])
 
     results: dict[str, Any] = {"machine": machine_info(), "repeats": repeats, "iters": args.iters,
-                               "quick": args.quick}
+                               "budget_s": args.budget, "quick": args.quick}
     print(json.dumps(results["machine"]), flush=True)
     if not args.scaling_only:
         results["graphs"] = []
         for name in item_names(models):
-            results["graphs"].append(bench_item(name, repeats, args.iters))
+            results["graphs"].append(bench_item(name, repeats, args.iters, args.budget))
     if not args.no_scaling:
         results["scaling"] = scaling(sizes, timeout=1800)
     os.makedirs(args.out, exist_ok=True)

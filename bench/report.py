@@ -98,8 +98,11 @@ def write_report(results: dict[str, Any], out: str) -> None:
         "",
         f"Measured {m['date']} on {m['cpu']} ({m['cores']} cores; CPU flags: {' '.join(m['cpu_flags'])}), "
         f"GPUs: {m['gpus'] or 'none'}; Python {m['python']}, TensorFlow {m['tensorflow']}, "
-        f"amp_rewrite {m['amp_rewrite']}. Repeats: {results['repeats']} (medians; variants interleaved), "
-        f"{results['iters']} steps per sample. Produced by `python bench/bench.py"
+        f"amp_rewrite {m['amp_rewrite']}. Rewrite time: {results['repeats']} repeats (medians). Step time: "
+        f"variants interleaved round-robin, at least {results['repeats']} rounds"
+        + (f" and more for fast graphs, to fill about {results['budget_s']:.0f} s per graph (up to 41)"
+           if results.get("budget_s") else "")
+        + f"; {results['iters']} steps per sample; medians. Produced by `python bench/bench.py"
         f"{' --quick' if results.get('quick') else ''}`; raw numbers in `results.json`.",
         "",
         "## Where the goals stand",
