@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from itertools import accumulate, chain, repeat
+from operator import attrgetter
 from typing import Any, Iterable, Iterator, Literal, Mapping
 
 import networkx as nx
@@ -44,7 +46,7 @@ from .normalization import find_normalizations
 from .op_registry import KernelSpec, OpRegistry, OpSignature
 from .targets import Target, parse_device_name
 from .type_attrs import NodeTypes, TypeAttr, get_dtype, node_types, opaque_node_types
-from .type_graph import build_type_graph
+from .type_graph import build_type_graph_from_lists
 
 __all__ = ["AttrDecision", "NodeDecision", "NodeDecisions", "Plan", "decide", "DecideOptions"]
 
@@ -71,6 +73,7 @@ _VARIABLE_OPS = frozenset({
     "_VarHandlesOp", "_ReadVariablesOp",
 })
 _BATCH_NORM_RENAMES = {"FusedBatchNorm": "FusedBatchNormV2", "FusedBatchNormGrad": "FusedBatchNormGradV2"}
+_UNSEEN: Any = object()  # a cache miss, where None is a cached answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,9 +113,11 @@ class NodeDecisions(Mapping[str, NodeDecision]):
 
     def __init__(self, order: list[str], ops: list[str], cats: list[str | None], proc: list[bool],
                  start: list[int], vattr: list[TypeAttr], vcolor: list[str], vdtype: list[int],
-                 vreason: list[str], vsource: list[str | None], low: int) -> None:
+                 vreason: list[str], vsource: list[str | None], low: int,
+                 index: dict[str, int] | None = None) -> None:
         self._order = order
-        self._index = {n: i for i, n in enumerate(order)}
+        # ``index`` (name -> position in ``order``) when the caller has it already.
+        self._index = index if index is not None else dict(zip(order, range(len(order))))
         self._ops, self._cats, self._proc, self._start = ops, cats, proc, start
         self._vattr, self._vcolor, self._vdtype = vattr, vcolor, vdtype
         self._vreason, self._vsource, self._low = vreason, vsource, low
@@ -154,6 +159,19 @@ class NodeDecisions(Mapping[str, NodeDecision]):
             if dtype[v] == dt.FLOAT or dtype[v] == low:
                 return color[v], dtype[v], self._vreason[v]
         return color[start], dtype[start], self._vreason[start]
+
+    def columns(self) -> tuple[list[str], list[str], list[int], list[TypeAttr], list[str], list[int],
+                               list[str], list[str | None]]:
+        """The flat lists behind the mapping, for readers of every node (the report):
+        ``(order, ops, start, vattr, vcolor, vdtype, vreason, vsource)``; node ``i`` has the
+        vertices ``range(start[i], start[i + 1])``.  Read-only."""
+        return (self._order, self._ops, self._start, self._vattr, self._vcolor, self._vdtype,
+                self._vreason, self._vsource)
+
+    def summary(self, i: int) -> tuple[str, int, str]:
+        """The node-level ``(color, dtype, reason)`` of node number ``i`` (see
+        :meth:`columns`).  Pure."""
+        return self._summary(i)
 
     def rows(self) -> Iterator[tuple[str, str, str, int, str, list[tuple[TypeAttr, str, int, str, str | None]]]]:
         """Every node as ``(name, op, color, dtype, reason, attrs)``, in graph order, with
@@ -295,7 +313,14 @@ def _kernel_matches(
 
 
 class _Painter:
-    """State of one run of the painting passes over one graph.  Internal to :func:`decide`."""
+    """State of one run of the painting passes over one graph.  Internal to :func:`decide`.
+
+    Per-node facts live in lists aligned with :attr:`order` (``_ops_l``, ``_proc_l``...) and
+    per-vertex facts in lists indexed by vertex (``v_cat``, ``_v_node``...).  The passes read
+    those: on graphs of a million nodes each lookup in a name-keyed dict of that size misses
+    the CPU caches, and such lookups dominated the run time.  The name-keyed dicts ``ops``,
+    ``processed`` and ``inputs`` (read by the optimal planner) are built on first use.
+    """
 
     def __init__(
         self,
@@ -314,7 +339,8 @@ class _Painter:
         self.registry = registry
         self.options = options
         self.signatures: Mapping[str, OpSignature] = g.graph.get("signatures", {})
-        self.order = ir.ordered_nodes(g)
+        # The nodes in order, with their attribute and predecessor dicts (read by build()).
+        self.order, self._datas, _, self._preds = ir.ordered_entries(g, succ=False)
         self.allow: set[int] = set()
         self.deny: set[int] = set()
         self.reason: dict[int, str] = {}
@@ -327,94 +353,160 @@ class _Painter:
         self.placement: Any = None
         self.normalized: dict[str, str] = {}
         self.had_allow = False  # pass 1 painted something (the planner may undo it all)
+        self._ops: dict[str, str] | None = None
+        self._processed: dict[str, bool] | None = None
+        self._inputs: dict[str, list[tuple[str, int]]] | None = None
+
+    # ------------------------------------------------------------------ name-keyed views
+
+    @property
+    def ops(self) -> dict[str, str]:
+        """Node -> op, FusedBatchNorm already renamed.  Built on first use."""
+        if self._ops is None:
+            self._ops = dict(zip(self.order, self._ops_l))
+        return self._ops
+
+    @property
+    def processed(self) -> dict[str, bool]:
+        """Node -> whether it is rewritten at all (not preserved, on an eligible device)."""
+        if self._processed is None:
+            self._processed = dict(zip(self.order, self._proc_l))
+        return self._processed
+
+    @property
+    def inputs(self) -> dict[str, list[tuple[str, int]]]:
+        """Node -> its data inputs as ``(producer, port)`` in port order."""
+        if self._inputs is None:
+            self._inputs = dict(zip(self.order, self._ins_l))
+        return self._inputs
 
     # ------------------------------------------------------------------ model construction
 
     def build(self) -> None:
-        g = self.g
+        """Per-node facts (op, processed, data inputs, type ids), the type graph and the
+        per-vertex facts the passes read.  Reads ``self.g`` only.
+
+        One pass over the nodes fills lists in node order; the per-vertex lists are expanded
+        from them by C-level passes.  Each node's dicts are read once, while in the cache.
+        """
+        order = self.order
         preserve = self.options.preserve
-        self.ops: dict[str, str] = {}
-        self.processed: dict[str, bool] = {}
-        self.renames: dict[str, str] = {}
-        self.inputs: dict[str, list[tuple[str, int]]] = {}
-        nodes = g._node
+        node_is_eligible = self.target.node_is_eligible
+        precision = self.precision
+        registry_op = self.registry.op
+        signatures = self.signatures
+        renames: dict[str, str] = {}
+        unknown_ops = self.unknown_ops
         # Graphs repeat a handful of device strings over thousands of nodes.
         eligible: dict[str, bool] = {}
-        data_inputs = ir.data_inputs
-        for name in self.order:
-            data = nodes[name]
+        sigs: dict[str, OpSignature | None] = {}
+        # Most nodes share their op and attrs with many others: expand each signature once.
+        type_cache: dict[tuple[object, ...], list[tuple[Mapping, Mapping, NodeTypes]]] = {}
+        ops_l: list[str] = []
+        proc_l: list[bool] = []
+        ins_l: list[list[tuple[str, int]]] = []
+        types_l: list[NodeTypes | None] = []
+        device_l: list[str] = []
+        label_l: list[str] = []
+        unknown: list[int] = []  # positions of nodes whose op is not in the registry
+        for name, data, pred in zip(order, self._datas, self._preds):  # type: ignore[arg-type]
             device = data["device"]
             ok = eligible.get(device)
             if ok is None:
-                ok = eligible[device] = self.target.node_is_eligible(device, self.precision)
+                ok = eligible[device] = node_is_eligible(device, precision)
             ok = ok and name not in preserve
-            self.processed[name] = ok
             op = data["op"]
             if ok and op in _BATCH_NORM_RENAMES:
                 op = _BATCH_NORM_RENAMES[op]
-                self.renames[name] = op
-            self.ops[name] = op
-            self.inputs[name] = data_inputs(g, name)
-        self.types = self._node_types()
-        self.tg = build_type_graph(self.order, self.types, self.inputs)
-        # Per-vertex copies of per-node facts, filled node by node (vertices of a node are
-        # consecutive, see build_type_graph).
-        cat = self.lists.category
-        v_cat: list[str | None] = []
-        v_proc: list[bool] = []
-        v_dtype: list[int] = []
-        types = self.types
-        ops = self.ops
-        processed = self.processed
-        # The dtypes of a node's vertices depend only on its NodeTypes, shared by the nodes
-        # of one op and attrs (id() is stable: ``types`` holds the objects).
-        dtypes_of: dict[int, list[int]] = {}
-        for name in self.order:
-            nt = types[name]
-            k = len(nt.attrs)
-            if not k:
-                continue
-            v_cat += [cat(ops[name])] * k
-            v_proc += [processed[name]] * k
-            chunk = dtypes_of.get(id(nt))
-            if chunk is None:
-                chunk = dtypes_of[id(nt)] = [get_dtype(nt.dtypes, ta) for ta in nt.attrs]
-            v_dtype += chunk
-        self.v_cat = v_cat
-        self.v_proc = v_proc
-        self.v_dtype = v_dtype
-
-    def _node_types(self) -> dict[str, NodeTypes]:
-        types: dict[str, NodeTypes] = {}
-        cache: dict[tuple[object, ...], NodeTypes] = {}
-        unknown: list[str] = []
-        nodes = self.g._node
-        sigs: dict[str, OpSignature | None] = {}
-        for name in self.order:
-            data = nodes[name]
-            op = self.ops[name]
-            if op in sigs:
-                sig = sigs[op]
+                renames[name] = op
+            # The data inputs by port (ir.data_inputs, inlined: it runs for every node).
+            # Edge keys are the destination port for data edges, negative for control ones.
+            if pred:
+                by_port: dict[int, tuple[str, int]] = {}
+                for u, keyed in pred.items():
+                    for q, d in keyed.items():
+                        if q >= 0:
+                            by_port[q] = (u, d["src_port"])
+                ins = list(map(by_port.__getitem__, range(len(by_port))))
             else:
-                sig = sigs[op] = self.registry.op(op) or self.signatures.get(op)
+                ins = []
+            ops_l.append(op)
+            proc_l.append(ok)
+            ins_l.append(ins)
+            device_l.append(device)
+            label_l.append(data["label"])
+            sig = sigs.get(op, _UNSEEN)
+            if sig is _UNSEEN:
+                sig = sigs[op] = registry_op(op) or signatures.get(op)
             if sig is None:
-                unknown.append(name)
-                self.unknown_ops[op] = self.unknown_ops.get(op, 0) + 1
+                unknown.append(len(types_l))
+                types_l.append(None)
+                unknown_ops[op] = unknown_ops.get(op, 0) + 1
                 continue
             dtypes = data["dtypes"]
-            if name in self.renames:
+            if name in renames:
                 dtypes = {**dtypes, "U": dt.FLOAT}
-            n_in = len(self.inputs[name])
-            # Most nodes share their op and attrs with many others: expand each signature once.
-            key = (op, tuple(dtypes.items()), tuple(data["ints"].items()), data["attr_names"], n_in)
-            nt = cache.get(key)
-            if nt is None:
-                nt = node_types(name, op, dtypes, data["ints"], data["attr_names"], n_in, sig)
-                cache[key] = nt
-            types[name] = nt
+            ints = data["ints"]
+            attr_names = data["attr_names"]
+            # NodeTypes is a function of these (and the signature, fixed by the op); nodes
+            # are first grouped by the hashable part, then the dicts compared (no per-node
+            # tuples of their items to build and hash).
+            key = (op, attr_names, len(ins))
+            for seen_dtypes, seen_ints, nt in type_cache.get(key, ()):
+                if seen_dtypes == dtypes and seen_ints == ints:
+                    break
+            else:
+                nt = node_types(name, op, dtypes, ints, attr_names, len(ins), sig)
+                type_cache.setdefault(key, []).append((dtypes, ints, nt))
+            types_l.append(nt)
+        self.renames = renames
+        self._ops_l = ops_l
+        self._proc_l = proc_l
+        self._ins_l = ins_l
+        self._device_l = device_l
+        self._label_l = label_l
+        #: node name -> position in ``order`` (shared with the plan's NodeDecisions).
+        self._index = dict(zip(order, range(len(order))))
+        if unknown:
+            # Known nodes first, then the others (in order), as they are described.
+            self.types = {n: t for n, t in zip(order, types_l) if t is not None}
+            self._describe_unknown([order[i] for i in unknown])
+            for i in unknown:
+                types_l[i] = self.types[order[i]]
+        else:
+            self.types = dict(zip(order, types_l))  # type: ignore[arg-type]
+        self._types_l: list[NodeTypes] = types_l  # type: ignore[assignment]
+        for op, count in sorted(unknown_ops.items()):
+            log.warning(
+                "op %s is not in TensorFlow's op registry (a custom op?); its %d node(s) stay "
+                "float32", op, count,
+            )
+        self.tg = build_type_graph_from_lists(order, self._types_l, ins_l, self._index)
+        # Per-vertex copies of per-node facts (vertices of a node are consecutive, see
+        # build_type_graph), expanded by C-level passes rather than a loop per node.
+        counts = list(map(len, map(attrgetter("attrs"), self._types_l)))
+        #: first vertex of each node, then the number of vertices
+        self._bases = list(accumulate(counts, initial=0))
+        #: vertex -> position of its node in ``order``
+        self._v_node = list(chain.from_iterable(map(repeat, range(len(order)), counts)))
+        self.v_cat = list(chain.from_iterable(map(repeat, map(self.lists.category, ops_l), counts)))
+        self.v_proc = list(chain.from_iterable(map(repeat, proc_l, counts)))
+        # The dtypes of a node's vertices depend only on its NodeTypes, shared by the nodes
+        # of one op and attrs (id() is stable: ``_types_l`` holds the objects).
+        dtypes_of: dict[int, list[int]] = {}
+        for nt in dict(zip(map(id, self._types_l), self._types_l)).values():
+            dtypes_of[id(nt)] = [get_dtype(nt.dtypes, ta) for ta in nt.attrs]
+        self.v_dtype = list(chain.from_iterable(map(dtypes_of.__getitem__, map(id, self._types_l))))
+        #: id(NodeTypes) -> whether one of its attrs is quantized (pass 6 drops such nodes)
+        self._quantized = {k: any(d in dt.QUANTIZED for d in ds) for k, ds in dtypes_of.items()}
+
+    def _describe_unknown(self, unknown: list[str]) -> None:
+        """Give each node of ``unknown`` (ops missing from the registry) an opaque
+        description from the dtypes seen on its edges.  Adds to ``self.types``."""
+        types = self.types
         for name in unknown:
             in_dtypes = []
-            for src, port in self.inputs[name]:
+            for src, port in self._ins_l[self._index[name]]:
                 t = types.get(src)
                 in_dtypes.append(
                     get_dtype(t.dtypes, t.outputs[port]) if t and port < len(t.outputs) else dt.INVALID
@@ -432,12 +524,6 @@ class _Painter:
             types[name] = opaque_node_types(
                 in_dtypes, [out_dtype.get(p, dt.INVALID) for p in range(n_out)], self.g._node[name]["dtypes"]
             )
-        for op, count in sorted(self.unknown_ops.items()):
-            log.warning(
-                "op %s is not in TensorFlow's op registry (a custom op?); its %d node(s) stay "
-                "float32", op, count,
-            )
-        return types
 
     # ------------------------------------------------------------------ predicates
 
@@ -446,21 +532,22 @@ class _Painter:
 
     def supports_dtype(self, v: int) -> bool:
         """TensorFlow's ``SupportsF16DataType``: the op (global registry) accepts the type."""
-        name = self.tg.node[v]
+        i = self._v_node[v]
         ta = self.tg.attr[v]
-        nt = self.types[name]
+        op = self._ops_l[i]
+        known = self._types_l[i].known
         # The answer depends on the op and the attr only (and on ``known``, a property of the
         # op too); graphs ask it for thousands of vertices of a few ops.
-        key = (self.ops[name], ta, nt.known)
+        key = (op, ta, known)
         cached = self._supports_cache.get(key)
         if cached is None:
-            cached = self._supports_cache[key] = self._supports_dtype(name, ta)
+            cached = self._supports_cache[key] = self._supports_dtype(op, known, ta)
         return cached
 
-    def _supports_dtype(self, name: str, ta: TypeAttr) -> bool:
-        if not self.types[name].known:
+    def _supports_dtype(self, op: str, known: bool, ta: TypeAttr) -> bool:
+        if not known:
             return False
-        sig = self.registry.op(self.ops[name])
+        sig = self.registry.op(op)
         if sig is None:
             return False
         if ta.is_fixed:
@@ -472,27 +559,28 @@ class _Painter:
 
     def has_kernel(self, v: int) -> bool:
         """TensorFlow's ``HasF16Kernel``: a kernel accepts the node with ``v`` retyped."""
-        name = self.tg.node[v]
         ta = self.tg.attr[v]
         if ta.is_fixed:
             return False
-        data = self.g._node[name]
+        i = self._v_node[v]
+        nt = self._types_l[i]
+        device = self._device_l[i]
+        label = self._label_l[i]
         # Everything below depends on the node's op and dtypes (one NodeTypes object per op
-        # and attrs; id() is stable while self.types holds it), its device, its kernel label
-        # and ``ta``: look that up first, before parsing the device name.
-        quick = (id(self.types[name]), ta, data["device"], data["label"])
+        # and attrs; id() is stable while self._types_l holds it), its device, its kernel
+        # label and ``ta``: look that up first, before parsing the device name.
+        quick = (id(nt), ta, device, label)
         cached = self._has_kernel_cache.get(quick)
         if cached is None:
-            cached = self._has_kernel_cache[quick] = self._has_kernel(name, ta, data)
+            cached = self._has_kernel_cache[quick] = self._has_kernel(self._ops_l[i], nt, ta, device, label)
         return cached
 
-    def _has_kernel(self, name: str, ta: TypeAttr, data: Mapping[str, object]) -> bool:
-        device = data["device"] or self.target.default_device().name  # type: ignore[operator]
+    def _has_kernel(self, op: str, nt: NodeTypes, ta: TypeAttr, device: str, label: str) -> bool:
+        device = device or self.target.default_device().name
         parsed = parse_device_name(device)
         if parsed is None or parsed.type is None:
             return False
-        op = self.ops[name]
-        types = dict(self.types[name].dtypes)
+        types = dict(nt.dtypes)
         value = types.get(ta.attr)
         if value is None:
             return False
@@ -504,15 +592,15 @@ class _Painter:
                 return False
             lst[ta.index] = self.low
             types[ta.attr] = tuple(lst)
-        key = (op, parsed.type, data["label"], tuple(types.items()))
+        key = (op, parsed.type, label, tuple(types.items()))
         cached = self._kernel_cache.get(key)
         if cached is not None:
             return cached
         # Like TensorFlow's kernel lookup, fall back to DEVICE_DEFAULT registrations (used by
         # GPU and pluggable devices for ops such as IdentityN) when no kernel of the device
         # type matches.
-        found = _kernel_matches(self.registry.kernels(op, parsed.type), data["label"], types) or (
-            _kernel_matches(self.registry.kernels(op, "DEFAULT"), data["label"], types)
+        found = _kernel_matches(self.registry.kernels(op, parsed.type), label, types) or (
+            _kernel_matches(self.registry.kernels(op, "DEFAULT"), label, types)
         )
         self._kernel_cache[key] = found
         return found
@@ -522,16 +610,22 @@ class _Painter:
 
     def reads_ref_var(self, name: str) -> bool:
         """Identity of a ref variable, or Enter of such a read (TensorFlow keeps them float)."""
+        ops = self._ops_l
+        index = self._index
         seen = set()
         while name not in seen:
             seen.add(name)
-            op = self.ops.get(name)
-            ins = self.inputs.get(name) or []
+            i = index.get(name)
+            if i is None:
+                return False
+            op = ops[i]
+            ins = self._ins_l[i]
             if not ins:
                 return False
             src = ins[0][0]
             if op == "Identity":
-                return self.ops.get(src) in ("Variable", "VariableV2")
+                j = index.get(src)
+                return j is not None and ops[j] in ("Variable", "VariableV2")
             if op == "Enter":
                 name = src
                 continue
@@ -539,7 +633,7 @@ class _Painter:
         return False
 
     def can_force(self, name: str) -> bool:
-        op = self.ops[name]
+        op = self._ops_l[self._index[name]]
         if op in ("Const", "SoftmaxCrossEntropyWithLogits"):
             return False
         sig = self.registry.op(op)
@@ -548,7 +642,7 @@ class _Painter:
     # ------------------------------------------------------------------ TensorList helpers
 
     def tl_float(self, name: str) -> int | None:
-        if "TensorList" not in self.ops[name]:
+        if "TensorList" not in self._ops_l[self._index[name]]:
             return None
         for v in self.tg.by_node[name]:
             ta = self.tg.attr[v]
@@ -561,7 +655,15 @@ class _Painter:
         tg = self.tg
         comp: dict[int, int] = {}
         clusters: list[list[str]] = []
-        for r in range(len(tg)):
+        # Only TensorList ops have a float element type (tl_float); most graphs have none, so
+        # the scan over vertices is limited to their nodes (in order, as the vertices are).
+        tl_ops = {op for op in set(self._ops_l) if "TensorList" in op}
+        if not tl_ops:
+            return clusters
+        bases = self._bases
+        candidates = (v for i, op in enumerate(self._ops_l) if op in tl_ops
+                      for v in range(bases[i], bases[i + 1]))
+        for r in candidates:
             name = tg.node[r]
             ta = tg.attr[r]
             if not (self.v_proc[r] and ta.is_fixed and ta.fixed == dt.VARIANT):
@@ -587,14 +689,16 @@ class _Painter:
                 clusters.append(list(members))
             members_list = clusters[comp[r]]
             for member in members_list:
-                if self.tl_float(member) is not None and not self.processed[member]:
+                i = self._index[member]
+                op = self._ops_l[i]
+                if self.tl_float(member) is not None and not self._proc_l[i]:
                     why = f"TensorList cluster includes {member!r}, which is not rewritten"
-                elif self.ops[member] in _SOURCE_OR_SINK or self.ops[member] in self.signatures:
-                    why = f"TensorList handle crosses {self.ops[member]} node {member!r}"
+                elif op in _SOURCE_OR_SINK or op in self.signatures:
+                    why = f"TensorList handle crosses {op} node {member!r}"
                 elif self.g._node[member]["funcs"] and not self.options.tensorflow_bugs:
                     # Known difference KD-3: TensorFlow lets a list cross While/If/Case and
                     # paints it half while the function body still reads float elements.
-                    why = (f"[KD-3] TensorList handle crosses {self.ops[member]} node {member!r}, "
+                    why = (f"[KD-3] TensorList handle crosses {op} node {member!r}, "
                            "whose functions read its elements as float32")
                 else:
                     continue
@@ -608,9 +712,11 @@ class _Painter:
     def tensor_list_edges(self, clusters: list[list[str]]) -> None:
         """Add implicit writer -> reader edges between element-type vertices."""
         tg = self.tg
+        ops = self._ops_l
+        index = self._index
         for members in clusters:
             for reader in members:
-                if self.ops[reader] not in _TL_READERS:
+                if ops[index[reader]] not in _TL_READERS:
                     continue
                 start = tg.find(reader, TypeAttr("", -1, dt.VARIANT))
                 if start is None or not self.v_proc[start]:
@@ -621,7 +727,7 @@ class _Painter:
                 while stack:
                     x = stack.pop()
                     writer = tg.node[x]
-                    if self.ops[writer] in _TL_WRITERS:
+                    if ops[index[writer]] in _TL_WRITERS:
                         wf = self.tl_float(writer)
                         if wf is not None and target is not None:
                             tg.add_edge(wf, target)
@@ -653,7 +759,29 @@ class _Painter:
         n = len(tg)
         cat = self.v_cat
         proc = self.v_proc
-        op_of = lambda v: self.ops[tg.node[v]]  # noqa: E731
+        v_dtype = self.v_dtype
+        fanin_of = tg.fanin
+        fanout_of = tg.fanout
+        node_of = tg.node
+        v_node = self._v_node
+        ops_l = self._ops_l
+        allow = self.allow
+        deny = self.deny
+        reason = self.reason
+        FLOAT = dt.FLOAT
+        supports_dtype = self.supports_dtype
+        supports = self.supports
+        bugs = self.options.tensorflow_bugs
+        force_all = self.options.force_all
+        # Reasons that name only an op are made once per op and shared by its vertices.
+        op_reasons: dict[tuple[str, str], str] = {}
+
+        def op_reason(v: int, template: str) -> str:
+            op = ops_l[v_node[v]]
+            text = op_reasons.get((template, op))
+            if text is None:
+                text = op_reasons[(template, op)] = template.format(op)
+            return text
 
         clusters = self.tensor_list_clusters()
         self.tensor_list_edges(clusters)
@@ -664,50 +792,49 @@ class _Painter:
             if not proc[v]:
                 continue
             if cat[v] == "allow":
-                if (not self.options.tensorflow_bugs and self.is_f32(v) and self.supports_dtype(v)
+                if (not bugs and v_dtype[v] == FLOAT and supports_dtype(v)
                         and not self.has_kernel(v)):
                     # Known difference KD-1: TensorFlow converts it and the graph cannot run.
                     self.kernel_missing.add(v)
                     continue
                 roots.append(v)
-                self.allow.add(v)
-                self.reason[v] = f"{op_of(v)} is on the allow list"
-            elif self.options.force_all and self.can_force(tg.node[v]) and (
-                    self.options.tensorflow_bugs or self.supports(v)):
+                allow.add(v)
+                reason[v] = op_reason(v, "{} is on the allow list")
+            elif force_all and self.can_force(node_of[v]) and (bugs or supports(v)):
                 # Known difference KD-4: TensorFlow also paints attributes the op cannot take in
                 # low precision (SparseMatMul's fixed float output, its float/bfloat16-only Ta),
                 # which fails the pass or yields a graph that does not import; we skip them.
-                self.allow.add(v)
-                self.reason[v] = "UNSAFE_FORCE_ALL paints every op that can be forced"
-        if not self.allow:
+                allow.add(v)
+                reason[v] = "UNSAFE_FORCE_ALL paints every op that can be forced"
+        if not allow:
             return
         self.had_allow = True
 
         # Pass 2: deny propagates forward through clear/infer when it reaches deny/infer.
         # Normalization-aware: not from a statistic into the op that applies it.
         blocked = self._normalization_blocks() if self.options.normalization_aware else set()
-        if not self.options.force_all:
+        if not force_all:
             reach: set[int] = {v for v in range(n) if cat[v] in ("deny", "infer")}
             stack = list(reach)
             while stack:
                 x = stack.pop()
-                for y in tg.fanin[x]:
+                for y in fanin_of[x]:
                     if y not in reach and cat[y] == "clear":
                         reach.add(y)
                         stack.append(y)
             for r in range(n):
-                if cat[r] != "deny" or r in self.deny:
+                if cat[r] != "deny" or r in deny:
                     continue
-                self.deny.add(r)
-                self.reason[r] = f"{op_of(r)} is on the deny list"
+                deny.add(r)
+                reason[r] = op_reason(r, "{} is on the deny list")
                 stack = [r]
                 while stack:
                     x = stack.pop()
-                    for y in tg.fanout[x]:
-                        if y not in self.deny and y in reach and (x, y) not in blocked:
-                            self.deny.add(y)
+                    for y in fanout_of[x]:
+                        if y not in deny and y in reach and (not blocked or (x, y) not in blocked):
+                            deny.add(y)
                             self.deny_parent[y] = x
-                            self.reason[y] = "deny propagated"
+                            reason[y] = "deny propagated"
                             stack.append(y)
 
         self.tensor_list_match(clusters)
@@ -716,21 +843,22 @@ class _Painter:
         def elig3(x: int) -> bool:
             return (
                 cat[x] in ("clear", "infer")
-                and x not in self.deny
+                and x not in deny
                 and proc[x]
-                and self.is_f32(x)
-                and self.supports(x)
+                and v_dtype[x] == FLOAT
+                and supports(x)
             )
 
         down: set[int] = set(roots)
         stack = list(roots)
         while stack:
             x = stack.pop()
-            for y in tg.fanout[x]:
+            for y in fanout_of[x]:
                 if y not in down and elig3(y):
                     down.add(y)
                     stack.append(y)
         up: set[int] = set()
+        between = {c: f"{c} op on a path between allow-list ops" for c in ("clear", "infer")}
         for r in roots:
             if r in up:
                 continue
@@ -738,75 +866,84 @@ class _Painter:
             stack = [r]
             while stack:
                 x = stack.pop()
-                for y in tg.fanin[x]:
+                for y in fanin_of[x]:
                     if y in down and y not in up:
                         up.add(y)
-                        if y not in self.allow:
-                            self.allow.add(y)
-                            self.reason[y] = f"{cat[y]} op on a path between allow-list ops"
+                        if y not in allow:
+                            allow.add(y)
+                            reason[y] = between[cat[y]]  # type: ignore[index]
                         stack.append(y)
 
         # Pass 4: infer ops fed directly by allow, in node order.  The design notes say this
         # pass is bfloat16-only; TensorFlow 2.21 runs it in every mode (seen in its logs).
-        if True:
-            for v in range(n):
-                if not (proc[v] and v not in self.deny and v not in self.allow and cat[v] == "infer"
-                        and self.is_f32(v) and self.supports_dtype(v)):
-                    continue
-                fanin = tg.fanin[v]
-                if any(f in self.deny for f in fanin):
-                    continue
-                src = next((f for f in fanin if f in self.allow), None)
-                if src is not None:
-                    self.allow.add(v)
-                    self.reason[v] = f"infer op fed by allow node {tg.node[src]!r}"
+        for v in range(n):
+            if not (proc[v] and v not in deny and v not in allow and cat[v] == "infer"
+                    and v_dtype[v] == FLOAT and supports_dtype(v)):
+                continue
+            fanin = fanin_of[v]
+            if any(f in deny for f in fanin):
+                continue
+            src = next((f for f in fanin if f in allow), None)
+            if src is not None:
+                allow.add(v)
+                reason[v] = f"infer op fed by allow node {node_of[src]!r}"
 
         # Pass 5: spread allow through connected clear ops (both directions).
         def elig5(x: int) -> bool:
             return (
                 cat[x] == "clear"
-                and x not in self.allow
-                and x not in self.deny
+                and x not in allow
+                and x not in deny
                 and proc[x]
-                and self.is_f32(x)
-                and self.supports(x)
-                and not self.reads_ref_var(tg.node[x])
+                and v_dtype[x] == FLOAT
+                and supports(x)
+                and not self._reads_ref_var_at(v_node[x])
             )
 
         seen: set[int] = set()
         for r in range(n):
-            if not proc[r] or r in seen or r not in self.allow:
+            if not proc[r] or r in seen or r not in allow:
                 continue
             seen.add(r)
             stack = [r]
+            why = None
             while stack:
                 x = stack.pop()
-                for y in tg.fanin[x] + tg.fanout[x]:
+                for y in fanin_of[x] + fanout_of[x]:
                     if y not in seen and elig5(y):
                         seen.add(y)
-                        self.allow.add(y)
-                        self.reason[y] = f"clear op connected to allow node {tg.node[r]!r}"
+                        allow.add(y)
+                        if why is None:
+                            why = f"clear op connected to allow node {node_of[r]!r}"
+                        reason[y] = why
                         stack.append(y)
 
         # Pass 6: drop allow-list attributes that cannot take the type.
-        for v in sorted(self.allow):
-            if cat[v] != "allow":
-                continue
-            if not self.supports_dtype(v):
-                self.allow.discard(v)
-                self.reason[v] = f"{op_of(v)} does not accept {self.precision} for {tg.attr[v]}"
-            elif any(self.v_dtype[u] in dt.QUANTIZED for u in tg.by_node[tg.node[v]]):
-                self.allow.discard(v)
-                self.reason[v] = "quantized node"
+        quantized = self._quantized
+        types_l = self._types_l
+        for v in sorted(v for v in allow if cat[v] == "allow"):
+            if not supports_dtype(v):
+                allow.discard(v)
+                reason[v] = f"{ops_l[v_node[v]]} does not accept {self.precision} for {tg.attr[v]}"
+            elif quantized[id(types_l[v_node[v]])]:
+                allow.discard(v)
+                reason[v] = "quantized node"
 
         self.tensor_list_match(clusters)
         self.recurrent_match()
         self.existing_casts()
-        if self.options.planner in ("optimal", "min-casts") and not self.options.force_all:
+        if self.options.planner in ("optimal", "min-casts") and not force_all:
             from .optimal import place_optimally  # deferred: imports the cost model
 
             self.placement = place_optimally(self, clusters, self.options.shape_aware,
                                              goal=self.options.planner)
+
+    def _reads_ref_var_at(self, i: int) -> bool:
+        """:meth:`reads_ref_var` for the node at position ``i`` of ``order``."""
+        op = self._ops_l[i]
+        if op != "Identity" and op != "Enter":
+            return False  # what reads_ref_var answers for every other op
+        return self.reads_ref_var(self.order[i])
 
     def _normalization_blocks(self) -> set[tuple[int, int]]:
         """(statistic vertex, apply vertex) pairs along which deny must not propagate."""
@@ -830,21 +967,30 @@ class _Painter:
             )
         return blocked
 
+    def _nodes_with_op(self, op: str) -> list[int]:
+        """Positions in ``order`` of the nodes whose (renamed) op is ``op``, in order."""
+        ops_l = self._ops_l
+        if op not in set(ops_l):  # C-level, and most graphs lack the op asked for
+            return []
+        return [i for i, o in enumerate(ops_l) if o == op]
+
     def recurrent_match(self) -> None:
         """Force NextIteration and the Merge nodes it feeds to one colour."""
         tg = self.tg
-        for name in self.order:
-            if self.ops[name] != "NextIteration":
-                continue
+        ops_l = self._ops_l
+        index = self._index
+        for i in self._nodes_with_op("NextIteration"):
+            name = self.order[i]
             t_attr = TypeAttr("T", -1, 0)
             ni = tg.find(name, t_attr)
             if ni is None:
                 continue
             merges = []
             for dst, _, _ in ir.consumers(self.g, name, 0):
-                if self.ops[dst] != "Merge":
+                dst_op = ops_l[index[dst]]
+                if dst_op != "Merge":
                     raise InvalidGraphError(
-                        f"NextIteration node {name!r} feeds {self.ops[dst]} node {dst!r}; "
+                        f"NextIteration node {name!r} feeds {dst_op} node {dst!r}; "
                         "a loop back edge must end at a Merge",
                         node=name,
                     )
@@ -867,9 +1013,8 @@ class _Painter:
     def existing_casts(self) -> None:
         """An existing Cast to float32 whose consumers are all allow casts to the target."""
         tg = self.tg
-        for name in self.order:
-            if self.ops[name] != "Cast":
-                continue
+        for i in self._nodes_with_op("Cast"):
+            name = self.order[i]
             if name in self.options.preserve and not self.options.tensorflow_bugs:
                 # Known difference KD-2: a fetched Cast keeps its dtype.
                 continue
@@ -888,41 +1033,36 @@ class _Painter:
 
     def plan(self, graph_name: str) -> Plan:
         tg = self.tg
-        vert = lambda v: (tg.node[v], tg.attr[v])  # noqa: E731
-        allow = frozenset(vert(v) for v in self.allow)
-        convert = tuple(vert(v) for v in sorted(self.allow) if self.is_f32(v))
-        vcolor: list[str] = []
-        vdtype: list[int] = []
-        vreason: list[str] = []
-        vsource: list[str | None] = []
-        vattr: list[TypeAttr] = []
-        start: list[int] = []
-        cats: list[str | None] = []
-        category = self.lists.category
-        ops = self.ops
-        by_node = tg.by_node
+        node_of = tg.node
         attr_of = tg.attr
-        decision = self._attr_decision_fields
-        debug = log.isEnabledFor(logging.DEBUG)
-        for name in self.order:
-            start.append(len(vattr))
-            cats.append(category(ops[name]))
-            for v in by_node[name]:
-                color, dtype, reason, source = decision(v)
-                vattr.append(attr_of[v])
-                vcolor.append(color)
-                vdtype.append(dtype)
-                vreason.append(reason)
-                vsource.append(source)
-                if debug and color in ("allow", "deny"):
-                    log.debug("%s: %s %s of %s node %s: %s", graph_name or "graph", color.upper(),
-                              attr_of[v], ops[name], name, reason)
-        start.append(len(vattr))
+        painted = self.allow
+        # The pairs are made by C-level passes; iterating the same set twice gives the same
+        # order, so the frozenset is built exactly as from a generator over the set.
+        allow = frozenset(zip(map(node_of.__getitem__, painted), map(attr_of.__getitem__, painted)))
+        v_dtype = self.v_dtype
+        f32 = [v for v in sorted(painted) if v_dtype[v] == dt.FLOAT]
+        convert = tuple(zip(map(node_of.__getitem__, f32), map(attr_of.__getitem__, f32)))
+        self._texts: dict[tuple[str, object], str] = {}
+        fields = list(map(self._attr_decision_fields, range(len(tg))))
+        if fields:
+            vcolor, vdtype, vreason, vsource = map(list, zip(*fields))
+        else:
+            vcolor, vdtype, vreason, vsource = [], [], [], []
+        del fields
+        order = self.order
+        ops_l = self._ops_l
+        bases = self._bases
+        if log.isEnabledFor(logging.DEBUG):
+            for i, name in enumerate(order):
+                for v in range(bases[i], bases[i + 1]):
+                    if vcolor[v] in ("allow", "deny"):
+                        log.debug("%s: %s %s of %s node %s: %s", graph_name or "graph",
+                                  vcolor[v].upper(), attr_of[v], ops_l[i], name, vreason[v])
         nodes = NodeDecisions(
-            self.order, [self.ops[n] for n in self.order], cats,
-            [self.processed[n] for n in self.order], start, vattr, vcolor, vdtype, vreason,
-            vsource, self.low,
+            order, ops_l, list(map(self.lists.category, ops_l)), self._proc_l, bases, attr_of,
+            vcolor, vdtype, vreason, vsource, self.low, index=self._index,
         )
+        vert = lambda v: (node_of[v], attr_of[v])  # noqa: E731
         parent = {vert(k): vert(p) for k, p in self.deny_parent.items()}
         return Plan(
             graph_name=graph_name,
@@ -940,6 +1080,15 @@ class _Painter:
             normalized=dict(sorted(self.normalized.items())),
         )
 
+    def _text(self, template: str, arg: object) -> str:
+        """``template.format(arg)``, made once per (template, arg): thousands of vertices
+        share each of these reasons, and one string object serves them all."""
+        key = (template, arg)
+        text = self._texts.get(key)
+        if text is None:
+            text = self._texts[key] = template.format(arg)
+        return text
+
     def _attr_decision(self, v: int) -> AttrDecision:
         """The decision for vertex ``v`` (after :meth:`run`).  Pure."""
         return AttrDecision(*self._attr_decision_fields(v))  # type: ignore[arg-type]
@@ -950,7 +1099,6 @@ class _Painter:
         tg = self.tg
         name = tg.node[v]
         dtype = self.v_dtype[v]
-        cat = self.v_cat[v]
         if v in self.allow:
             final = self.low if dtype == dt.FLOAT else dtype
             reason = self.reason.get(v, "allow")
@@ -968,36 +1116,40 @@ class _Painter:
                     hops.append(root)
                 source = tg.node[root]
                 via = [tg.node[h] for h in reversed(hops[:-1])]
-                reason = f"downstream of deny node {source!r} ({self.ops[source]})" + (
+                reason = f"downstream of deny node {source!r} ({self._ops_l[self._index[source]]})" + (
                     " via " + " -> ".join(repr(x) for x in via[-6:]) if via else ""
                 )
             return "deny", dtype, reason, source
+        cat = self.v_cat[v]
         color: Color = cat if cat in ("infer", "clear") else "none"  # type: ignore[assignment]
-        if v in self.reason:
-            reason = self.reason[v]
-        elif not self.types[name].known:
-            reason = f"op {self.ops[name]} is not in the op registry"
-        elif not self.processed[name]:
-            if name in self.options.preserve:
-                reason = "preserved (fetched or excluded): keeps its dtypes"
+        reason = self.reason.get(v)  # type: ignore[assignment]
+        if reason is None:
+            i = self._v_node[v]
+            op = self._ops_l[i]
+            text = self._text
+            if not self._types_l[i].known:
+                reason = text("op {} is not in the op registry", op)
+            elif not self._proc_l[i]:
+                if name in self.options.preserve:
+                    reason = "preserved (fetched or excluded): keeps its dtypes"
+                else:
+                    device = self._device_l[i] or "(default device)"
+                    reason = text("device {} is not eligible for " + self.precision, device)
+            elif dtype != dt.FLOAT:
+                reason = text("type {} is not float32", dt.name(dtype))
+            elif v in self.kernel_missing:
+                reason = text("no " + self.precision + " kernel for {} on this device", op)
+            elif cat == "allow":
+                reason = "allow-list op not painted"
+            elif cat == "infer":
+                reason = "infer op not between allow-list ops"
+            elif cat == "clear":
+                reason = "clear op with no allow neighbour" if self.supports(v) else (
+                    text("no " + self.precision + " kernel for {}", op))
+            elif self.had_allow:
+                reason = text("{} is on no list", op)
             else:
-                device = self.g._node[name]["device"] or "(default device)"
-                reason = f"device {device} is not eligible for {self.precision}"
-        elif dtype != dt.FLOAT:
-            reason = f"type {dt.name(dtype)} is not float32"
-        elif v in self.kernel_missing:
-            reason = f"no {self.precision} kernel for {self.ops[name]} on this device"
-        elif cat == "allow":
-            reason = "allow-list op not painted"
-        elif cat == "infer":
-            reason = "infer op not between allow-list ops"
-        elif cat == "clear":
-            reason = "clear op with no allow neighbour" if self.supports(v) else (
-                f"no {self.precision} kernel for {self.ops[name]}")
-        elif self.had_allow:
-            reason = f"{self.ops[name]} is on no list"
-        else:
-            reason = "no allow-list op in the graph"
+                reason = "no allow-list op in the graph"
         if name in self.normalized:
             reason = f"{reason}; normalization-aware: {self.normalized[name]}"
         return color, dtype, reason, None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from sys import intern
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -108,7 +109,9 @@ def _attr_values(
     label = ""
     funcs: list[str] = []
     attr_map = node_def.attr
-    keys = sorted(attr_map)
+    # Interned: a million nodes then share a few dozen attr-name strings (less memory, and
+    # hashing or comparing them later hits the cache).
+    keys = sorted(map(intern, attr_map))
     for key in keys:
         value = attr_map[key]
         kind = value.WhichOneof("value")
@@ -129,8 +132,10 @@ def _attr_values(
     return types, ints, label, tuple(sorted(funcs)) if funcs else (), tuple(keys)
 
 
-def _add_proto_node(g: nx.MultiDiGraph, node_def: Any, index: int) -> None:
-    """Add ``node_def`` as node ``(index, 0)`` of ``g``.  Mutates ``g`` (not ``node_def``).
+def _add_proto_node(g: nx.MultiDiGraph, node_def: Any, index: int, *, unique: bool = False) -> str:
+    """Add ``node_def`` as node ``(index, 0)`` of ``g`` and return its name (the very string
+    object keying ``g``'s dicts).  Mutates ``g`` (not ``node_def``).  ``unique``: the caller
+    checks the names for duplicates itself (see :func:`_import_main`).
 
     Writes networkx's adjacency dicts directly, with exactly the layout ``add_node`` gives
     (same dicts, same key order): the public method costs several microseconds per call
@@ -138,34 +143,31 @@ def _add_proto_node(g: nx.MultiDiGraph, node_def: Any, index: int) -> None:
     because ``g`` is a fresh graph being built here, with no cached views to invalidate.
     """
     name = node_def.name
-    if name in g._node:
+    if not unique and name in g._node:
         raise InvalidGraphError(f"duplicate node name {name!r}", node=name)
     if not name:
         raise InvalidGraphError("a node has an empty name")
     types, ints, label, funcs, attr_names = _attr_values(node_def)
     g._succ[name] = {}
     g._pred[name] = {}
-    # Key order as ir.add_node writes it (kept so node dicts look the same either way).
+    # Key order as ir.add_node writes it (kept so node dicts look the same either way).  Op
+    # and device strings are interned: protobuf returns a new string object per read, and a
+    # million nodes sharing a handful of them keeps every later comparison in the cache.
     g._node[name] = {
-        "op": node_def.op, "device": node_def.device, "order": (index, 0), "dtypes": types,
-        "ints": ints, "attr_names": attr_names, "label": label, "proto": node_def,
+        "op": intern(node_def.op), "device": intern(node_def.device), "order": (index, 0),
+        "dtypes": types, "ints": ints, "attr_names": attr_names, "label": label, "proto": node_def,
         "synthetic": None, "dirty": False, "funcs": funcs,
     }
+    return name
 
 
-def _add_edge_fast(
-    succ: dict, pred: dict, src: str, dst: str, key: int, data: dict[str, Any]
-) -> None:
-    """``MultiDiGraph.add_edge`` for import: same dict layout, no argument handling.
-
-    Assumes both nodes exist and the key is new for ``(src, dst)`` (ports and control
-    positions are unique per destination).  Mutates ``succ``/``pred`` (the graph's).
-    """
-    keydict = succ[src].get(dst)
-    if keydict is None:
-        succ[src][dst] = pred[dst][src] = {key: data}
-    else:
-        keydict[key] = data
+def _check_unique(names: list[str]) -> None:
+    """Raise for the first name of ``names`` that repeats an earlier one."""
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise InvalidGraphError(f"duplicate node name {name!r}", node=name)
+        seen.add(name)
 
 
 def _check_input_order(node: str, inputs: list[str]) -> None:
@@ -183,14 +185,28 @@ def _import_main(gd: Any) -> nx.MultiDiGraph:
     """The IR of ``gd``'s node list (not its library).  Pure with respect to ``gd``."""
     g = nx.MultiDiGraph(kind="graph", name="")
     node_defs = list(gd.node)  # one Python wrapper per node, reused by both passes
-    for i, node_def in enumerate(node_defs):
-        _add_proto_node(g, node_def, i)
+    # The names as keyed in g: the edges below are keyed by the same string objects, so
+    # later lookups compare pointers instead of reading a second copy of each name.
+    # Duplicates are looked for once at the end (a lookup per node in a dict that grows to
+    # a million entries is a cache miss each): they are rare, and then reported as the
+    # per-node check would have, the first one first.
+    names: list[str] = []
+    try:
+        for i, node_def in enumerate(node_defs):
+            names.append(_add_proto_node(g, node_def, i, unique=True))
+    except InvalidGraphError:
+        _check_unique(names)  # a duplicate before the bad node would have been met first
+        raise
+    if len(g._node) != len(names):
+        _check_unique(names)
     nodes = g._node
     succ = g._succ
     pred = g._pred
-    for node_def in node_defs:
-        dst = node_def.name
-        inputs = list(node_def.input)
+    for dst, node_def in zip(names, node_defs):
+        inputs = node_def.input[:]
+        if not inputs:
+            continue
+        dst_pred = pred[dst]
         port = 0
         seen_control = False
         for pos, text in enumerate(inputs):
@@ -214,14 +230,22 @@ def _import_main(gd: Any) -> nx.MultiDiGraph:
                 )
             if src_port == CONTROL:
                 seen_control = True
-                _add_edge_fast(succ, pred, src, dst, -1 - pos,
-                               {"src_port": CONTROL, "dst_port": CONTROL, "pos": pos, "text": text})
+                key = -1 - pos
+                data = {"src_port": CONTROL, "dst_port": CONTROL, "pos": pos, "text": text}
             else:
                 if seen_control:
                     _check_input_order(dst, inputs)  # raises with the first offending input
-                _add_edge_fast(succ, pred, src, dst, port,
-                               {"src_port": src_port, "dst_port": port, "pos": port, "text": text})
+                key = port
+                data = {"src_port": src_port, "dst_port": port, "pos": port, "text": text}
                 port += 1
+            # MultiDiGraph.add_edge's dict layout, written directly as for the nodes: both
+            # nodes exist and the key is new for (src, dst) (ports and control positions are
+            # unique per destination).
+            keydict = dst_pred.get(src)
+            if keydict is None:
+                succ[src][dst] = dst_pred[src] = {key: data}
+            else:
+                keydict[key] = data
     return g
 
 
@@ -418,10 +442,15 @@ def _edge_text(
 def _node_inputs(g: nx.MultiDiGraph, name: str, registry: OpRegistry) -> list[str]:
     """The input strings of ``name``: data inputs by port, then control inputs in their
     original order.  Edges the rewrite created are spelled here.  Reads ``g`` only."""
+    return _inputs_from(g, name, g._pred[name], registry)
+
+
+def _inputs_from(g: nx.MultiDiGraph, name: str, pred: dict, registry: OpRegistry) -> list[str]:
+    """:func:`_node_inputs` given the node's predecessor dict (``g._pred[name]``)."""
     data_edges = []
     control_edges = []
     in_graph = g.graph["kind"] == "graph"
-    for u, keyed in g._pred[name].items():  # networkx's dict, read directly (see import)
+    for u, keyed in pred.items():  # networkx's dict, read directly (see import)
         for d in keyed.values():
             if d["dst_port"] == CONTROL:
                 control_edges.append((d["pos"], d["text"] or "^" + u))
@@ -435,55 +464,126 @@ def _node_inputs(g: nx.MultiDiGraph, name: str, registry: OpRegistry) -> list[st
                     else:
                         text = _edge_text(g, u, port, registry)
                 data_edges.append((d["dst_port"], text))
-    data_edges.sort()
-    control_edges.sort()
-    return [t for _, t in data_edges] + [t for _, t in control_edges]
+    if len(data_edges) > 1:
+        data_edges.sort()
+    if control_edges:
+        control_edges.sort()
+        return [t for _, t in data_edges] + [t for _, t in control_edges]
+    return [t for _, t in data_edges]
 
 
-def _fill_node_def(g: nx.MultiDiGraph, name: str, registry: OpRegistry, nd: Any) -> None:
-    """Write node ``name`` of ``g`` into ``nd``, a new empty NodeDef.  Mutates ``nd`` only."""
-    data = g._node[name]
-    if data["proto"] is not None:
-        nd.CopyFrom(data["proto"])
-        nd.op = data["op"]
-        changed = data.get("changed_attrs")
-        if changed:
-            attr_map = nd.attr
-            dtypes = data["dtypes"]
-            for attr in sorted(changed):
-                _set_type_attr(attr_map, attr, dtypes[attr])
-    else:
-        nd.name = name
-        nd.op = data["op"]
-        nd.device = data["device"]
-        for attr in sorted(data["dtypes"]):
-            _set_type_attr(nd.attr, attr, data["dtypes"][attr])
-        for attr, value in sorted(data.get("bools", {}).items()):
-            nd.attr[attr].b = value
-    if data["proto"] is None or data.get("inputs_changed"):
+def _fill_from(
+    g: nx.MultiDiGraph, name: str, data: dict, pred: dict, registry: OpRegistry, nd: Any,
+    templates: dict[tuple[object, ...], Any],
+) -> None:
+    """Write node ``name`` of ``g``, given its attribute and predecessor dicts, into ``nd``,
+    a new empty NodeDef.  Mutates ``nd`` only.
+
+    A node the rewrite made (a Cast) is copied from a template NodeDef with its op, device
+    and attrs, kept in ``templates`` for the next node alike: one copy instead of an attr
+    map write per attribute.
+    """
+    proto = data["proto"]
+    if proto is not None:
+        nd.CopyFrom(proto)
+        _apply_changes(g, name, data, pred, registry, nd)
+        return
+    dtypes = data["dtypes"]
+    bools = data.get("bools", {})
+    key = (data["op"], data["device"], tuple(sorted(dtypes.items())), tuple(sorted(bools.items())))
+    template = templates.get(key)
+    if template is None:
+        template = templates[key] = type(nd)()
+        template.op = data["op"]
+        template.device = data["device"]
+        attr_map = template.attr
+        for attr in sorted(dtypes):
+            _set_type_attr(attr_map, attr, dtypes[attr])
+        for attr, value in sorted(bools.items()):
+            attr_map[attr].b = value
+    nd.CopyFrom(template)
+    nd.name = name
+    nd.input.extend(_inputs_from(g, name, pred, registry))
+
+
+def _apply_changes(
+    g: nx.MultiDiGraph, name: str, data: dict, pred: dict, registry: OpRegistry, nd: Any
+) -> None:
+    """Write what the rewrite changed on an imported node into ``nd``, a copy of its NodeDef:
+    its op, its changed type attrs and, if rewired, its inputs.  Mutates ``nd`` only."""
+    nd.op = data["op"]
+    changed = data.get("changed_attrs")
+    if changed:
+        attr_map = nd.attr
+        dtypes = data["dtypes"]
+        for attr in sorted(changed):
+            _set_type_attr(attr_map, attr, dtypes[attr])
+    if data.get("inputs_changed"):
         del nd.input[:]
-        nd.input.extend(_node_inputs(g, name, registry))
+        nd.input.extend(_inputs_from(g, name, pred, registry))
 
 
 def _export_nodes(g: nx.MultiDiGraph, registry: OpRegistry, container: Any) -> None:
     """Append ``g``'s nodes, in node order, to ``container`` (an empty repeated NodeDef field,
     which this mutates).  Changed nodes are built in place (``container.add()``) rather than
     built and then copied in; runs of unchanged ones are copied with one ``extend``."""
-    nodes = g._node
     pending: list[Any] = []
-    for name in ir.ordered_nodes(g):
-        data = nodes[name]
+    add = container.add
+    templates: dict[tuple[object, ...], Any] = {}
+    names, datas, _, preds = ir.ordered_entries(g, succ=False)
+    for name, data, pred in zip(names, datas, preds):  # type: ignore[arg-type]
         if data["synthetic"]:
             continue
         if data["dirty"]:
             if pending:
                 container.extend(pending)
                 pending = []
-            _fill_node_def(g, name, registry, container.add())
+            _fill_from(g, name, data, pred, registry, add(), templates)
         else:
             pending.append(data["proto"])
     if pending:
         container.extend(pending)
+
+
+def _export_main_in_place(g: nx.MultiDiGraph, registry: OpRegistry, container: Any) -> bool:
+    """Turn ``container``, a copy of the node list ``g`` was imported from, into ``g``'s
+    node list: changed nodes are edited where they are, new ones appended, then all put in
+    node order.  Mutates ``container``; returns False (and leaves it to be refilled) when
+    ``g``'s imported nodes are not exactly the container's, in its order.
+
+    Copying the whole list is one C-level copy; copying node by node (:func:`_export_nodes`)
+    costs microseconds per node, seconds on graphs of a million nodes.
+    """
+    names, datas, _, preds = ir.node_entries(g, succ=False)
+    size = len(container)
+    old_keys: list[tuple[int, int]] = []  # order of container[i], for i < size
+    new_keys: list[tuple[int, int]] = []  # order of the nodes appended, in turn
+    add = container.add
+    templates: dict[tuple[object, ...], Any] = {}
+    for name, data, pred in zip(names, datas, preds):  # type: ignore[arg-type]
+        if data["synthetic"]:
+            return False
+        order = data["order"]
+        if data["proto"] is None:
+            _fill_from(g, name, data, pred, registry, add(), templates)
+            new_keys.append(order)
+            continue
+        # Imported node i has order (i, 0); they come first, in the dict's insertion order.
+        i = len(old_keys)
+        if order[0] != i or order[1] != 0 or i >= size:
+            return False
+        old_keys.append(order)
+        if data["dirty"]:
+            _apply_changes(g, name, data, pred, registry, container[i])
+    if len(old_keys) != size:
+        return False
+    if new_keys:
+        # Sort the container by node order.  Its elements are the imported nodes, then the
+        # appended ones: keys in that order, handed out one per call, as list.sort (which
+        # the container's sort uses) computes each element's key once, first to last.
+        keys = iter(old_keys + new_keys)
+        container.sort(key=lambda _: next(keys))
+    return True
 
 
 def _export_function(fg: nx.MultiDiGraph, registry: OpRegistry) -> Any:
@@ -510,8 +610,9 @@ def export_graph_def(imported: ImportedGraph, registry: OpRegistry) -> Any:
     # Copy everything (versions, library, unknown fields) and then replace what changed.
     gd.CopyFrom(source)
     if any(d["dirty"] for _, d in imported.graph.nodes(data=True)):
-        del gd.node[:]
-        _export_nodes(imported.graph, registry, gd.node)
+        if not _export_main_in_place(imported.graph, registry, gd.node):
+            del gd.node[:]
+            _export_nodes(imported.graph, registry, gd.node)
     for i, fdef in enumerate(source.library.function):
         fg = imported.functions.get(fdef.signature.name)
         if fg is not None:

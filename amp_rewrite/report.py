@@ -25,6 +25,7 @@ Layout::
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any, Mapping
 
 from . import dtypes as dt
@@ -37,58 +38,103 @@ __all__ = ["build_report"]
 
 
 def _graph_section(plan: Plan, stats: RewriteStats, total: int) -> dict[str, Any]:
-    converted_nodes = {n for n, _ in stats.converted}
+    converted_nodes = set(map(itemgetter(0), stats.converted))
     folded = set(stats.folded)
-    nodes: dict[str, Any] = {}
-    rows = plan.nodes.rows() if isinstance(plan.nodes, NodeDecisions) else (
-        (name, nd.op, nd.color, nd.dtype, nd.reason,
-         [(ta, d.color, d.dtype, d.reason, d.source) for ta, d in nd.attrs.items()])
-        for name, nd in plan.nodes.items()
-    )
-    dtype_name = dt.name
-    for name, op, color, dtype, reason, attrs in rows:
-        entry: dict[str, Any] = {
-            "op": op,
-            "color": color,
-            "dtype": dtype_name(dtype),
-            "reason": reason,
-        }
-        if len(attrs) > 1:
-            entry["attrs"] = {
-                str(ta): {"color": a_color, "dtype": dtype_name(a_dtype), "reason": a_reason}
-                for ta, a_color, a_dtype, a_reason, _ in attrs
-            }
-        for _, _, _, _, source in attrs:
-            if source:
-                entry["deny_source"] = source
-                break
-        if name in folded:
-            # The rewrite folded a Cast -> Cast chain: this Cast now reads the low-precision
-            # tensor itself, so its SrcT changed although the painting left it alone.
-            why = f"reads the {dt.name(plan.target_dtype)} tensor directly (Cast chain folded)"
-            entry["attrs"] = {**entry.get("attrs", {str(ta): {"color": a_color, "dtype": dtype_name(a_dtype),
-                                                                 "reason": a_reason}
-                                                       for ta, a_color, a_dtype, a_reason, _ in attrs}),
-                              "SrcT": {"color": "allow", "dtype": dt.name(plan.target_dtype), "reason": why}}
-            entry.update(color="allow", dtype=dt.name(plan.target_dtype), reason=f"SrcT {why}")
-        nodes[name] = entry
+    if isinstance(plan.nodes, NodeDecisions):
+        nodes = _node_entries(plan.nodes, folded, plan.target_dtype)
+    else:
+        nodes = {}
+        for name, nd in plan.nodes.items():
+            attrs = [(ta, d.color, d.dtype, d.reason, d.source) for ta, d in nd.attrs.items()]
+            nodes[name] = _node_entry(nd.op, nd.color, nd.dtype, nd.reason, attrs, name in folded,
+                                      plan.target_dtype)
+    dtype_names = _DtypeNames()
     casts = [
-        {"name": c.name, "source": f"{c.source}:{c.port}", "dtype": dt.name(c.dst_dtype),
+        {"name": c.name, "source": f"{c.source}:{c.port}", "dtype": dtype_names[c.dst_dtype],
          "consumers": list(c.consumers)}
         for c in stats.casts
     ]
+    to_high = sum(1 for c in stats.casts if c.dst_dtype == dt.FLOAT)
     return {
         "total_nodes": total,
         "converted_nodes": len(converted_nodes),
         "converted_attrs": len(stats.converted),
-        "casts_to_low": sum(1 for c in stats.casts if c.dst_dtype != dt.FLOAT),
-        "casts_to_high": sum(1 for c in stats.casts if c.dst_dtype == dt.FLOAT),
+        "casts_to_low": len(stats.casts) - to_high,
+        "casts_to_high": to_high,
         "skipped": plan.skipped,
         "nodes": nodes,
         "casts": casts,
         **({"placement": plan.placement.as_dict()} if plan.placement is not None else {}),
         **({"normalized": dict(plan.normalized)} if plan.normalized else {}),
     }
+
+
+class _DtypeNames(dict):
+    """``dt.name``, memoized: the report names a dtype for every node and cast."""
+
+    def __missing__(self, dtype: int) -> str:
+        self[dtype] = name = dt.name(dtype)
+        return name
+
+
+def _node_entry(
+    op: str, color: str, dtype: int, reason: str,
+    attrs: list[tuple[Any, str, int, str, str | None]], folded: bool, target_dtype: int,
+) -> dict[str, Any]:
+    """The report entry of one node from its summary and its attributes' decisions
+    ``(type attr, color, dtype, reason, deny source)``."""
+    dtype_name = dt.name
+    entry: dict[str, Any] = {
+        "op": op,
+        "color": color,
+        "dtype": dtype_name(dtype),
+        "reason": reason,
+    }
+    if len(attrs) > 1:
+        entry["attrs"] = {
+            str(ta): {"color": a_color, "dtype": dtype_name(a_dtype), "reason": a_reason}
+            for ta, a_color, a_dtype, a_reason, _ in attrs
+        }
+    for _, _, _, _, source in attrs:
+        if source:
+            entry["deny_source"] = source
+            break
+    if folded:
+        # The rewrite folded a Cast -> Cast chain: this Cast now reads the low-precision
+        # tensor itself, so its SrcT changed although the painting left it alone.
+        why = f"reads the {dt.name(target_dtype)} tensor directly (Cast chain folded)"
+        entry["attrs"] = {**entry.get("attrs", {str(ta): {"color": a_color, "dtype": dtype_name(a_dtype),
+                                                             "reason": a_reason}
+                                                   for ta, a_color, a_dtype, a_reason, _ in attrs}),
+                          "SrcT": {"color": "allow", "dtype": dt.name(target_dtype), "reason": why}}
+        entry.update(color="allow", dtype=dt.name(target_dtype), reason=f"SrcT {why}")
+    return entry
+
+
+def _node_entries(decisions: NodeDecisions, folded: set[str], target_dtype: int) -> dict[str, Any]:
+    """The report entries of every node of a plan, from the plan's flat per-vertex lists.
+
+    Equal to calling :func:`_node_entry` per node, but a node with one type attribute (most
+    of them) is written straight from its vertex: its summary is that vertex's decision and
+    it lists no attrs.  Graphs have up to millions of nodes.
+    """
+    order, ops, start, vattr, vcolor, vdtype, vreason, vsource = decisions.columns()
+    dtype_names = _DtypeNames()
+    nodes: dict[str, Any] = {}
+    for i, name in enumerate(order):
+        v = start[i]
+        end = start[i + 1]
+        if end - v == 1 and name not in folded:
+            entry = {"op": ops[i], "color": vcolor[v], "dtype": dtype_names[vdtype[v]],
+                     "reason": vreason[v]}
+            if vsource[v]:
+                entry["deny_source"] = vsource[v]
+        else:
+            color, dtype, reason = decisions.summary(i)
+            attrs = [(vattr[u], vcolor[u], vdtype[u], vreason[u], vsource[u]) for u in range(v, end)]
+            entry = _node_entry(ops[i], color, dtype, reason, attrs, name in folded, target_dtype)
+        nodes[name] = entry
+    return nodes
 
 
 def build_report(

@@ -11,6 +11,7 @@ exported node order, so output is deterministic.
 from __future__ import annotations
 
 import logging
+import operator
 from dataclasses import dataclass
 
 import networkx as nx
@@ -18,6 +19,7 @@ import networkx as nx
 from . import dtypes as dt
 from . import ir
 from .decide import Plan
+from .tensor_names import CONTROL
 from .type_attrs import TypeAttr, get_dtype
 
 __all__ = ["CastInfo", "RewriteStats", "apply_plan"]
@@ -105,7 +107,8 @@ def _rewire_consumers(g: nx.MultiDiGraph, node: str, to: tuple[str, int]) -> Non
 
 
 def _fold_cast_chains(
-    g: nx.MultiDiGraph, casts: list[CastInfo], plan: Plan, folded: list[str]
+    g: nx.MultiDiGraph, casts: list[CastInfo], plan: Plan, folded: list[str],
+    candidates: set[str] | None = None,
 ) -> list[CastInfo]:
     """Remove Cast -> Cast chains that involve an inserted Cast.  Mutates ``g``.
 
@@ -113,10 +116,18 @@ def _fold_cast_chains(
     so values are unchanged.  Two shapes occur: an inserted cast after an existing Cast
     (``bool -> float`` feeding float16 consumers), and an existing Cast after an inserted one
     (a ``float -> int32`` Cast reading a tensor that is now float16).
+
+    ``candidates``, when given, names the inserted casts whose producer or one of whose
+    consumers is a Cast: no other cast can be part of a chain, so the others are skipped
+    without looking at the graph.
     """
     inserted = {c.name: c for c in casts}
     removed: set[str] = set()
-    for c in casts:
+    if candidates is not None:
+        casts_in_chains = [c for c in casts if c.name in candidates]
+    else:
+        casts_in_chains = casts
+    for c in casts_in_chains:
         (src, port), = ir.data_inputs(g, c.name)
         prev = g._node[src]
         if prev["op"] != "Cast" or not _exact(prev["dtypes"]["SrcT"], prev["dtypes"]["DstT"]):
@@ -134,7 +145,7 @@ def _fold_cast_chains(
         if src in inserted and g.out_degree(src) == 0:
             g.remove_node(src)
             removed.add(src)
-    for c in casts:
+    for c in casts_in_chains:
         if c.name in removed or not _exact(g._node[c.name]["dtypes"]["SrcT"], dt.FLOAT):
             continue
         (origin,) = ir.data_inputs(g, c.name)
@@ -171,8 +182,11 @@ def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> Re
     low = plan.target_dtype
     allow = plan.allow
     types = plan.types
+    nodes = g._node  # networkx's dicts, written directly as in ir.add_node / add_data_edge
+    succ = g._succ
+    pred = g._pred
     for name, op in sorted(plan.renames.items()):
-        data = g._node[name]
+        data = nodes[name]
         data["op"] = op
         data["dtypes"]["U"] = dt.FLOAT
         data.setdefault("changed_attrs", set()).add("U")
@@ -181,14 +195,24 @@ def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> Re
     converted: list[tuple[str, TypeAttr]] = []
     casts: list[CastInfo] = []
     tf_style = 0
-    order = ir.ordered_nodes(g)
+    # Every node with its dicts, in order, without a lookup by name per node (a million-entry
+    # dict misses the CPU caches on every lookup).  The plan's types are in the same order
+    # when decide made them for this graph.
+    order, datas, outs, _ = ir.ordered_entries(g, pred=False)
+    if len(types) == len(order) and all(map(operator.is_, types, order)):
+        node_types = list(types.values())
+    else:
+        node_types = list(map(types.get, order))
+    # Inserted casts whose producer, or one of whose consumers, is a Cast: the only ones
+    # _fold_cast_chains can change.
+    fold_candidates: set[str] = set()
     # Per NodeTypes object (shared by the nodes of one op and attrs): its float32 attrs, each
     # with the output ports it governs.  id() is stable while ``types`` holds the objects.
     float_attrs: dict[int, list[tuple[TypeAttr, list[int]]]] = {}
     # Checked once: log.debug's own check and its arguments cost a call per converted attr.
     debug = log.isEnabledFor(logging.DEBUG)
-    for name in order:
-        nt = types.get(name)
+    tokens = {dtype: _token(dtype) for dtype in (low, dt.FLOAT)}
+    for name, nt, data, out in zip(order, node_types, datas, outs):
         if nt is None:
             continue
         todo = float_attrs.get(id(nt))
@@ -199,10 +223,20 @@ def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> Re
             ]
         if not todo:
             continue
-        data = g._node[name]
         seq = 0
-        # Snapshot of the consumers before any cast of this node is inserted.
-        fanout = ir.consumers_by_port(g, name)
+        # Snapshot of the consumers before any cast of this node is inserted
+        # (ir.consumers_by_port, inlined).
+        fanout: dict[int, list[tuple[str, int, int]]] = {}
+        for v, keyed in out.items():
+            for k, d in keyed.items():
+                q = d["dst_port"]
+                if q != CONTROL:
+                    port = d["src_port"]
+                    lst = fanout.get(port)
+                    if lst is None:
+                        fanout[port] = [(v, q, k)]
+                    else:
+                        lst.append((v, q, k))
         for ta, ports in todo:
             # A fixed-type port cannot change type; painting it (TensorFlow does under
             # UNSAFE_FORCE_ALL) must not reach here.
@@ -222,32 +256,64 @@ def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> Re
                         continue
                     if cast_name is None:
                         to_dtype = low if dst_allow else dt.FLOAT
+                        token = tokens[to_dtype]
                         k = 0
-                        while f"{name}-{port}-{_token(to_dtype)}-{k}-AutoMixedPrecision" in g:
+                        while f"{name}-{port}-{token}-{k}-AutoMixedPrecision" in nodes:
                             k += 1
-                        cast_name = f"{name}-{port}-{_token(to_dtype)}-{k}-AutoMixedPrecision"
+                        cast_name = f"{name}-{port}-{token}-{k}-AutoMixedPrecision"
                         seq += 1
-                        ir.add_node(
+                        cast_data = ir.add_node(
                             g, cast_name, op="Cast", device=data["device"],
                             order=(data["order"][0], data["order"][1] + seq),
                             dtypes={"SrcT": low if src_allow else dt.FLOAT, "DstT": to_dtype},
                         )
-                        g._node[cast_name]["bools"] = {"Truncate": False}
-                        ir.add_data_edge(g, name, port, cast_name, 0, None)
-                        if dst_allow and data["op"] not in _CONST_OR_VARIABLE and not _reads_ref_var(g, name):
+                        cast_data["bools"] = {"Truncate": False}
+                        # ir.add_data_edge(g, name, port, cast_name, 0, None), inlined: the
+                        # cast is new, so the edge is too.
+                        out[cast_name] = pred[cast_name][name] = {
+                            0: {"src_port": port, "dst_port": 0, "pos": 0, "text": None}}
+                        cast_out = succ[cast_name]
+                        if data["op"] == "Cast":
+                            fold_candidates.add(cast_name)
+                        op = data["op"]
+                        # Only an Identity or Enter can read a ref variable (_reads_ref_var).
+                        if dst_allow and op not in _CONST_OR_VARIABLE and not (
+                                op in ("Identity", "Enter") and _reads_ref_var(g, name)):
                             tf_style += 1
                         if debug:
                             log.debug("inserting cast to %s at %s:%d", dt.name(to_dtype), name, port)
-                    g.remove_edge(name, dst, key=key)
-                    ir.add_data_edge(g, cast_name, 0, dst, q, None)
-                    g._node[dst]["dirty"] = True
-                    g._node[dst]["inputs_changed"] = True
+                    # g.remove_edge(name, dst, key=key), inlined.
+                    keydict = out[dst]
+                    del keydict[key]
+                    if not keydict:
+                        del out[dst]
+                        dst_pred = pred[dst]
+                        del dst_pred[name]
+                    else:
+                        dst_pred = pred[dst]
+                    # ir.add_data_edge(g, cast_name, 0, dst, q, None), inlined.
+                    attrs = {"src_port": 0, "dst_port": q, "pos": q, "text": None}
+                    keydict = cast_out.get(dst)
+                    if keydict is None:
+                        cast_out[dst] = dst_pred[cast_name] = {q: attrs}
+                    else:
+                        old = keydict.get(q)
+                        if old is None:
+                            keydict[q] = attrs
+                        else:
+                            old.update(attrs)
+                    dst_data = nodes[dst]
+                    dst_data["dirty"] = True
+                    dst_data["inputs_changed"] = True
+                    if dst_data["op"] == "Cast":
+                        fold_candidates.add(cast_name)
                     rewired.append(dst)
                 if cast_name is not None:
                     casts.append(CastInfo(cast_name, name, port, low if not src_allow else dt.FLOAT,
                                           tuple(rewired)))
+    nx._clear_cache(g)  # once, for the dicts written directly above
     folded: list[str] = []
     if fold_casts:
-        casts = _fold_cast_chains(g, casts, plan, folded)
+        casts = _fold_cast_chains(g, casts, plan, folded, fold_candidates)
         converted += [(name, TypeAttr("SrcT", -1, 0)) for name in folded]
     return RewriteStats(tuple(converted), tuple(casts), tf_style, tuple(folded))

@@ -10,12 +10,14 @@ Loop back edges (NextIteration -> Merge) are ordinary edges, so the graph can ha
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate, chain, repeat
+from operator import itemgetter
 from typing import Mapping, Sequence
 
 from .errors import InvalidGraphError
 from .type_attrs import NodeTypes, TypeAttr
 
-__all__ = ["TypeGraph", "build_type_graph"]
+__all__ = ["TypeGraph", "build_type_graph", "build_type_graph_from_lists"]
 
 
 @dataclass
@@ -26,9 +28,22 @@ class TypeGraph:
     node: list[str] = field(default_factory=list)
     attr: list[TypeAttr] = field(default_factory=list)
     _index: dict[tuple[str, TypeAttr], int] | None = None
-    by_node: dict[str, Sequence[int]] = field(default_factory=dict)
     fanin: list[list[int]] = field(default_factory=list)
     fanout: list[list[int]] = field(default_factory=list)
+    #: The nodes in order and the first vertex of each (then the vertex count), from which
+    #: :attr:`by_node` is made on first use.
+    _order: list[str] = field(default_factory=list, repr=False)
+    _bases: list[int] = field(default_factory=lambda: [0], repr=False)
+    _by_node: dict[str, Sequence[int]] | None = field(default=None, repr=False)
+
+    @property
+    def by_node(self) -> dict[str, Sequence[int]]:
+        """Node -> its vertices (a ``range``).  Built on first use: the painting passes
+        rarely need it, and a dict of a million names costs half a second to build."""
+        if self._by_node is None:
+            bases = self._bases
+            self._by_node = dict(zip(self._order, map(range, bases, bases[1:])))
+        return self._by_node
 
     def __len__(self) -> int:
         return len(self.node)
@@ -75,56 +90,79 @@ def build_type_graph(
     ``inputs[n]`` lists the data inputs of ``n`` as ``(producer, port)`` in port order.
     Raises :class:`InvalidGraphError` if an input names an output its producer lacks.
     """
+    return build_type_graph_from_lists(
+        order, [types[n] for n in order], [inputs[n] for n in order],
+        dict(zip(order, range(len(order)))),
+    )
+
+
+def build_type_graph_from_lists(
+    order: list[str],
+    node_types: Sequence[NodeTypes],
+    node_inputs: Sequence[list[tuple[str, int]]],
+    position: Mapping[str, int],
+) -> TypeGraph:
+    """:func:`build_type_graph` with the types and inputs given as lists aligned with
+    ``order`` and ``position`` mapping each node to its place in ``order`` (the decision
+    stage has them so: no other name-keyed dict is made or read).  Pure."""
     tg = TypeGraph()
-    node_list = tg.node
-    attr_list = tg.attr
-    by_node = tg.by_node
     # Nodes of the same op and attrs share one NodeTypes object (decide caches them): the
     # positions of their ports among the attrs are computed once per object.  Keyed by id(),
-    # which is stable while ``types`` keeps the objects alive.  Per node only its first
+    # which is stable while the caller keeps the objects alive.  Per node only its first
     # vertex and that shared layout are kept (no per-node port lists: at a million nodes the
     # allocations dominated).
+    ids = list(map(id, node_types))
     layout: dict[int, tuple[tuple[TypeAttr, ...], list[int], list[int]]] = {}
-    node_base: dict[str, tuple[int, list[int], list[int]]] = {}
-    for name in order:
-        nt = types[name]
-        lay = layout.get(id(nt))
-        if lay is None:
-            pos = {ta: i for i, ta in enumerate(nt.attrs)}
-            lay = layout[id(nt)] = (nt.attrs, [pos[ta] for ta in nt.inputs], [pos[ta] for ta in nt.outputs])
-        attrs, rel_in, rel_out = lay
-        base = len(node_list)
-        k = len(attrs)
-        if k == 1:
-            node_list.append(name)
-            attr_list.append(attrs[0])
-        else:
-            node_list.extend([name] * k)
-            attr_list.extend(attrs)
-        by_node[name] = range(base, base + k)  # immutable and cheaper than a list
-        node_base[name] = (base, rel_in, rel_out)
-    n = len(node_list)
-    fanin: list[list[int]] = [[] for _ in range(n)]
+    for key, nt in dict(zip(ids, node_types)).items():
+        pos = {ta: i for i, ta in enumerate(nt.attrs)}
+        layout[key] = (nt.attrs, [pos[ta] for ta in nt.inputs], [pos[ta] for ta in nt.outputs])
+    lays = list(map(layout.__getitem__, ids))
+    # The per-node bookkeeping below runs as C-level map/zip/chain passes over lists in node
+    # order rather than a Python loop per node: on graphs of a million nodes the interpreter
+    # overhead (and the scattered dict lookups) of such a loop cost seconds.
+    attrs_of = list(map(itemgetter(0), lays))
+    counts = list(map(len, attrs_of))
+    bases = list(accumulate(counts, initial=0))  # first vertex of each node, then the total
+    tg.node = list(chain.from_iterable(map(repeat, order, counts)))
+    tg.attr = list(chain.from_iterable(attrs_of))
+    tg._order = order
+    tg._bases = bases
+    outs_of = list(map(itemgetter(2), lays))
+    n = bases[-1]
+    # A node's fanin lists are made in its turn (vertices are numbered in node order), and
+    # sorted and de-duplicated then, as finalize() would; fanout lists are appended to from
+    # the consumers' side, so they exist up front, and only those that get a second entry
+    # need finalizing (a pass over all of them would touch a million lists).
+    fanin: list[list[int]] = []
     fanout: list[list[int]] = [[] for _ in range(n)]
-    for name in order:
-        ins = inputs[name]
-        if not ins:
+    shared: list[int] = []  # vertices whose fanout got a second entry
+    for name, ins, base, count, (_, rel_in, _) in zip(order, node_inputs, bases, counts, lays):
+        if count == 1:  # most nodes: every input belongs to the one vertex
+            mine = [[]]
+        elif count:
+            mine = [[] for _ in range(count)]
+        else:
             continue
-        base, rel_in, _ = node_base[name]
         # One input vertex per data input (node_types checked the count).
         for i, (src, src_port) in zip(rel_in, ins):
-            src_base, _, src_out = node_base[src]
+            j = position[src]
+            src_out = outs_of[j]
             if src_port >= len(src_out):
                 raise InvalidGraphError(
                     f"node {name!r} reads output {src_port} of {src!r}, which has only "
                     f"{len(src_out)} output(s)",
                     node=name,
                 )
-            a = src_base + src_out[src_port]
-            b = base + i
-            fanout[a].append(b)
-            fanin[b].append(a)
+            a = bases[j] + src_out[src_port]
+            consumers = fanout[a]
+            consumers.append(base + i)
+            if len(consumers) == 2:
+                shared.append(a)
+            mine[i].append(a)
+        for f in mine:
+            fanin.append(sorted(set(f)) if len(f) > 1 else f)
+    for a in shared:
+        fanout[a] = sorted(set(fanout[a]))
     tg.fanin = fanin
     tg.fanout = fanout
-    tg.finalize()
     return tg
