@@ -33,9 +33,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from itertools import accumulate, chain, repeat
-from operator import attrgetter
-from typing import Any, Iterable, Iterator, Literal, Mapping
+from itertools import chain
+from typing import Any, Callable, Iterable, Iterator, Literal, Mapping
 
 import networkx as nx
 
@@ -291,6 +290,17 @@ def _lists_of(lists: object) -> _Lists:
     return made
 
 
+def _inputs_by_port(pred: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> list[tuple[str, int]]:
+    """The data inputs ``(producer, port)`` of a node by destination port, from its
+    predecessor dict (``g._pred[node]``), as :func:`amp_rewrite.ir.data_inputs`."""
+    by_port: dict[int, tuple[str, int]] = {}
+    for u, keyed in pred.items():
+        for q, d in keyed.items():
+            if q >= 0:
+                by_port[q] = (u, d["src_port"])
+    return [by_port[q] for q in range(len(by_port))]
+
+
 def _kernel_matches(
     kernels: Iterable[KernelSpec], label: str, types: Mapping[str, int | tuple[int, ...]]
 ) -> bool:
@@ -356,6 +366,7 @@ class _Painter:
         self._ops: dict[str, str] | None = None
         self._processed: dict[str, bool] | None = None
         self._inputs: dict[str, list[tuple[str, int]]] | None = None
+        self._texts: dict[tuple[str, object], str] = {}  # see _text()
 
     # ------------------------------------------------------------------ name-keyed views
 
@@ -421,15 +432,20 @@ class _Painter:
                 renames[name] = op
             # The data inputs by port (ir.data_inputs, inlined: it runs for every node).
             # Edge keys are the destination port for data edges, negative for control ones.
+            # Import adds a node's edges port by port, so they are usually met in port order
+            # and the list is made directly; otherwise they are put in order by port.
+            ins = []
             if pred:
-                by_port: dict[int, tuple[str, int]] = {}
                 for u, keyed in pred.items():
                     for q, d in keyed.items():
-                        if q >= 0:
-                            by_port[q] = (u, d["src_port"])
-                ins = list(map(by_port.__getitem__, range(len(by_port))))
-            else:
-                ins = []
+                        if q == len(ins):
+                            ins.append((u, d["src_port"]))
+                        elif q >= 0:
+                            ins = _inputs_by_port(pred)
+                            break
+                    else:
+                        continue
+                    break
             ops_l.append(op)
             proc_l.append(ok)
             ins_l.append(ins)
@@ -461,6 +477,7 @@ class _Painter:
             types_l.append(nt)
         self.renames = renames
         self._ops_l = ops_l
+        self._op_set = set(ops_l)
         self._proc_l = proc_l
         self._ins_l = ins_l
         self._device_l = device_l
@@ -483,14 +500,15 @@ class _Painter:
             )
         self.tg = build_type_graph_from_lists(order, self._types_l, ins_l, self._index)
         # Per-vertex copies of per-node facts (vertices of a node are consecutive, see
-        # build_type_graph), expanded by C-level passes rather than a loop per node.
-        counts = list(map(len, map(attrgetter("attrs"), self._types_l)))
+        # build_type_graph), made by C-level passes rather than a loop per node.
         #: first vertex of each node, then the number of vertices
-        self._bases = list(accumulate(counts, initial=0))
+        self._bases = self.tg.bases
         #: vertex -> position of its node in ``order``
-        self._v_node = list(chain.from_iterable(map(repeat, range(len(order)), counts)))
-        self.v_cat = list(chain.from_iterable(map(repeat, map(self.lists.category, ops_l), counts)))
-        self.v_proc = list(chain.from_iterable(map(repeat, proc_l, counts)))
+        self._v_node = v_node = self.tg.node_pos
+        # Each node's list category (the C-level dict lookup behind _Lists.category).
+        self._cats_l = list(map(self.lists._category.get, ops_l))
+        self.v_cat = list(map(self._cats_l.__getitem__, v_node))
+        self.v_proc = list(map(proc_l.__getitem__, v_node))
         # The dtypes of a node's vertices depend only on its NodeTypes, shared by the nodes
         # of one op and attrs (id() is stable: ``_types_l`` holds the objects).
         dtypes_of: dict[int, list[int]] = {}
@@ -657,7 +675,7 @@ class _Painter:
         clusters: list[list[str]] = []
         # Only TensorList ops have a float element type (tl_float); most graphs have none, so
         # the scan over vertices is limited to their nodes (in order, as the vertices are).
-        tl_ops = {op for op in set(self._ops_l) if "TensorList" in op}
+        tl_ops = {op for op in self._op_set if "TensorList" in op}
         if not tl_ops:
             return clusters
         bases = self._bases
@@ -735,7 +753,8 @@ class _Painter:
                         if y not in seen and self.v_proc[y]:
                             seen.add(y)
                             stack.append(y)
-        tg.finalize()
+        if clusters:  # the adjacency lists are finalized already unless edges were added
+            tg.finalize()
 
     def tensor_list_match(self, clusters: list[list[str]]) -> None:
         for members in clusters:
@@ -854,7 +873,7 @@ class _Painter:
         while stack:
             x = stack.pop()
             for y in fanout_of[x]:
-                if y not in down and elig3(y):
+                if y not in down and cat[y] in ("clear", "infer") and elig3(y):
                     down.add(y)
                     stack.append(y)
         up: set[int] = set()
@@ -909,14 +928,17 @@ class _Painter:
             why = None
             while stack:
                 x = stack.pop()
-                for y in fanin_of[x] + fanout_of[x]:
-                    if y not in seen and elig5(y):
-                        seen.add(y)
-                        allow.add(y)
-                        if why is None:
-                            why = f"clear op connected to allow node {node_of[r]!r}"
-                        reason[y] = why
-                        stack.append(y)
+                # Both directions; the order does not matter (every vertex reachable from r
+                # through eligible clear vertices is painted, with r as the reason).
+                for neighbours in (fanin_of[x], fanout_of[x]):
+                    for y in neighbours:
+                        if y not in seen and cat[y] == "clear" and elig5(y):
+                            seen.add(y)
+                            allow.add(y)
+                            if why is None:
+                                why = f"clear op connected to allow node {node_of[r]!r}"
+                            reason[y] = why
+                            stack.append(y)
 
         # Pass 6: drop allow-list attributes that cannot take the type.
         quantized = self._quantized
@@ -969,10 +991,9 @@ class _Painter:
 
     def _nodes_with_op(self, op: str) -> list[int]:
         """Positions in ``order`` of the nodes whose (renamed) op is ``op``, in order."""
-        ops_l = self._ops_l
-        if op not in set(ops_l):  # C-level, and most graphs lack the op asked for
+        if op not in self._op_set:  # most graphs lack the op asked for
             return []
-        return [i for i, o in enumerate(ops_l) if o == op]
+        return [i for i, o in enumerate(self._ops_l) if o == op]
 
     def recurrent_match(self) -> None:
         """Force NextIteration and the Merge nodes it feeds to one colour."""
@@ -1042,8 +1063,7 @@ class _Painter:
         v_dtype = self.v_dtype
         f32 = [v for v in sorted(painted) if v_dtype[v] == dt.FLOAT]
         convert = tuple(zip(map(node_of.__getitem__, f32), map(attr_of.__getitem__, f32)))
-        self._texts: dict[tuple[str, object], str] = {}
-        fields = list(map(self._attr_decision_fields, range(len(tg))))
+        fields = list(map(self._decision_function(), range(len(tg))))
         if fields:
             vcolor, vdtype, vreason, vsource = map(list, zip(*fields))
         else:
@@ -1059,7 +1079,7 @@ class _Painter:
                         log.debug("%s: %s %s of %s node %s: %s", graph_name or "graph",
                                   vcolor[v].upper(), attr_of[v], ops_l[i], name, vreason[v])
         nodes = NodeDecisions(
-            order, ops_l, list(map(self.lists.category, ops_l)), self._proc_l, bases, attr_of,
+            order, ops_l, self._cats_l, self._proc_l, bases, attr_of,
             vcolor, vdtype, vreason, vsource, self.low, index=self._index,
         )
         vert = lambda v: (node_of[v], attr_of[v])  # noqa: E731
@@ -1096,63 +1116,89 @@ class _Painter:
     def _attr_decision_fields(self, v: int) -> tuple[str, int, str, str | None]:
         """``(color, dtype, reason, source)`` of vertex ``v``: :meth:`_attr_decision`'s fields
         without the object, as :meth:`plan` stores them in flat lists.  Pure."""
-        tg = self.tg
-        name = tg.node[v]
-        dtype = self.v_dtype[v]
-        if v in self.allow:
-            final = self.low if dtype == dt.FLOAT else dtype
-            reason = self.reason.get(v, "allow")
-            if name in self.normalized:
-                reason = f"{reason}; normalization-aware: {self.normalized[name]}"
-            return "allow", final, reason, None
-        if v in self.deny:
-            reason = self.reason.get(v, "deny")
-            source = None
-            if v in self.deny_parent:
-                root = v
-                hops = []
-                while root in self.deny_parent and len(hops) < 10_000:
-                    root = self.deny_parent[root]
-                    hops.append(root)
-                source = tg.node[root]
-                via = [tg.node[h] for h in reversed(hops[:-1])]
-                reason = f"downstream of deny node {source!r} ({self._ops_l[self._index[source]]})" + (
-                    " via " + " -> ".join(repr(x) for x in via[-6:]) if via else ""
-                )
-            return "deny", dtype, reason, source
-        cat = self.v_cat[v]
-        color: Color = cat if cat in ("infer", "clear") else "none"  # type: ignore[assignment]
-        reason = self.reason.get(v)  # type: ignore[assignment]
-        if reason is None:
-            i = self._v_node[v]
-            op = self._ops_l[i]
-            text = self._text
-            if not self._types_l[i].known:
-                reason = text("op {} is not in the op registry", op)
-            elif not self._proc_l[i]:
-                if name in self.options.preserve:
-                    reason = "preserved (fetched or excluded): keeps its dtypes"
+        return self._decision_function()(v)
+
+    def _decision_function(self) -> Callable[[int], tuple[str, int, str, str | None]]:
+        """:meth:`_attr_decision_fields` as a function with the painter's state bound once:
+        :meth:`plan` calls it for every vertex, and attribute lookups on ``self`` per call
+        were a good part of its cost."""
+        node_of = self.tg.node
+        v_dtype = self.v_dtype
+        v_cat = self.v_cat
+        v_node = self._v_node
+        ops_l = self._ops_l
+        types_l = self._types_l
+        proc_l = self._proc_l
+        allow = self.allow
+        deny = self.deny
+        deny_parent = self.deny_parent
+        reasons = self.reason
+        normalized = self.normalized
+        kernel_missing = self.kernel_missing
+        preserve = self.options.preserve
+        low = self.low
+        precision = self.precision
+        text = self._text
+        FLOAT = dt.FLOAT
+
+        def fields(v: int) -> tuple[str, int, str, str | None]:
+            name = node_of[v]
+            dtype = v_dtype[v]
+            if v in allow:
+                final = low if dtype == FLOAT else dtype
+                reason = reasons.get(v, "allow")
+                if normalized and name in normalized:
+                    reason = f"{reason}; normalization-aware: {normalized[name]}"
+                return "allow", final, reason, None
+            if v in deny:
+                reason = reasons.get(v, "deny")
+                source = None
+                if v in deny_parent:
+                    root = v
+                    hops = []
+                    while root in deny_parent and len(hops) < 10_000:
+                        root = deny_parent[root]
+                        hops.append(root)
+                    source = node_of[root]
+                    via = [node_of[h] for h in reversed(hops[:-1])]
+                    reason = f"downstream of deny node {source!r} ({ops_l[v_node[root]]})" + (
+                        " via " + " -> ".join(repr(x) for x in via[-6:]) if via else ""
+                    )
+                return "deny", dtype, reason, source
+            cat = v_cat[v]
+            color: Color = cat if cat in ("infer", "clear") else "none"  # type: ignore[assignment]
+            reason = reasons.get(v)  # type: ignore[assignment]
+            if reason is None:
+                i = v_node[v]
+                op = ops_l[i]
+                if not types_l[i].known:
+                    reason = text("op {} is not in the op registry", op)
+                elif not proc_l[i]:
+                    if name in preserve:
+                        reason = "preserved (fetched or excluded): keeps its dtypes"
+                    else:
+                        device = self._device_l[i] or "(default device)"
+                        reason = text("device {} is not eligible for " + precision, device)
+                elif dtype != FLOAT:
+                    reason = text("type {} is not float32", dt.name(dtype))
+                elif v in kernel_missing:
+                    reason = text("no " + precision + " kernel for {} on this device", op)
+                elif cat == "allow":
+                    reason = "allow-list op not painted"
+                elif cat == "infer":
+                    reason = "infer op not between allow-list ops"
+                elif cat == "clear":
+                    reason = "clear op with no allow neighbour" if self.supports(v) else (
+                        text("no " + precision + " kernel for {}", op))
+                elif self.had_allow:
+                    reason = text("{} is on no list", op)
                 else:
-                    device = self._device_l[i] or "(default device)"
-                    reason = text("device {} is not eligible for " + self.precision, device)
-            elif dtype != dt.FLOAT:
-                reason = text("type {} is not float32", dt.name(dtype))
-            elif v in self.kernel_missing:
-                reason = text("no " + self.precision + " kernel for {} on this device", op)
-            elif cat == "allow":
-                reason = "allow-list op not painted"
-            elif cat == "infer":
-                reason = "infer op not between allow-list ops"
-            elif cat == "clear":
-                reason = "clear op with no allow neighbour" if self.supports(v) else (
-                    text("no " + self.precision + " kernel for {}", op))
-            elif self.had_allow:
-                reason = text("{} is on no list", op)
-            else:
-                reason = "no allow-list op in the graph"
-        if name in self.normalized:
-            reason = f"{reason}; normalization-aware: {self.normalized[name]}"
-        return color, dtype, reason, None
+                    reason = "no allow-list op in the graph"
+            if normalized and name in normalized:
+                reason = f"{reason}; normalization-aware: {normalized[name]}"
+            return color, dtype, reason, None
+
+        return fields
 
 
 def decide(

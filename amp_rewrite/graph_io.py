@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
-from sys import intern
 from dataclasses import dataclass, field
+from sys import intern
 from typing import Any, Mapping
 
 import networkx as nx
@@ -185,8 +185,8 @@ def _import_main(gd: Any) -> nx.MultiDiGraph:
     """The IR of ``gd``'s node list (not its library).  Pure with respect to ``gd``."""
     g = nx.MultiDiGraph(kind="graph", name="")
     node_defs = list(gd.node)  # one Python wrapper per node, reused by both passes
-    # The names as keyed in g: the edges below are keyed by the same string objects, so
-    # later lookups compare pointers instead of reading a second copy of each name.
+    # The names as keyed in g: each edge is filed under its destination by the same string
+    # object (not a second copy read from the NodeDef), so lookups compare pointers.
     # Duplicates are looked for once at the end (a lookup per node in a dict that grows to
     # a million entries is a cache miss each): they are rare, and then reported as the
     # per-node check would have, the first one first.
@@ -199,14 +199,14 @@ def _import_main(gd: Any) -> nx.MultiDiGraph:
         raise
     if len(g._node) != len(names):
         _check_unique(names)
-    nodes = g._node
     succ = g._succ
-    pred = g._pred
-    for dst, node_def in zip(names, node_defs):
+    # Each node's predecessor dict, in node order (names are unique: the dict is in the
+    # same order), so that no destination is looked up by name.
+    preds = list(g._pred.values())
+    for dst, node_def, dst_pred in zip(names, node_defs, preds):
         inputs = node_def.input[:]
         if not inputs:
             continue
-        dst_pred = pred[dst]
         port = 0
         seen_control = False
         for pos, text in enumerate(inputs):
@@ -220,7 +220,8 @@ def _import_main(gd: Any) -> nx.MultiDiGraph:
             else:
                 # The common case, a bare node name (output 0), without the parser's call.
                 src, src_port = text, 0
-            if src not in nodes:
+            src_succ = succ.get(src)  # one lookup: it checks that src exists, too
+            if src_succ is None:
                 _check_input_order(dst, inputs)
                 if not text:
                     raise InvalidGraphError(f"node {dst!r}: empty input name", node=dst)
@@ -243,7 +244,7 @@ def _import_main(gd: Any) -> nx.MultiDiGraph:
             # unique per destination).
             keydict = dst_pred.get(src)
             if keydict is None:
-                succ[src][dst] = dst_pred[src] = {key: data}
+                src_succ[dst] = dst_pred[src] = {key: data}
             else:
                 keydict[key] = data
     return g

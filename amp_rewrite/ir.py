@@ -46,6 +46,7 @@ __all__ = [
     "consumers_by_port",
     "ordered_nodes",
     "add_node",
+    "add_new_node",
     "add_data_edge",
 ]
 
@@ -171,11 +172,7 @@ def add_node(
     adds hundreds of thousands of Casts to large graphs and the public method's overhead
     showed); an existing node's attributes are updated, as networkx does.
     """
-    attrs = {
-        "op": op, "device": device, "order": order, "dtypes": dtypes, "ints": ints or {},
-        "attr_names": attr_names, "label": label, "proto": proto, "synthetic": synthetic,
-        "dirty": proto is None, "funcs": (),
-    }
+    attrs = _node_attrs(op, device, order, dtypes, ints, attr_names, label, proto, synthetic)
     if name in g._succ:
         node_attrs = g._node[name]
         node_attrs.update(attrs)
@@ -185,6 +182,41 @@ def add_node(
         g._node[name] = node_attrs = attrs
     nx._clear_cache(g)
     return node_attrs
+
+
+def add_new_node(
+    g: nx.MultiDiGraph,
+    name: str,
+    *,
+    op: str,
+    device: str,
+    order: tuple[int, int],
+    dtypes: dict[str, int | tuple[int, ...]],
+) -> tuple[dict, dict, dict]:
+    """:func:`add_node` for an inserted node whose name the caller has checked is not in
+    ``g``: returns its attribute, successor and predecessor dicts, so that wiring it needs no
+    lookup by name (each one a cache miss in a graph of a million nodes).  Mutates ``g``;
+    the caller clears networkx's cache (``nx._clear_cache``) when done."""
+    attrs = _node_attrs(op, device, order, dtypes, None, (), "", None, None)
+    succ: dict = {}
+    pred: dict = {}
+    g._succ[name] = succ
+    g._pred[name] = pred
+    g._node[name] = attrs
+    return attrs, succ, pred
+
+
+def _node_attrs(
+    op: str, device: str, order: tuple[int, int], dtypes: dict[str, int | tuple[int, ...]],
+    ints: dict[str, int] | None, attr_names: tuple[str, ...], label: str, proto: object,
+    synthetic: str | None,
+) -> dict:
+    """A node's attribute dict, every key of the schema in its usual order."""
+    return {
+        "op": op, "device": device, "order": order, "dtypes": dtypes, "ints": ints or {},
+        "attr_names": attr_names, "label": label, "proto": proto, "synthetic": synthetic,
+        "dirty": proto is None, "funcs": (),
+    }
 
 
 def add_data_edge(

@@ -25,6 +25,7 @@ Layout::
 
 from __future__ import annotations
 
+from itertools import islice
 from operator import itemgetter
 from typing import Any, Mapping
 
@@ -121,18 +122,17 @@ def _node_entries(decisions: NodeDecisions, folded: set[str], target_dtype: int)
     order, ops, start, vattr, vcolor, vdtype, vreason, vsource = decisions.columns()
     dtype_names = _DtypeNames()
     nodes: dict[str, Any] = {}
-    for i, name in enumerate(order):
-        v = start[i]
-        end = start[i + 1]
+    for i, (name, op, v, end) in enumerate(zip(order, ops, start, islice(start, 1, None))):
         if end - v == 1 and name not in folded:
-            entry = {"op": ops[i], "color": vcolor[v], "dtype": dtype_names[vdtype[v]],
+            entry = {"op": op, "color": vcolor[v], "dtype": dtype_names[vdtype[v]],
                      "reason": vreason[v]}
-            if vsource[v]:
-                entry["deny_source"] = vsource[v]
+            source = vsource[v]
+            if source:
+                entry["deny_source"] = source
         else:
             color, dtype, reason = decisions.summary(i)
             attrs = [(vattr[u], vcolor[u], vdtype[u], vreason[u], vsource[u]) for u in range(v, end)]
-            entry = _node_entry(ops[i], color, dtype, reason, attrs, name in folded, target_dtype)
+            entry = _node_entry(op, color, dtype, reason, attrs, name in folded, target_dtype)
         nodes[name] = entry
     return nodes
 

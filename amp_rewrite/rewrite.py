@@ -121,12 +121,14 @@ def _fold_cast_chains(
     consumers is a Cast: no other cast can be part of a chain, so the others are skipped
     without looking at the graph.
     """
-    inserted = {c.name: c for c in casts}
-    removed: set[str] = set()
     if candidates is not None:
+        if not candidates:
+            return casts
         casts_in_chains = [c for c in casts if c.name in candidates]
     else:
         casts_in_chains = casts
+    inserted = {c.name: c for c in casts}
+    removed: set[str] = set()
     for c in casts_in_chains:
         (src, port), = ir.data_inputs(g, c.name)
         prev = g._node[src]
@@ -183,7 +185,6 @@ def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> Re
     allow = plan.allow
     types = plan.types
     nodes = g._node  # networkx's dicts, written directly as in ir.add_node / add_data_edge
-    succ = g._succ
     pred = g._pred
     for name, op in sorted(plan.renames.items()):
         data = nodes[name]
@@ -240,7 +241,7 @@ def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> Re
         for ta, ports in todo:
             # A fixed-type port cannot change type; painting it (TensorFlow does under
             # UNSAFE_FORCE_ALL) must not reach here.
-            src_allow = (name, ta) in allow and not ta.is_fixed
+            src_allow = bool(ta.attr) and (name, ta) in allow  # ta.attr: not ta.is_fixed
             if src_allow:
                 _set_dtype(data, ta, low)
                 converted.append((name, ta))
@@ -262,7 +263,7 @@ def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> Re
                             k += 1
                         cast_name = f"{name}-{port}-{token}-{k}-AutoMixedPrecision"
                         seq += 1
-                        cast_data = ir.add_node(
+                        cast_data, cast_out, cast_in = ir.add_new_node(
                             g, cast_name, op="Cast", device=data["device"],
                             order=(data["order"][0], data["order"][1] + seq),
                             dtypes={"SrcT": low if src_allow else dt.FLOAT, "DstT": to_dtype},
@@ -270,12 +271,11 @@ def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> Re
                         cast_data["bools"] = {"Truncate": False}
                         # ir.add_data_edge(g, name, port, cast_name, 0, None), inlined: the
                         # cast is new, so the edge is too.
-                        out[cast_name] = pred[cast_name][name] = {
+                        out[cast_name] = cast_in[name] = {
                             0: {"src_port": port, "dst_port": 0, "pos": 0, "text": None}}
-                        cast_out = succ[cast_name]
-                        if data["op"] == "Cast":
-                            fold_candidates.add(cast_name)
                         op = data["op"]
+                        if op == "Cast":
+                            fold_candidates.add(cast_name)
                         # Only an Identity or Enter can read a ref variable (_reads_ref_var).
                         if dst_allow and op not in _CONST_OR_VARIABLE and not (
                                 op in ("Identity", "Enter") and _reads_ref_var(g, name)):
@@ -285,12 +285,10 @@ def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> Re
                     # g.remove_edge(name, dst, key=key), inlined.
                     keydict = out[dst]
                     del keydict[key]
+                    dst_pred = pred[dst]
                     if not keydict:
                         del out[dst]
-                        dst_pred = pred[dst]
                         del dst_pred[name]
-                    else:
-                        dst_pred = pred[dst]
                     # ir.add_data_edge(g, cast_name, 0, dst, q, None), inlined.
                     attrs = {"src_port": 0, "dst_port": q, "pos": q, "text": None}
                     keydict = cast_out.get(dst)

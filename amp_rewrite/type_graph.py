@@ -30,10 +30,13 @@ class TypeGraph:
     _index: dict[tuple[str, TypeAttr], int] | None = None
     fanin: list[list[int]] = field(default_factory=list)
     fanout: list[list[int]] = field(default_factory=list)
-    #: The nodes in order and the first vertex of each (then the vertex count), from which
-    #: :attr:`by_node` is made on first use.
+    #: vertex -> position of its node in the order the graph was built in
+    node_pos: list[int] = field(default_factory=list, repr=False)
+    #: node position -> its first vertex, then the number of vertices (node ``i`` has the
+    #: vertices ``range(bases[i], bases[i + 1])``)
+    bases: list[int] = field(default_factory=lambda: [0], repr=False)
+    #: The nodes in that order, from which :attr:`by_node` is made on first use.
     _order: list[str] = field(default_factory=list, repr=False)
-    _bases: list[int] = field(default_factory=lambda: [0], repr=False)
     _by_node: dict[str, Sequence[int]] | None = field(default=None, repr=False)
 
     @property
@@ -41,7 +44,7 @@ class TypeGraph:
         """Node -> its vertices (a ``range``).  Built on first use: the painting passes
         rarely need it, and a dict of a million names costs half a second to build."""
         if self._by_node is None:
-            bases = self._bases
+            bases = self.bases
             self._by_node = dict(zip(self._order, map(range, bases, bases[1:])))
         return self._by_node
 
@@ -123,10 +126,11 @@ def build_type_graph_from_lists(
     attrs_of = list(map(itemgetter(0), lays))
     counts = list(map(len, attrs_of))
     bases = list(accumulate(counts, initial=0))  # first vertex of each node, then the total
-    tg.node = list(chain.from_iterable(map(repeat, order, counts)))
+    node_pos = tg.node_pos = list(chain.from_iterable(map(repeat, range(len(order)), counts)))
+    tg.node = list(map(order.__getitem__, node_pos))
     tg.attr = list(chain.from_iterable(attrs_of))
     tg._order = order
-    tg._bases = bases
+    tg.bases = bases
     outs_of = list(map(itemgetter(2), lays))
     n = bases[-1]
     # A node's fanin lists are made in its turn (vertices are numbered in node order), and
@@ -137,12 +141,12 @@ def build_type_graph_from_lists(
     fanout: list[list[int]] = [[] for _ in range(n)]
     shared: list[int] = []  # vertices whose fanout got a second entry
     for name, ins, base, count, (_, rel_in, _) in zip(order, node_inputs, bases, counts, lays):
-        if count == 1:  # most nodes: every input belongs to the one vertex
-            mine = [[]]
-        elif count:
-            mine = [[] for _ in range(count)]
-        else:
+        if not count:
             continue
+        # One list of producer vertices per vertex of the node; most nodes have one vertex,
+        # which every input belongs to.
+        mine = [[] for _ in range(count)] if count > 1 else None
+        single: list[int] = []
         # One input vertex per data input (node_types checked the count).
         for i, (src, src_port) in zip(rel_in, ins):
             j = position[src]
@@ -158,9 +162,12 @@ def build_type_graph_from_lists(
             consumers.append(base + i)
             if len(consumers) == 2:
                 shared.append(a)
-            mine[i].append(a)
-        for f in mine:
-            fanin.append(sorted(set(f)) if len(f) > 1 else f)
+            (single if mine is None else mine[i]).append(a)
+        if mine is None:
+            fanin.append(sorted(set(single)) if len(single) > 1 else single)
+        else:
+            for f in mine:
+                fanin.append(sorted(set(f)) if len(f) > 1 else f)
     for a in shared:
         fanout[a] = sorted(set(fanout[a]))
     tg.fanin = fanin
