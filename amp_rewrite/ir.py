@@ -33,7 +33,7 @@ Nothing here imports protobuf or TensorFlow.
 from __future__ import annotations
 
 import operator
-from typing import Iterator
+from typing import Any, Iterator, Mapping
 
 import networkx as nx
 
@@ -73,15 +73,12 @@ def control_inputs(g: nx.MultiDiGraph, name: str) -> list[str]:
     return [u for _, u in ins]
 
 
-def consumers_by_port(g: nx.MultiDiGraph, name: str) -> dict[int, list[tuple[str, int, int]]]:
-    """Regular consumers of every output of ``name``: port -> ``[(consumer, dst_port, key)]``.
-
-    Lists follow the order in which the edges were added: import adds them consumer by
-    consumer in GraphDef order and the rewrite in its own deterministic order, so iteration
-    is deterministic without sorting.  One pass over the node's out-edges.
-    """
+def consumers_of(out: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> dict[int, list[tuple[str, int, int]]]:
+    """:func:`consumers_by_port` from a node's successor dict (``g._succ[name]``), for
+    callers that hold it already: in a graph of a million nodes each lookup by name is a
+    cache miss.  Pure."""
     by_port: dict[int, list[tuple[str, int, int]]] = {}
-    for v, keyed in g._succ[name].items():
+    for v, keyed in out.items():
         for k, d in keyed.items():
             q = d["dst_port"]
             if q != CONTROL:
@@ -92,6 +89,16 @@ def consumers_by_port(g: nx.MultiDiGraph, name: str) -> dict[int, list[tuple[str
                 else:
                     lst.append((v, q, k))
     return by_port
+
+
+def consumers_by_port(g: nx.MultiDiGraph, name: str) -> dict[int, list[tuple[str, int, int]]]:
+    """Regular consumers of every output of ``name``: port -> ``[(consumer, dst_port, key)]``.
+
+    Lists follow the order in which the edges were added: import adds them consumer by
+    consumer in GraphDef order and the rewrite in its own deterministic order, so iteration
+    is deterministic without sorting.  One pass over the node's out-edges.
+    """
+    return consumers_of(g._succ[name])
 
 
 def consumers(g: nx.MultiDiGraph, name: str, port: int) -> list[tuple[str, int, int]]:
@@ -219,6 +226,23 @@ def _node_attrs(
     }
 
 
+def link(src_out: dict, dst_in: dict, src: str, dst: str, src_port: int, dst_port: int,
+         text: str | None) -> None:
+    """:func:`add_data_edge` from the source's successor dict and the destination's
+    predecessor dict, for callers that hold them already.  Mutates them; the caller clears
+    networkx's cache (``nx._clear_cache``) when done."""
+    attrs = {"src_port": src_port, "dst_port": dst_port, "pos": dst_port, "text": text}
+    keydict = src_out.get(dst)
+    if keydict is None:
+        src_out[dst] = dst_in[src] = {dst_port: attrs}
+    else:
+        old = keydict.get(dst_port)
+        if old is None:
+            keydict[dst_port] = attrs
+        else:
+            old.update(attrs)
+
+
 def add_data_edge(
     g: nx.MultiDiGraph, src: str, src_port: int, dst: str, dst_port: int, text: str | None
 ) -> None:
@@ -227,16 +251,7 @@ def add_data_edge(
     Both nodes must exist.  Same dict layout as ``MultiDiGraph.add_edge`` (an existing edge
     with this key is updated), written directly for speed, as in :func:`add_node`.
     """
-    attrs = {"src_port": src_port, "dst_port": dst_port, "pos": dst_port, "text": text}
-    keydict = g._succ[src].get(dst)
-    if keydict is None:
-        g._succ[src][dst] = g._pred[dst][src] = {dst_port: attrs}
-    else:
-        old = keydict.get(dst_port)
-        if old is None:
-            keydict[dst_port] = attrs
-        else:
-            old.update(attrs)
+    link(g._succ[src], g._pred[dst], src, dst, src_port, dst_port, text)
     nx._clear_cache(g)
 
 

@@ -19,7 +19,6 @@ import networkx as nx
 from . import dtypes as dt
 from . import ir
 from .decide import Plan
-from .tensor_names import CONTROL
 from .type_attrs import TypeAttr, get_dtype
 
 __all__ = ["CastInfo", "RewriteStats", "apply_plan"]
@@ -225,19 +224,8 @@ def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> Re
         if not todo:
             continue
         seq = 0
-        # Snapshot of the consumers before any cast of this node is inserted
-        # (ir.consumers_by_port, inlined).
-        fanout: dict[int, list[tuple[str, int, int]]] = {}
-        for v, keyed in out.items():
-            for k, d in keyed.items():
-                q = d["dst_port"]
-                if q != CONTROL:
-                    port = d["src_port"]
-                    lst = fanout.get(port)
-                    if lst is None:
-                        fanout[port] = [(v, q, k)]
-                    else:
-                        lst.append((v, q, k))
+        # Snapshot of the consumers before any cast of this node is inserted.
+        fanout = ir.consumers_of(out)
         for ta, ports in todo:
             # A fixed-type port cannot change type; painting it (TensorFlow does under
             # UNSAFE_FORCE_ALL) must not reach here.
@@ -289,17 +277,7 @@ def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> Re
                     if not keydict:
                         del out[dst]
                         del dst_pred[name]
-                    # ir.add_data_edge(g, cast_name, 0, dst, q, None), inlined.
-                    attrs = {"src_port": 0, "dst_port": q, "pos": q, "text": None}
-                    keydict = cast_out.get(dst)
-                    if keydict is None:
-                        cast_out[dst] = dst_pred[cast_name] = {q: attrs}
-                    else:
-                        old = keydict.get(q)
-                        if old is None:
-                            keydict[q] = attrs
-                        else:
-                            old.update(attrs)
+                    ir.link(cast_out, dst_pred, cast_name, dst, 0, q, None)
                     dst_data = nodes[dst]
                     dst_data["dirty"] = True
                     dst_data["inputs_changed"] = True
