@@ -14,10 +14,25 @@ def _f(x: Any, fmt: str = "{:.2f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
+def _aa_gap(g: dict[str, Any]) -> float | None:
+    """This graph's A/A gap: |float32_again / float32 - 1|, the same graph timed twice."""
+    st = g["step_s"]
+    if st.get("float32") and st.get("float32_again"):
+        return abs(st["float32_again"] / st["float32"] - 1)
+    return None
+
+
 def _slower(graphs: list[dict[str, Any]], key: str, than: str, margin: float = 1.05) -> list[str]:
-    """Graphs whose step time with ``key`` exceeds ``than``'s by more than ``margin``."""
-    return [g["name"] for g in graphs if g["step_s"].get(key) and g["step_s"].get(than)
-            and g["step_s"][key] > g["step_s"][than] * margin]
+    """Graphs whose step time with ``key`` exceeds ``than``'s by more than ``margin``, each
+    with the gap and, where measured, the graph's A/A gap (its noise in this run)."""
+    out = []
+    for g in graphs:
+        st = g["step_s"]
+        if st.get(key) and st.get(than) and st[key] > st[than] * margin:
+            aa = _aa_gap(g)
+            note = f"+{st[key] / st[than] - 1:.0%}" + (f", A/A {aa:.0%}" if aa is not None else "")
+            out.append(f"{g['name']} ({note})")
+    return out
 
 
 def _errors(g: dict[str, Any]) -> dict[str, float | None]:
@@ -26,14 +41,39 @@ def _errors(g: dict[str, Any]) -> dict[str, float | None]:
     return g.get("loss_rel_error") or g.get("rel_error") or {}
 
 
+#: Slack of the numerics goal.  The errors are medians over input batches (bench.py's
+#: ``--numerics-batches``).  On the batch-2 training losses one batch's error ranges over two
+#: orders of magnitude (mobilenetv2/training, TensorFlow's bfloat16 rewrite: 1.6e-4 to 1.5e-1
+#: over 16 batches), and its median over the first 6 of them was 3.7x below the median over
+#: all 16 (measured 2026-11-22): medians that close are ties, not findings.
+ERROR_MARGIN = 1.10
+
+
 def _worse_error(graphs: list[dict[str, Any]], ours: str, tf: str) -> list[str]:
-    """Graphs where ``ours``'s error exceeds TensorFlow's (1% and 1e-6 slack for ties)."""
+    """Graphs where ``ours``'s (median) error exceeds TensorFlow's beyond ERROR_MARGIN (and
+    1e-6 absolute slack for exact ties at zero)."""
     out = []
     for g in graphs:
         e = _errors(g)
-        if e.get(ours) is not None and e.get(tf) is not None and e[ours] > e[tf] * 1.01 + 1e-6:
-            out.append(f"{g['name']} ({ours.rsplit('_', 1)[1]})")
+        if e.get(ours) is not None and e.get(tf) is not None and e[ours] > e[tf] * ERROR_MARGIN + 1e-6:
+            out.append(f"{g['name']} ({ours.rsplit('_', 1)[1]}{_paired(g, ours, tf)})")
     return out
+
+
+def _paired(g: dict[str, Any], ours: str, tf: str) -> str:
+    """How often ``ours`` beat TensorFlow batch by batch: medians of heavy-tailed errors can
+    rank two rewrites one way while the paired batches rank them the other."""
+    per = g.get("loss_rel_error_batches") or g.get("rel_error_batches") or {}
+    a, b = per.get(ours), per.get(tf)
+    if not a or not b or len(a) != len(b):
+        return ""
+    lower = sum(x < y for x, y in zip(a, b))
+    return f"; lower error than TF on {lower} of {len(a)} batches"
+
+
+def _batches(graphs: list[dict[str, Any]]) -> str:
+    counts = sorted({g.get("numerics_batches", 1) for g in graphs})
+    return "/".join(str(c) for c in counts)
 
 
 def _goal_lines(results: dict[str, Any]) -> list[str]:
@@ -51,15 +91,16 @@ def _goal_lines(results: dict[str, Any]) -> list[str]:
             lines.append(f"- **Every corpus model at least as fast with our rewrite as with TensorFlow's** ({label}; "
                          "bfloat16 on this CPU, 5% noise margin): "
                          + ("met." if not slower_tf else "NOT met for " + ", ".join(slower_tf) + "."))
-            same = [n for n in slower_fp32 if key == "ours_auto_bf16" and next(
-                (g.get("autotune_bf16") or {}).get("choice") for g in graphs if g["name"] == n) == "float32"]
+            same = [n.split(" (")[0] for n in slower_fp32 if key == "ours_auto_bf16" and next(
+                (g.get("autotune_bf16") or {}).get("choice") for g in graphs
+                if g["name"] == n.split(" (")[0]) == "float32"]
             lines.append(f"- **No corpus model slower than float32** ({label}; bfloat16 on this CPU, 5% margin): "
                          + ("met." if not slower_fp32 else "NOT met for " + ", ".join(slower_fp32) + ".")
                          + (f" Where autotune chose float32 ({', '.join(same)}) both columns run the same graph: "
                             "the gap is this machine's noise." if same else ""))
         worse = _worse_error(graphs, "ours_fp16", "tf_fp16") + _worse_error(graphs, "ours_bf16", "tf_bf16")
         lines.append("- **Relative output error no worse than TensorFlow's rewrite** (default profile, float16 and "
-                     "bfloat16; inference outputs, training losses): "
+                     "bfloat16; inference outputs, training losses; medians over input batches, 10% margin): "
                      + ("met." if not worse else "NOT met for " + ", ".join(worse) + "."))
     if graphs and all("ours_optimal" in g["quality_fp16"] for g in graphs):
         more = [g["name"] for g in graphs
@@ -82,7 +123,7 @@ def _goal_lines(results: dict[str, Any]) -> list[str]:
                             ("slower than float32 for " + ", ".join(slow_32)) if slow_32 else "") if x) + "."))
         worse = _worse_error(graphs, "ours_opt_bf16", "tf_bf16") + _worse_error(graphs, "ours_opt_fp16", "tf_fp16")
         lines.append("- **[issue 7] Optimal planner's output error no worse than TensorFlow's rewrite** (inference "
-                     "outputs, training losses): " + ("met." if not worse else "NOT met for " + ", ".join(worse) + "."))
+                     "outputs, training losses; medians over input batches, 10% margin): " + ("met." if not worse else "NOT met for " + ", ".join(worse) + "."))
     rows = [r for r in results.get("scaling", []) if "total_s" in r]
     big = [r for r in rows if r["nodes"] >= 999_000]
     if big:
@@ -153,19 +194,21 @@ def write_report(results: dict[str, Any], out: str) -> None:
             "",
             "bfloat16: TensorFlow's `auto_mixed_precision_onednn_bfloat16` vs ours (`target=\"cpu\"`). "
             "float16: the graphs rewritten for a GPU 8.0, executed on this CPU; `force_all_fp16` is the "
-            "ceiling (every float op forced to float16).",
+            "ceiling (every float op forced to float16).  `float32 again` is the float32 graph in a second "
+            "session, timed in the same rounds: its distance from `float32` is the graph's noise in this run "
+            "(the A/A gap the goal lines quote).",
             "",
-            "| graph | float32 | TF bf16 | ours bf16 | optimal bf16 | autotune bf16 (choice) | TF fp16 | ours fp16 | optimal fp16 | force-all fp16 | optimal bf16 / TF bf16 speed | autotune bf16 / TF bf16 speed | autotune bf16 vs fp32 |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| graph | float32 | float32 again (A/A) | TF bf16 | ours bf16 | optimal bf16 | autotune bf16 (choice) | TF fp16 | ours fp16 | optimal fp16 | force-all fp16 | optimal bf16 / TF bf16 speed | autotune bf16 / TF bf16 speed | autotune bf16 vs fp32 |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for g in graphs:
             st, sp = g["step_s"], g["speedup_vs_fp32"]
             cells = [_f(st.get(k), "{:.2f}") if st.get(k) is None else f"{st[k]*1e3:.2f}"
-                     for k in ("float32", "tf_bf16", "ours_bf16", "ours_opt_bf16", "ours_auto_bf16", "tf_fp16",
-                               "ours_fp16", "ours_opt_fp16", "force_all_fp16")]
+                     for k in ("float32", "float32_again", "tf_bf16", "ours_bf16", "ours_opt_bf16",
+                               "ours_auto_bf16", "tf_fp16", "ours_fp16", "ours_opt_fp16", "force_all_fp16")]
             choice = (g.get("autotune_bf16") or {}).get("choice")
             if choice:
-                cells[4] += f" ({choice})"
+                cells[5] += f" ({choice})"
 
             def vs_tf(k: str) -> float | None:
                 return (st["tf_bf16"] / st[k]) if st.get("tf_bf16") and st.get(k) else None
@@ -176,9 +219,10 @@ def write_report(results: dict[str, Any], out: str) -> None:
             "",
             "## Numerics: max relative error of outputs vs float32",
             "",
-            "Inference graphs: every output.  Training graphs: the loss, and in brackets every output (the loss "
-            "and two weights after one Adam step, which carry gradient signs only: near 1 means a different "
-            "step, not a wrong graph).",
+            f"Median over {_batches(graphs)} input batches (the corpus's own and random ones; every variant sees "
+            "the same).  Inference graphs: every output.  Training graphs: the loss, and in brackets every output "
+            "(the loss and two weights after one Adam step, which carry gradient signs only: near 1 means a "
+            "different step, not a wrong graph).",
             "",
             "| graph | TF bf16 | ours bf16 | optimal bf16 | autotune bf16 | TF fp16 | ours fp16 | optimal fp16 | force-all fp16 |",
             "|---|---|---|---|---|---|---|---|---|",

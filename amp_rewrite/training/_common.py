@@ -10,12 +10,16 @@ import inspect
 import logging
 import threading
 import weakref
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from ..errors import AmpRewriteError
 
+if TYPE_CHECKING:
+    from .loss_scale import LossScale
+
 __all__ = [
     "DEFAULT_TARGET",
+    "LossScaleSettings",
     "check_rewrite_options",
     "rewrite_trace",
     "in_rewrite_trace",
@@ -32,6 +36,27 @@ DEFAULT_TARGET = "auto"
 
 # Options that the training API computes itself and so may not be passed through.
 _RESERVED = {"graph_def"}
+
+class LossScaleSettings:
+    """The read-only settings both loss-scaled optimizers (Keras 3 and TF1) expose.
+
+    The class using it sets ``_amp_loss_scale`` and ``_amp_rewrite_options`` in ``__init__``
+    (attribute names the wrapped optimizers do not use, so forwarding never shadows them).
+    """
+
+    _amp_loss_scale: "LossScale"
+    _amp_rewrite_options: Mapping[str, Any]
+
+    @property
+    def loss_scale(self) -> "LossScale":
+        """The loss-scale configuration."""
+        return self._amp_loss_scale
+
+    @property
+    def rewrite_options(self) -> dict[str, Any]:
+        """The options the train step is rewritten with (a copy)."""
+        return dict(self._amp_rewrite_options)
+
 
 _trace_lock = threading.Lock()
 _trace_depth = 0

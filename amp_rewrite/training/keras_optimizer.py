@@ -40,6 +40,7 @@ import tensorflow as tf
 
 from . import loss_scale as loss_scale_module
 from ._common import (
+    LossScaleSettings,
     building_unrewritten_function,
     check_rewrite_options,
     note_rewrite_options,
@@ -70,7 +71,7 @@ def _unscale(grad: Any, scale: Any) -> Any:
 
 
 @keras.saving.register_keras_serializable(package="amp_rewrite")
-class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+class LossScaleOptimizer(LossScaleSettings, keras.optimizers.LossScaleOptimizer):
     """A Keras 3 loss-scaled optimizer for models trained with amp_rewrite's graph rewrite.
 
     Build it with :func:`amp_rewrite.enable_mixed_precision_graph_rewrite`.  Attribute access
@@ -135,16 +136,6 @@ class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self.skipped_steps_counter = self.add_variable(
             shape=(), dtype="int", initializer="zeros", aggregation="none", name="skipped_steps",
         )
-
-    @property
-    def loss_scale(self) -> loss_scale_module.LossScale:
-        """The loss-scale configuration."""
-        return self._amp_loss_scale
-
-    @property
-    def rewrite_options(self) -> dict[str, Any]:
-        """The options the train step is rewritten with (a copy)."""
-        return dict(self._amp_rewrite_options)
 
     @property
     def current_loss_scale(self) -> Any:

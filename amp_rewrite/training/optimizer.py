@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from . import loss_scale as loss_scale_module
 from ._common import (
+    LossScaleSettings,
     building_unrewritten_function,
     check_rewrite_options,
     note_rewrite_options,
@@ -198,7 +199,7 @@ def _fix_train_op_collection(train_op: Any) -> None:
         ref.append(train_op)
 
 
-class LossScaleOptimizerV1(tf.compat.v1.train.Optimizer):
+class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
     """A loss-scaled ``tf.compat.v1.train.Optimizer`` (TF1 graphs and ``tf.function``).
 
     Build it with :func:`enable_mixed_precision_graph_rewrite`.  ``minimize`` and
@@ -220,8 +221,8 @@ class LossScaleOptimizerV1(tf.compat.v1.train.Optimizer):
             )
         super().__init__(use_locking=opt._use_locking, name=opt.get_name())
         self._optimizer = opt
-        self._loss_scale = loss_scale_module.get(loss_scale)
-        self._rewrite_options = check_rewrite_options(rewrite_options or {})
+        self._amp_loss_scale = loss_scale_module.get(loss_scale)
+        self._amp_rewrite_options = check_rewrite_options(rewrite_options or {})
         # Weak per-graph state, so a discarded graph is not kept alive by the optimizer.
         self._states: weakref.WeakKeyDictionary[Any, _ScaleState] = weakref.WeakKeyDictionary()
         self._eager_state: _ScaleState | None = None
@@ -238,14 +239,6 @@ class LossScaleOptimizerV1(tf.compat.v1.train.Optimizer):
     def inner_optimizer(self) -> Any:
         """The wrapped optimizer."""
         return self._optimizer
-
-    @property
-    def loss_scale(self) -> loss_scale_module.LossScale:
-        return self._loss_scale
-
-    @property
-    def rewrite_options(self) -> dict[str, Any]:
-        return dict(self._rewrite_options)
 
     def get_slot(self, var: Any, name: str) -> Any:
         return self._optimizer.get_slot(var, name)
@@ -282,7 +275,7 @@ class LossScaleOptimizerV1(tf.compat.v1.train.Optimizer):
                         aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
                     )
                 state = _ScaleState(
-                    var(self._loss_scale.initial_scale, tf.float32, "current_loss_scale"),
+                    var(self._amp_loss_scale.initial_scale, tf.float32, "current_loss_scale"),
                     var(0, tf.int64, "good_steps"),
                     var(0, tf.int64, "skipped_steps"),
                 )
@@ -317,7 +310,7 @@ class LossScaleOptimizerV1(tf.compat.v1.train.Optimizer):
     # -- gradients ----------------------------------------------------------------------
     def compute_gradients(self, loss: Any, var_list: Any = None, *args: Any, **kwargs: Any) -> Any:
         """Gradients of ``loss * scale``, divided by ``scale`` (TensorFlow's contract)."""
-        note_rewrite_options(self._rewrite_options)
+        note_rewrite_options(self._amp_rewrite_options)
         scale = tf.convert_to_tensor(self._state().scale)
         if callable(loss):
             def scaled_loss() -> Any:
@@ -327,7 +320,7 @@ class LossScaleOptimizerV1(tf.compat.v1.train.Optimizer):
             scaled_loss = loss * tf.cast(scale, loss.dtype)
         graph = tf.compat.v1.get_default_graph()
         if not tf.executing_eagerly() and not getattr(graph, "building_function", False):
-            _graph_options[graph] = dict(self._rewrite_options)
+            _graph_options[graph] = dict(self._amp_rewrite_options)
         grads_and_vars = self._optimizer.compute_gradients(scaled_loss, var_list, *args, **kwargs)
         return [(_unscale(g, scale), v) for g, v in grads_and_vars]
 
@@ -341,7 +334,7 @@ class LossScaleOptimizerV1(tf.compat.v1.train.Optimizer):
         """
         if tf.distribute.in_cross_replica_context():
             raise ValueError("apply_gradients() must be called in a replica context.")
-        note_rewrite_options(self._rewrite_options)
+        note_rewrite_options(self._amp_rewrite_options)
         if building_unrewritten_function():
             warn_once(self, "unrewritten", (
                 f"amp_rewrite: optimizer {self.get_name()!r} is being traced into a "
@@ -350,7 +343,7 @@ class LossScaleOptimizerV1(tf.compat.v1.train.Optimizer):
             ))
         grads_and_vars = tuple(grads_and_vars)
         name = name or self.get_name()
-        if not self._loss_scale.dynamic:
+        if not self._amp_loss_scale.dynamic:
             return self._optimizer.apply_gradients(grads_and_vars, global_step, name)
         if tf.distribute.has_strategy():
             return tf.distribute.get_replica_context().merge_call(
@@ -383,7 +376,7 @@ class LossScaleOptimizerV1(tf.compat.v1.train.Optimizer):
         state = self._state()
         maybe_apply = tf.cond(finite, lambda: tf.group(apply_fn()), tf.no_op)
         new_scale, new_good, new_skipped = loss_scale_module.next_state(
-            self._loss_scale, state.scale, state.good_steps, state.skipped_steps, finite
+            self._amp_loss_scale, state.scale, state.good_steps, state.skipped_steps, finite
         )
         # After the update: in a TF1 graph nothing else orders the assignment after the
         # reads of the scale that unscaled this step's gradients.
