@@ -49,6 +49,10 @@ import time
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# TensorFlow's bfloat16 column is its oneDNN pass, which exists only while oneDNN is on, and
+# TensorFlow turns oneDNN on by default only on CPUs with AVX512-VNNI/BF16 or AMX.  Pinned on
+# (unless set) so every machine runs the same comparison; machine_info records the state.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
@@ -94,8 +98,15 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "tensorflow": tf.__version__,
         "amp_rewrite": amp_rewrite.__version__,
-        "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default (on)"),
+        "onednn": "on" if _onednn_enabled() else "off",
     }
+
+
+def _onednn_enabled() -> bool:
+    """Whether this TensorFlow runs with oneDNN (what TF_ENABLE_ONEDNN_OPTS and the CPU made of it)."""
+    from tensorflow.python.util import _pywrap_util_port
+
+    return bool(_pywrap_util_port.IsMklEnabled())
 
 
 # --------------------------------------------------------------------------- quality
@@ -291,6 +302,35 @@ def input_batches(item, count: int) -> list[dict[str, np.ndarray]]:
     return batches
 
 
+def rounded_inputs(batches: list[dict[str, np.ndarray]], dtype) -> list[dict[str, np.ndarray]]:
+    """``batches`` with every floating-point feed rounded to ``dtype`` and back to its own type.
+
+    The float32 graph run on these is the numerics floor: any rewrite that casts its inputs
+    to ``dtype`` makes at least this perturbation, so an error at or below what it causes
+    is below what the graph can resolve.
+    """
+    out = []
+    for feeds in batches:
+        out.append({k: tf.cast(tf.cast(v, dtype), v.dtype).numpy() if v.dtype.kind == "f" else v
+                    for k, v in feeds.items()})
+    return out
+
+
+def floor_errors(graph_def, item, batches: list[dict[str, np.ndarray]], ref: list[list[np.ndarray]]
+                 ) -> dict[str, tuple[list[float | None] | None, list[float | None] | None]]:
+    """The numerics floor: per batch, the error of the float32 graph run on inputs rounded to
+    bfloat16 (``f32_inputs_bf16``) and to float16 (``f32_inputs_fp16``) against ``ref``, the
+    float32 outputs on the original inputs.  Each value is ``(every output, the loss only)``;
+    ``None`` where the graph could not run.  Reads only.
+    """
+    out = {}
+    for k, dtype in (("f32_inputs_bf16", tf.bfloat16), ("f32_inputs_fp16", tf.float16)):
+        got = outputs(graph_def, item, rounded_inputs(batches, dtype))
+        out[k] = (None, None) if got is None else (
+            [rel_error(o, r) for o, r in zip(got, ref)], [rel_error(o[:1], r[:1]) for o, r in zip(got, ref)])
+    return out
+
+
 def outputs(graph_def, item, batches: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]] | None:
     """What ``corpus.run`` returns, for each feed dict of ``batches``: the graph is imported
     once and the variables are reset to their stored values before every batch, so each
@@ -436,6 +476,10 @@ def bench_item(name: str, repeats: int, iters: int, budget_s: float = 0.0,
                 # sign under any rounding: that part of rel_error measures the optimizer, not
                 # the rewrite.
                 res["loss_rel_error_batches"][k] = [rel_error(o[:1], r[:1]) for o, r in zip(got, ref)]
+        for k, (every, loss) in floor_errors(gd, item, batches, ref).items():
+            res["rel_error_batches"][k] = every
+            if item.kind == "training":
+                res["loss_rel_error_batches"][k] = loss
         res["rel_error"] = {k: median(e) if e else None for k, e in res["rel_error_batches"].items()}
         if item.kind == "training":
             res["loss_rel_error"] = {k: median(e) if e else None for k, e in res["loss_rel_error_batches"].items()}

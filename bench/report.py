@@ -68,7 +68,16 @@ def _paired(g: dict[str, Any], ours: str, tf: str) -> str:
     if not a or not b or len(a) != len(b):
         return ""
     lower = sum(x < y for x, y in zip(a, b))
-    return f"; lower error than TF on {lower} of {len(a)} batches"
+    out = f"; lower error than TF on {lower} of {len(a)} batches"
+    floor = _errors(g).get("f32_inputs_" + ours.rsplit("_", 1)[1])
+    if floor is not None:
+        at = _errors(g)[ours] <= floor * ERROR_MARGIN
+        out += f"; floor {floor:.1e}" + (": at the floor" if at else "")
+    return out
+
+
+_FLOOR_NOTE = (" (\"floor\": the error of the float32 graph on inputs rounded to that precision; \"at the "
+               "floor\": our error is within 10% of it or below, i.e. below what the graph resolves.)")
 
 
 def _batches(graphs: list[dict[str, Any]]) -> str:
@@ -101,7 +110,7 @@ def _goal_lines(results: dict[str, Any]) -> list[str]:
         worse = _worse_error(graphs, "ours_fp16", "tf_fp16") + _worse_error(graphs, "ours_bf16", "tf_bf16")
         lines.append("- **Relative output error no worse than TensorFlow's rewrite** (default profile, float16 and "
                      "bfloat16; inference outputs, training losses; medians over input batches, 10% margin): "
-                     + ("met." if not worse else "NOT met for " + ", ".join(worse) + "."))
+                     + ("met." if not worse else "NOT met for " + ", ".join(worse) + "." + _FLOOR_NOTE))
     if graphs and all("ours_optimal" in g["quality_fp16"] for g in graphs):
         more = [g["name"] for g in graphs
                 if g["quality_fp16"]["ours_optimal"]["casts"] > g["quality_fp16"]["tensorflow"]["casts"]
@@ -123,7 +132,7 @@ def _goal_lines(results: dict[str, Any]) -> list[str]:
                             ("slower than float32 for " + ", ".join(slow_32)) if slow_32 else "") if x) + "."))
         worse = _worse_error(graphs, "ours_opt_bf16", "tf_bf16") + _worse_error(graphs, "ours_opt_fp16", "tf_fp16")
         lines.append("- **[issue 7] Optimal planner's output error no worse than TensorFlow's rewrite** (inference "
-                     "outputs, training losses; medians over input batches, 10% margin): " + ("met." if not worse else "NOT met for " + ", ".join(worse) + "."))
+                     "outputs, training losses; medians over input batches, 10% margin): " + ("met." if not worse else "NOT met for " + ", ".join(worse) + "." + _FLOOR_NOTE))
     rows = [r for r in results.get("scaling", []) if "total_s" in r]
     big = [r for r in rows if r["nodes"] >= 999_000]
     if big:
@@ -143,7 +152,7 @@ def write_report(results: dict[str, Any], out: str) -> None:
         "",
         f"Measured {m['date']} on {m['cpu']} ({m['cores']} cores; CPU flags: {' '.join(m['cpu_flags'])}), "
         f"GPUs: {m['gpus'] or 'none'}; Python {m['python']}, TensorFlow {m['tensorflow']}, "
-        f"amp_rewrite {m['amp_rewrite']}. Rewrite time: {results['repeats']} repeats (medians). Step time: "
+        f"amp_rewrite {m['amp_rewrite']}, oneDNN {m.get('onednn', '?')}. Rewrite time: {results['repeats']} repeats (medians). Step time: "
         f"variants interleaved round-robin, at least {results['repeats']} rounds"
         + (f" and more for fast graphs, to fill about {results['budget_s']:.0f} s per graph (up to 41)"
            if results.get("budget_s") else "")
@@ -222,16 +231,19 @@ def write_report(results: dict[str, Any], out: str) -> None:
             f"Median over {_batches(graphs)} input batches (the corpus's own and random ones; every variant sees "
             "the same).  Inference graphs: every output.  Training graphs: the loss, and in brackets every output "
             "(the loss and two weights after one Adam step, which carry gradient signs only: near 1 means a "
-            "different step, not a wrong graph).",
+            "different step, not a wrong graph).  `floor`: the float32 graph itself on inputs rounded to that "
+            "precision -- a perturbation every rewrite that casts its inputs makes, so errors at or below it "
+            "are below what the graph can resolve.",
             "",
-            "| graph | TF bf16 | ours bf16 | optimal bf16 | autotune bf16 | TF fp16 | ours fp16 | optimal fp16 | force-all fp16 |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| graph | floor bf16 | TF bf16 | ours bf16 | optimal bf16 | autotune bf16 | floor fp16 | TF fp16 | "
+            "ours fp16 | optimal fp16 | force-all fp16 |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for g in graphs:
             e, full = _errors(g), g.get("rel_error", {})
             cells = []
-            for k in ("tf_bf16", "ours_bf16", "ours_opt_bf16", "ours_auto_bf16", "tf_fp16", "ours_fp16",
-                      "ours_opt_fp16", "force_all_fp16"):
+            for k in ("f32_inputs_bf16", "tf_bf16", "ours_bf16", "ours_opt_bf16", "ours_auto_bf16",
+                      "f32_inputs_fp16", "tf_fp16", "ours_fp16", "ours_opt_fp16", "force_all_fp16"):
                 cell = _f(e.get(k), "{:.2e}")
                 if "loss_rel_error" in g:
                     cell += f" ({_f(full.get(k), '{:.1e}')})"

@@ -6,6 +6,14 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The bf16 parity tests' oracle, TensorFlow's auto_mixed_precision_onednn_bfloat16 pass, exists
+# only while oneDNN is on, and TensorFlow turns oneDNN on by default only on CPUs with
+# AVX512-VNNI/BF16 or AMX: on an AVX2-only CPU its meta optimizer logs "Can't register an
+# optimizer by name" and returns the graph unchanged.  Pinning it on (before anything imports
+# TensorFlow) makes the suite check the same thing on every CI machine.  An explicit
+# TF_ENABLE_ONEDNN_OPTS=0 is respected; the bf16 oracle tests then skip (tf_oracle.py).
+_USER_ONEDNN = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 import pytest  # noqa: E402
 
@@ -16,6 +24,17 @@ def _no_tf_amp_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.startswith("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_"):
             monkeypatch.delenv(key)
+
+
+@pytest.fixture
+def user_environ() -> dict[str, str]:
+    """The environment a user's shell would give a subprocess: ``os.environ`` without the
+    oneDNN pin above (on an AVX2-only CPU, oneDNN forced on makes TensorFlow log an error
+    line about bfloat16 that a user's run never shows)."""
+    env = dict(os.environ)
+    if _USER_ONEDNN is None:
+        env.pop("TF_ENABLE_ONEDNN_OPTS", None)
+    return env
 
 
 # ----------------------------------------------------------------------------------------

@@ -222,10 +222,10 @@ def test_lists_command_prints_effective_lists(capsys):
 # ------------------------------------------------------------------------------ demo
 
 
-def test_demo_runs_as_a_module():
+def test_demo_runs_as_a_module(user_environ):
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "amp_rewrite", "demo"], capture_output=True, text=True,
-                          timeout=600)
+                          timeout=600, env=user_environ)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert time.monotonic() - start < 60, "the demo should take well under 30 s on 2 cores"
     assert proc.stderr == "", "TensorFlow's start-up notices are kept off the terminal"

@@ -208,6 +208,10 @@ def tf_dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
 
 
 def tf_lists(tf_dumps: dict[str, dict], run_id: str) -> dict[str, set[str]]:
+    if run_id.startswith("bf16"):
+        import tf_oracle
+
+        tf_oracle.require_onednn_bf16()
     result = tf_dumps[run_id]
     assert "error" not in result, result
     assert result["lists"] is not None, f"TF wrote no paintbuckets file for {run_id}"

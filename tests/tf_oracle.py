@@ -80,6 +80,7 @@ Run such cases in a subprocess.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from typing import Iterator, Literal, Mapping, Sequence
 
@@ -207,6 +208,36 @@ def _environ(env: Mapping[str, str] | None) -> Iterator[None]:
                 os.environ[k] = v
 
 
+@functools.cache
+def onednn_bf16_pass_available() -> bool:
+    """Whether this process's TensorFlow runs ``auto_mixed_precision_onednn_bfloat16``.
+
+    The meta optimizer registers that pass only while oneDNN is on (``TF_ENABLE_ONEDNN_OPTS``,
+    read once when TensorFlow loads; by default on only on CPUs with AVX512-VNNI/BF16 or AMX).
+    Otherwise it logs "Can't register an optimizer by name" and returns the graph unchanged,
+    which a parity test would misread as TensorFlow converting nothing.  Probed on a one-MatMul
+    graph, which the pass always converts.
+    """
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [8, 8], name="x")
+        tf.identity(tf.linalg.matmul(x, x, name="mm"), name="y")
+    after = tf_amp_rewrite(graph.as_graph_def(), ["y"], mode="bf16", _probe=True)
+    return any(n.op == "Cast" for n in after.node)
+
+
+def require_onednn_bf16() -> None:
+    """Skips the calling test when TensorFlow's oneDNN bfloat16 pass is off in this process."""
+    if not onednn_bf16_pass_available():
+        import pytest
+
+        pytest.skip("TensorFlow's auto_mixed_precision_onednn_bfloat16 pass is not registered: oneDNN "
+                    "is off in this process (TF_ENABLE_ONEDNN_OPTS=0; tests/conftest.py turns it on "
+                    "unless it is set)")
+
+
 def tf_amp_rewrite(
     graph_def: GraphDef,
     fetches: Sequence[str],
@@ -217,6 +248,7 @@ def tf_amp_rewrite(
     mode: Mode = "cuda",
     env: Mapping[str, str] | None = None,
     fail_on_optimizer_errors: bool = False,
+    _probe: bool = False,
 ) -> GraphDef:
     """Runs TF's real AMP pass on a copy of ``graph_def`` and returns the optimized GraphDef.
 
@@ -225,7 +257,11 @@ def tf_amp_rewrite(
     none for the CPU modes).  ``env``: environment variables set for the duration of the call
     (``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_*``).  ``fail_on_optimizer_errors``: raise instead
     of TF's default (log the error and keep the unoptimized graph).  The input is not mutated.
+    In ``"bf16"`` mode the calling test is skipped when the pass is not registered
+    (:func:`onednn_bf16_pass_available`).
     """
+    if mode == "bf16" and not _probe:
+        require_onednn_bf16()
     if gpus is None:
         gpus = ("8.0",) if mode == "cuda" else ()
     if isinstance(gpus, str):
