@@ -303,17 +303,21 @@ def input_batches(item, count: int) -> list[dict[str, np.ndarray]]:
 
 
 def rounded_inputs(batches: list[dict[str, np.ndarray]], dtype) -> list[dict[str, np.ndarray]]:
-    """``batches`` with every floating-point feed rounded to ``dtype`` and back to its own type.
+    """``batches`` with every floating-point feed of fractional values rounded to ``dtype``
+    and back to its own type.
 
-    The float32 graph run on these is the numerics floor: any rewrite that casts its inputs
-    to ``dtype`` makes at least this perturbation, so an error at or below what it causes
-    is below what the graph can resolve.
+    The float32 graph run on these is the numerics floor: a rewrite that casts the model's
+    activations to ``dtype`` makes at least this perturbation, so an error at or below what it
+    causes is below what the graph can resolve.  Feeds of whole numbers (token ids, pixel
+    values) are left alone: they feed lookups and rescaling that no rewrite converts, and
+    rounding an id above 256 to bfloat16 would pick a different token.
     """
-    out = []
-    for feeds in batches:
-        out.append({k: tf.cast(tf.cast(v, dtype), v.dtype).numpy() if v.dtype.kind == "f" else v
-                    for k, v in feeds.items()})
-    return out
+    def rounded(v: np.ndarray) -> np.ndarray:
+        if v.dtype.kind != "f" or np.all(np.mod(v, 1) == 0):
+            return v
+        return tf.cast(tf.cast(v, dtype), v.dtype).numpy()
+
+    return [{k: rounded(v) for k, v in feeds.items()} for feeds in batches]
 
 
 def floor_errors(graph_def, item, batches: list[dict[str, np.ndarray]], ref: list[list[np.ndarray]]

@@ -60,16 +60,6 @@ except ImportError:  # pragma: no cover - a Keras without it tracks a variable t
         return fn
 
 
-def _unscale(grad: Any, scale: Any) -> Any:
-    """``grad / scale`` in the gradient's dtype; ``IndexedSlices`` keep their sparsity."""
-    if grad is None:
-        return None
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(grad.values / tf.cast(scale, grad.values.dtype), grad.indices,
-                                grad.dense_shape)
-    return grad / tf.cast(scale, grad.dtype)
-
-
 @keras.saving.register_keras_serializable(package="amp_rewrite")
 class LossScaleOptimizer(LossScaleSettings, keras.optimizers.LossScaleOptimizer):
     """A Keras 3 loss-scaled optimizer for models trained with amp_rewrite's graph rewrite.
@@ -207,7 +197,7 @@ class LossScaleOptimizer(LossScaleSettings, keras.optimizers.LossScaleOptimizer)
         scale = tf.convert_to_tensor(self.dynamic_scale)
         variables = trainable_variables or self._trainable_variables
         unscaled = [
-            g if g is None or self._overwrite_variable_with_gradient(v) else _unscale(g, scale)
+            g if self._overwrite_variable_with_gradient(v) else loss_scale_module.unscale(g, scale)
             for g, v in zip(grads, variables)
         ]
         self.inner_optimizer.apply(unscaled, trainable_variables=trainable_variables)

@@ -34,6 +34,7 @@ __all__ = [
     "DynamicLossScale",
     "get",
     "all_finite",
+    "unscale",
     "next_state",
 ]
 
@@ -173,6 +174,20 @@ def all_finite(grads: Iterable[Any]) -> Any:
     if len(flags) == 1:
         return flags[0]
     return tf.reduce_all(tf.stack(flags))
+
+
+def unscale(grad: Any, scale: Any) -> Any:
+    """``grad / scale`` in the gradient's own dtype (the scale is float32 and the gradient of
+    a float16 variable is not); ``IndexedSlices`` keep their sparsity, ``None`` stays ``None``.
+    Pure; builds ops in the current graph (or runs eagerly)."""
+    import tensorflow as tf
+
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / tf.cast(scale, grad.values.dtype), grad.indices,
+                                grad.dense_shape)
+    return grad / tf.cast(scale, grad.dtype)
 
 
 def next_state(

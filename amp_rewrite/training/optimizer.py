@@ -170,16 +170,6 @@ class _ScaleState:
     skipped_steps: Any
 
 
-def _unscale(grad: Any, scale: Any) -> Any:
-    """``grad / scale`` in the gradient's dtype; ``IndexedSlices`` keep their sparsity."""
-    if grad is None:
-        return None
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(grad.values / tf.cast(scale, grad.values.dtype), grad.indices,
-                                grad.dense_shape)
-    return grad / tf.cast(scale, grad.dtype)
-
-
 def _fix_train_op_collection(train_op: Any) -> None:
     """Put ``train_op`` in the graph's TRAIN_OP collection in place of the inner update.
 
@@ -322,7 +312,7 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
         if not tf.executing_eagerly() and not getattr(graph, "building_function", False):
             _graph_options[graph] = dict(self._amp_rewrite_options)
         grads_and_vars = self._optimizer.compute_gradients(scaled_loss, var_list, *args, **kwargs)
-        return [(_unscale(g, scale), v) for g, v in grads_and_vars]
+        return [(loss_scale_module.unscale(g, scale), v) for g, v in grads_and_vars]
 
     def apply_gradients(self, grads_and_vars: Any, global_step: Any = None,
                         name: str | None = None) -> Any:
