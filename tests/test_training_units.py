@@ -85,6 +85,20 @@ def test_all_finite_sees_indexed_slices_and_skips_none() -> None:
     assert bool(ls.all_finite([]))
 
 
+def test_unscale_keeps_the_gradients_dtype_and_sparsity() -> None:
+    import tensorflow as tf
+
+    scale = tf.constant(1024.0)  # the loss scale is always float32
+    dense = ls.unscale(tf.constant([2048.0, 512.0], tf.float16), scale)
+    assert dense.dtype == tf.float16
+    np.testing.assert_array_equal(dense.numpy(), np.array([2.0, 0.5], np.float16))
+    slices = tf.IndexedSlices(tf.constant([[4096.0, 1024.0]]), tf.constant([2]), tf.constant([3, 2]))
+    out = ls.unscale(slices, scale)
+    assert isinstance(out, tf.IndexedSlices)  # not densified: embeddings stay sparse
+    np.testing.assert_array_equal(out.values.numpy(), [[4.0, 1.0]])
+    np.testing.assert_array_equal(out.indices.numpy(), [2])
+    assert ls.unscale(None, scale) is None
+
 # -- the public entry points ----------------------------------------------------------------
 
 def test_import_amp_rewrite_stays_light() -> None:
