@@ -40,6 +40,7 @@ import argparse
 import datetime
 import gc
 import json
+import math
 import os
 import platform
 import statistics
@@ -64,7 +65,12 @@ from tensorflow.core.protobuf import rewriter_config_pb2  # noqa: E402
 import amp_rewrite  # noqa: E402
 from amp_rewrite.targets import cpu_features  # noqa: E402
 from models import ALL_MODELS, QUICK_MODELS, corpus, item_names  # noqa: E402
-from tf_oracle import amp_cast_count, converted_type_attrs, tf_amp_rewrite  # noqa: E402
+from tf_oracle import (  # noqa: E402
+    amp_cast_count,
+    converted_type_attrs,
+    onednn_bf16_pass_available,
+    tf_amp_rewrite,
+)
 
 HALF = tf.float16.as_datatype_enum
 BF16 = tf.bfloat16.as_datatype_enum
@@ -302,37 +308,53 @@ def input_batches(item, count: int) -> list[dict[str, np.ndarray]]:
     return batches
 
 
-def rounded_inputs(batches: list[dict[str, np.ndarray]], dtype) -> list[dict[str, np.ndarray]]:
-    """``batches`` with every floating-point feed of fractional values rounded to ``dtype``
-    and back to its own type.
+def rounded_inputs(batches: list[dict[str, np.ndarray]], dtype) -> list[dict[str, np.ndarray]] | None:
+    """``batches`` with the model input ``x:0`` rounded to ``dtype`` and back to its own
+    type, or ``None`` when there is nothing to round (an input of whole numbers in every
+    batch, such as token ids or pixel values, which feed lookups and rescaling that no
+    rewrite converts; rounding an id above 256 to bfloat16 would pick a different token).
 
-    The float32 graph run on these is the numerics floor: a rewrite that casts the model's
-    activations to ``dtype`` makes at least this perturbation, so an error at or below what it
-    causes is below what the graph can resolve.  Feeds of whole numbers (token ids, pixel
-    values) are left alone: they feed lookups and rescaling that no rewrite converts, and
-    rounding an id above 256 to bfloat16 would pick a different token.
+    Only ``x:0``: the other feeds (labels, a training graph's captured constants) are not
+    activations a rewrite casts.
     """
-    def rounded(v: np.ndarray) -> np.ndarray:
-        if v.dtype.kind != "f" or np.all(np.mod(v, 1) == 0):
-            return v
-        return tf.cast(tf.cast(v, dtype), v.dtype).numpy()
-
-    return [{k: rounded(v) for k, v in feeds.items()} for feeds in batches]
+    if all("x:0" not in feeds or feeds["x:0"].dtype.kind != "f" or np.all(np.mod(feeds["x:0"], 1) == 0)
+           for feeds in batches):
+        return None
+    return [{k: tf.cast(tf.cast(v, dtype), v.dtype).numpy() if k == "x:0" and v.dtype.kind == "f" else v
+             for k, v in feeds.items()} for feeds in batches]
 
 
 def floor_errors(graph_def, item, batches: list[dict[str, np.ndarray]], ref: list[list[np.ndarray]]
                  ) -> dict[str, tuple[list[float | None] | None, list[float | None] | None]]:
-    """The numerics floor: per batch, the error of the float32 graph run on inputs rounded to
-    bfloat16 (``f32_inputs_bf16``) and to float16 (``f32_inputs_fp16``) against ``ref``, the
-    float32 outputs on the original inputs.  Each value is ``(every output, the loss only)``;
-    ``None`` where the graph could not run.  Reads only.
+    """The numerics floor: per batch, the error of the float32 graph run with its input
+    rounded to bfloat16 (``f32_inputs_bf16``) and to float16 (``f32_inputs_fp16``) against
+    ``ref``, the float32 outputs on the original inputs.  It measures how strongly the outputs
+    react to a perturbation of the size that precision's rounding makes, a yardstick for the
+    rewrites' errors (not a bound: a rewrite also rounds inside the graph).  Each value is
+    ``(every output, the loss only)``; ``(None, None)`` where the graph could not run or the
+    input has nothing to round.  Reads only.
     """
     out = {}
     for k, dtype in (("f32_inputs_bf16", tf.bfloat16), ("f32_inputs_fp16", tf.float16)):
-        got = outputs(graph_def, item, rounded_inputs(batches, dtype))
+        rounded = rounded_inputs(batches, dtype)
+        got = None if rounded is None else outputs(graph_def, item, rounded)
         out[k] = (None, None) if got is None else (
             [rel_error(o, r) for o, r in zip(got, ref)], [rel_error(o[:1], r[:1]) for o, r in zip(got, ref)])
     return out
+
+
+def median_error(errors: list[float | None] | None) -> float | None:
+    """The median of per-batch errors, with NaN counted as the worst (``statistics.median``
+    of a list holding NaN depends on the list's order)."""
+    if not errors:
+        return None
+    return median([math.inf if e is None or math.isnan(e) else e for e in errors])
+
+
+def nonfinite_count(errors: list[float | None] | None) -> int:
+    """Batches whose error is not a finite number (an output overflowed or became NaN): a
+    median cannot show them, so they are reported next to it."""
+    return sum(1 for e in errors or () if e is None or not math.isfinite(e))
 
 
 def outputs(graph_def, item, batches: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]] | None:
@@ -484,9 +506,10 @@ def bench_item(name: str, repeats: int, iters: int, budget_s: float = 0.0,
             res["rel_error_batches"][k] = every
             if item.kind == "training":
                 res["loss_rel_error_batches"][k] = loss
-        res["rel_error"] = {k: median(e) if e else None for k, e in res["rel_error_batches"].items()}
+        res["rel_error"] = {k: median_error(e) for k, e in res["rel_error_batches"].items()}
+        res["nonfinite_batches"] = {k: nonfinite_count(e) for k, e in res["rel_error_batches"].items() if e}
         if item.kind == "training":
-            res["loss_rel_error"] = {k: median(e) if e else None for k, e in res["loss_rel_error_batches"].items()}
+            res["loss_rel_error"] = {k: median_error(e) for k, e in res["loss_rel_error_batches"].items()}
         else:
             del res["loss_rel_error_batches"]
     print(f"    rewrite TF {res['rewrite_s']['tensorflow']*1e3:.0f} ms vs ours {res['rewrite_s']['ours']*1e3:.0f} ms; "
@@ -593,6 +616,12 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.one_out, "w") as f:
             json.dump(res, f, default=str)
         return 0
+    if not args.scaling_only and not onednn_bf16_pass_available():
+        # Its bfloat16 column would silently be the float32 graph.
+        raise SystemExit("bench.py: TensorFlow's oneDNN bfloat16 pass is not available in this process "
+                         f"(TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS')!r}); the "
+                         "comparison with TensorFlow's bfloat16 rewrite needs it. Leave "
+                         "TF_ENABLE_ONEDNN_OPTS unset or set it to 1.")
     models = tuple(args.models.split(",")) if args.models else (QUICK_MODELS if args.quick else ALL_MODELS)
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else (
         [1000, 10000, 100000] if args.quick else [1000, 10000, 100000, 1000000])

@@ -41,23 +41,51 @@ def _errors(g: dict[str, Any]) -> dict[str, float | None]:
     return g.get("loss_rel_error") or g.get("rel_error") or {}
 
 
-#: Slack of the numerics goal.  The errors are medians over input batches (bench.py's
-#: ``--numerics-batches``).  On the batch-2 training losses one batch's error ranges over two
-#: orders of magnitude (mobilenetv2/training, TensorFlow's bfloat16 rewrite: 1.6e-4 to 1.5e-1
-#: over 16 batches), and its median over the first 6 of them was 3.7x below the median over
-#: all 16 (measured 2026-11-22): medians that close are ties, not findings.
+#: Slack of the numerics goal on training losses.  The errors are medians over input batches
+#: (bench.py's ``--numerics-batches``).  On the batch-2 training losses one batch's error
+#: ranges over two orders of magnitude (mobilenetv2/training, TensorFlow's bfloat16 rewrite:
+#: 1.6e-4 to 1.5e-1 over 16 batches), and its median over the first 6 of them was 3.7x below
+#: the median over all 16 (measured 2026-11-22): medians that close are ties, not findings.
+#: The goal lines still name every training graph inside this slack (``_near_error``).
 ERROR_MARGIN = 1.10
+#: Inference outputs do not swing that way with the input: 1%.
+ERROR_MARGIN_INFERENCE = 1.01
+
+
+def _margin(g: dict[str, Any]) -> float:
+    return ERROR_MARGIN if "loss_rel_error" in g else ERROR_MARGIN_INFERENCE
 
 
 def _worse_error(graphs: list[dict[str, Any]], ours: str, tf: str) -> list[str]:
-    """Graphs where ``ours``'s (median) error exceeds TensorFlow's beyond ERROR_MARGIN (and
-    1e-6 absolute slack for exact ties at zero)."""
+    """Graphs where ``ours``'s (median) error exceeds TensorFlow's beyond the graph's margin
+    (and 1e-6 absolute slack for exact ties at zero)."""
     out = []
     for g in graphs:
         e = _errors(g)
-        if e.get(ours) is not None and e.get(tf) is not None and e[ours] > e[tf] * ERROR_MARGIN + 1e-6:
+        if e.get(ours) is not None and e.get(tf) is not None and e[ours] > e[tf] * _margin(g) + 1e-6:
             out.append(f"{g['name']} ({ours.rsplit('_', 1)[1]}{_paired(g, ours, tf)})")
     return out
+
+
+def _near_error(graphs: list[dict[str, Any]], ours: str, tf: str) -> list[str]:
+    """Training graphs where ``ours``'s median error is above TensorFlow's by more than 1% but
+    inside ERROR_MARGIN: not counted against the goal, but named, so the slack hides nothing."""
+    out = []
+    for g in graphs:
+        e = _errors(g)
+        if ("loss_rel_error" in g and e.get(ours) is not None and e.get(tf) is not None
+                and e[tf] * ERROR_MARGIN_INFERENCE + 1e-6 < e[ours] <= e[tf] * ERROR_MARGIN + 1e-6):
+            out.append(f"{g['name']} ({ours.rsplit('_', 1)[1]}, +{e[ours] / e[tf] - 1:.0%}{_paired(g, ours, tf)})")
+    return out
+
+
+def _error_goal(graphs: list[dict[str, Any]], pairs: list[tuple[str, str]]) -> str:
+    worse = [x for ours, tf in pairs for x in _worse_error(graphs, ours, tf)]
+    near = [x for ours, tf in pairs for x in _near_error(graphs, ours, tf)]
+    text = "met." if not worse else "NOT met for " + ", ".join(worse) + "."
+    if near:
+        text += " Worse by less than the training-loss margin: " + ", ".join(near) + "."
+    return text + (_FLOOR_NOTE if worse or near else "")
 
 
 def _paired(g: dict[str, Any], ours: str, tf: str) -> str:
@@ -70,14 +98,13 @@ def _paired(g: dict[str, Any], ours: str, tf: str) -> str:
     lower = sum(x < y for x, y in zip(a, b))
     out = f"; lower error than TF on {lower} of {len(a)} batches"
     floor = _errors(g).get("f32_inputs_" + ours.rsplit("_", 1)[1])
-    if floor is not None:
-        at = _errors(g)[ours] <= floor * ERROR_MARGIN
-        out += f"; floor {floor:.1e}" + (": at the floor" if at else "")
+    if floor:
+        out += f"; floor {floor:.1e}"
     return out
 
 
-_FLOOR_NOTE = (" (\"floor\": the error of the float32 graph on inputs rounded to that precision; \"at the "
-               "floor\": our error is within 10% of it or below, i.e. below what the graph resolves.)")
+_FLOOR_NOTE = (" (\"floor\": the error of the float32 graph with its input rounded to that precision, a "
+               "measure of how strongly that output reacts to a perturbation of that size.)")
 
 
 def _batches(graphs: list[dict[str, Any]]) -> str:
@@ -107,10 +134,9 @@ def _goal_lines(results: dict[str, Any]) -> list[str]:
                          + ("met." if not slower_fp32 else "NOT met for " + ", ".join(slower_fp32) + ".")
                          + (f" Where autotune chose float32 ({', '.join(same)}) both columns run the same graph: "
                             "the gap is this machine's noise." if same else ""))
-        worse = _worse_error(graphs, "ours_fp16", "tf_fp16") + _worse_error(graphs, "ours_bf16", "tf_bf16")
         lines.append("- **Relative output error no worse than TensorFlow's rewrite** (default profile, float16 and "
-                     "bfloat16; inference outputs, training losses; medians over input batches, 10% margin): "
-                     + ("met." if not worse else "NOT met for " + ", ".join(worse) + "." + _FLOOR_NOTE))
+                     "bfloat16; medians over input batches; inference outputs with a 1% margin, training losses "
+                     "with 10%): " + _error_goal(graphs, [("ours_fp16", "tf_fp16"), ("ours_bf16", "tf_bf16")]))
     if graphs and all("ours_optimal" in g["quality_fp16"] for g in graphs):
         more = [g["name"] for g in graphs
                 if g["quality_fp16"]["ours_optimal"]["casts"] > g["quality_fp16"]["tensorflow"]["casts"]
@@ -130,9 +156,9 @@ def _goal_lines(results: dict[str, Any]) -> list[str]:
                         "NOT met: " + "; ".join(x for x in (
                             ("slower than TF for " + ", ".join(slow_tf)) if slow_tf else "",
                             ("slower than float32 for " + ", ".join(slow_32)) if slow_32 else "") if x) + "."))
-        worse = _worse_error(graphs, "ours_opt_bf16", "tf_bf16") + _worse_error(graphs, "ours_opt_fp16", "tf_fp16")
-        lines.append("- **[issue 7] Optimal planner's output error no worse than TensorFlow's rewrite** (inference "
-                     "outputs, training losses; medians over input batches, 10% margin): " + ("met." if not worse else "NOT met for " + ", ".join(worse) + "." + _FLOOR_NOTE))
+        lines.append("- **[issue 7] Optimal planner's output error no worse than TensorFlow's rewrite** (medians "
+                     "over input batches; inference outputs with a 1% margin, training losses with 10%): "
+                     + _error_goal(graphs, [("ours_opt_bf16", "tf_bf16"), ("ours_opt_fp16", "tf_fp16")]))
     rows = [r for r in results.get("scaling", []) if "total_s" in r]
     big = [r for r in rows if r["nodes"] >= 999_000]
     if big:
@@ -231,9 +257,10 @@ def write_report(results: dict[str, Any], out: str) -> None:
             f"Median over {_batches(graphs)} input batches (the corpus's own and random ones; every variant sees "
             "the same).  Inference graphs: every output.  Training graphs: the loss, and in brackets every output "
             "(the loss and two weights after one Adam step, which carry gradient signs only: near 1 means a "
-            "different step, not a wrong graph).  `floor`: the float32 graph itself on inputs rounded to that "
-            "precision -- a perturbation every rewrite that casts its inputs makes, so errors at or below it "
-            "are below what the graph can resolve.",
+            "different step, not a wrong graph).  `floor`: the float32 graph itself with its input rounded to that "
+            "precision, which shows how strongly the output reacts to a perturbation of that size (large on "
+            "the chaotic batch-2 training losses); `-` where the input is whole numbers (token ids, pixel "
+            "values) and nothing is rounded.",
             "",
             "| graph | floor bf16 | TF bf16 | ours bf16 | optimal bf16 | autotune bf16 | floor fp16 | TF fp16 | "
             "ours fp16 | optimal fp16 | force-all fp16 |",
@@ -249,6 +276,11 @@ def write_report(results: dict[str, Any], out: str) -> None:
                     cell += f" ({_f(full.get(k), '{:.1e}')})"
                 cells.append(cell)
             lines.append(f"| {g['name']} | " + " | ".join(cells) + " |")
+        nonfinite = [f"{g['name']} {k} on {n} of {g.get('numerics_batches', '?')}"
+                     for g in graphs for k, n in sorted((g.get("nonfinite_batches") or {}).items()) if n]
+        if "nonfinite_batches" in graphs[0] or nonfinite:
+            lines += ["", "Batches with a non-finite output (overflow or NaN), which a median cannot show: "
+                      + ("; ".join(nonfinite) if nonfinite else "none") + "."]
     rows = results.get("scaling", [])
     if rows:
         lines += [

@@ -8,10 +8,12 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # The bf16 parity tests' oracle, TensorFlow's auto_mixed_precision_onednn_bfloat16 pass, exists
 # only while oneDNN is on, and TensorFlow turns oneDNN on by default only on CPUs with
-# AVX512-VNNI/BF16 or AMX: on an AVX2-only CPU its meta optimizer logs "Can't register an
-# optimizer by name" and returns the graph unchanged.  Pinning it on (before anything imports
-# TensorFlow) makes the suite check the same thing on every CI machine.  An explicit
-# TF_ENABLE_ONEDNN_OPTS=0 is respected; the bf16 oracle tests then skip (tf_oracle.py).
+# AVX512-VNNI/BF16, AVX-VNNI or AMX: on an AVX2-only CPU its meta optimizer logs "Can't
+# register an optimizer by name" and returns the graph unchanged.  Pinning it on (before
+# anything imports TensorFlow) makes the suite check the same thing on every CI machine; on
+# such a CPU the float32 kernels the numeric tests run are then oneDNN's too, as on the CPUs
+# mixed precision is for.  An explicit TF_ENABLE_ONEDNN_OPTS=0 is respected; the bf16 oracle
+# tests then skip (tf_oracle.py).
 _USER_ONEDNN = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 

@@ -99,6 +99,20 @@ def test_unscale_keeps_the_gradients_dtype_and_sparsity() -> None:
     np.testing.assert_array_equal(out.indices.numpy(), [2])
     assert ls.unscale(None, scale) is None
 
+
+def test_unscale_survives_a_scale_beyond_float16s_range() -> None:
+    import tensorflow as tf
+
+    # The dynamic scale doubles past 65504; dividing in float16 would make it inf and every
+    # gradient zero.
+    for scale in (2.0**16, 2.0**20):
+        for dtype in (tf.float16, tf.bfloat16):
+            got = ls.unscale(tf.constant([1000.0, 3.0], dtype), tf.constant(scale))
+            assert got.dtype == dtype
+            want = np.array([1000.0, 3.0], np.float32) / scale
+            np.testing.assert_allclose(got.numpy().astype(np.float32), want, rtol=1e-2)
+            assert np.all(got.numpy().astype(np.float32) > 0)
+
 # -- the public entry points ----------------------------------------------------------------
 
 def test_import_amp_rewrite_stays_light() -> None:

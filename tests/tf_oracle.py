@@ -229,13 +229,21 @@ def onednn_bf16_pass_available() -> bool:
 
 
 def require_onednn_bf16() -> None:
-    """Skips the calling test when TensorFlow's oneDNN bfloat16 pass is off in this process."""
-    if not onednn_bf16_pass_available():
-        import pytest
+    """Skips the calling test when the user turned oneDNN off (``TF_ENABLE_ONEDNN_OPTS`` set
+    to a false value), which removes TensorFlow's oneDNN bfloat16 pass; fails it when the pass
+    is missing for any other reason (a TensorFlow that renamed or changed the pass, a build
+    without oneDNN), so a broken oracle is never mistaken for an opted-out one."""
+    if onednn_bf16_pass_available():
+        return
+    import pytest
 
-        pytest.skip("TensorFlow's auto_mixed_precision_onednn_bfloat16 pass is not registered: oneDNN "
-                    "is off in this process (TF_ENABLE_ONEDNN_OPTS=0; tests/conftest.py turns it on "
-                    "unless it is set)")
+    setting = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
+    if setting is not None and setting.strip().lower() in ("0", "false", "off", "no"):
+        pytest.skip(f"TensorFlow's oneDNN bfloat16 pass is off: TF_ENABLE_ONEDNN_OPTS={setting} "
+                    "(tests/conftest.py turns oneDNN on unless it is set)")
+    pytest.fail(f"TensorFlow's auto_mixed_precision_onednn_bfloat16 pass did not convert a lone MatMul "
+                f"although TF_ENABLE_ONEDNN_OPTS={setting!r}: the oracle for the bf16 parity tests is "
+                "missing or changed in this TensorFlow", pytrace=False)
 
 
 def tf_amp_rewrite(

@@ -177,17 +177,25 @@ def all_finite(grads: Iterable[Any]) -> Any:
 
 
 def unscale(grad: Any, scale: Any) -> Any:
-    """``grad / scale`` in the gradient's own dtype (the scale is float32 and the gradient of
-    a float16 variable is not); ``IndexedSlices`` keep their sparsity, ``None`` stays ``None``.
-    Pure; builds ops in the current graph (or runs eagerly)."""
+    """``grad / scale``, returned in the gradient's own dtype; ``IndexedSlices`` keep their
+    sparsity, ``None`` stays ``None``.  Pure; builds ops in the current graph (or runs eagerly).
+
+    A float16 or bfloat16 gradient is divided in float32: the dynamic scale grows past
+    65504, float16's largest value, and cast to float16 it would be ``inf``, turning every
+    finite gradient into zero while the finite-check still passes.
+    """
     import tensorflow as tf
+
+    def divide(values: Any) -> Any:
+        if values.dtype in (tf.float16, tf.bfloat16):
+            return tf.cast(tf.cast(values, tf.float32) / tf.cast(scale, tf.float32), values.dtype)
+        return values / tf.cast(scale, values.dtype)
 
     if grad is None:
         return None
     if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(grad.values / tf.cast(scale, grad.values.dtype), grad.indices,
-                                grad.dense_shape)
-    return grad / tf.cast(scale, grad.dtype)
+        return tf.IndexedSlices(divide(grad.values), grad.indices, grad.dense_shape)
+    return divide(grad)
 
 
 def next_state(
