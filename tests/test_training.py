@@ -527,3 +527,65 @@ def test_function_on_a_method_and_with_explicit_options() -> None:
     assert out["n"] is None and out["y"].dtype == tf.float32  # outputs keep their dtypes
     np.testing.assert_allclose(out["y"].numpy(), np.ones((2, 4)))
     assert _graph_dtypes(type(module).__call__.__get__(module).executed_graphs())["MatMul"] == {"bfloat16"}
+
+
+def test_session_takes_fetches_from_the_optimizer_and_itself() -> None:
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4, 4], name="x")
+        w = tf.compat.v1.get_variable("w", initializer=np.eye(4, dtype=np.float32))
+        y = tf.identity(tf.matmul(x, w), name="y")
+        loss = tf.reduce_sum(tf.square(y), name="loss")
+        opt = amp_rewrite.enable_mixed_precision_graph_rewrite(
+            tf.compat.v1.train.GradientDescentOptimizer(0.01), fetches=["y"], **TARGET)
+        train = opt.minimize(loss)
+        init = tf.compat.v1.global_variables_initializer()
+    with amp_rewrite.Session(graph=graph, fetches=["loss"]) as sess:  # both name nodes to keep
+        sess.run(init)
+        sess.run(train, {"x:0": np.ones((4, 4), np.float32)})
+        assert sess.run(y, {"x:0": np.ones((4, 4), np.float32)}).shape == (4, 4)
+
+
+def test_offline_rewrite_unscales_float16_gradients_past_float16s_range() -> None:
+    graph = tf.Graph()
+    with graph.as_default():
+        w = tf.compat.v1.get_variable("w", initializer=np.ones((4, 4), np.float16))
+        # Small values, so the scaled float16 gradients (about 26 at a scale of 2^17) stay
+        # finite, and a large step, so the unscaled ones (2e-4) visibly move float16 weights.
+        x = tf.constant(np.full((4, 4), 0.01, np.float16))
+        loss = tf.reduce_mean(tf.cast(tf.square(tf.matmul(x, w)), tf.float32), name="loss")
+        tf.compat.v1.train.GradientDescentOptimizer(10.0).minimize(loss)  # files itself as train op
+        meta = tf.compat.v1.train.export_meta_graph()
+    # The scale doubles after every good step: 2^15, then 2^16 (float16's inf), 2^17...
+    result = amp_rewrite.rewrite_training_meta_graph(
+        meta, loss_scale=DynamicLossScale(2.0**15, increment_period=1), **TARGET)
+    out = tf.Graph()
+    with out.as_default():
+        tf.compat.v1.train.import_meta_graph(result.meta_graph_def)
+        init = tf.compat.v1.global_variables_initializer()
+        variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
+        scale = variables["amp_loss_scale/current_loss_scale"]
+    train_op = out.get_collection(tf.compat.v1.GraphKeys.TRAIN_OP)[0]
+    with tf.compat.v1.Session(graph=out) as sess:
+        sess.run(init)
+        values = [sess.run("w/Read/ReadVariableOp:0")]
+        for _ in range(3):
+            sess.run(train_op)
+            values.append(sess.run("w/Read/ReadVariableOp:0"))
+        assert sess.run(scale) == 2.0**18
+    for a, b in zip(values, values[1:]):
+        assert np.all(b < a)  # every step moved the weights, past a scale of 65536 too
+
+
+def test_offline_rewrite_refuses_an_update_that_is_not_a_gradient() -> None:
+    graph = tf.Graph()
+    with graph.as_default():
+        w = tf.compat.v1.get_variable("w", initializer=np.ones(2, np.float32))
+        u = tf.compat.v1.get_variable("u", initializer=np.ones(2, np.float32))
+        opt = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+        step = opt.minimize(tf.reduce_sum(w * w))
+        other = opt.apply_gradients([(tf.constant([1.0, 1.0]), u)])  # not from tf.gradients
+        train = tf.group(step, other, name="train")
+        meta = tf.compat.v1.train.export_meta_graph()
+    with pytest.raises(amp_rewrite.AmpRewriteError, match="no tf.gradients seed"):
+        amp_rewrite.rewrite_training_meta_graph(meta, loss_scale=1024, train_op=train.name, **TARGET)

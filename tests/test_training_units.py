@@ -171,7 +171,9 @@ def test_v1_wrapper_forwards_attributes_and_slots() -> None:
     with graph.as_default():
         var = tf.Variable([1.0, 2.0])
         train = opt.minimize(tf.reduce_sum(var * var))
-        assert opt.get_slot_names() == ["momentum"]
+        # The slots are the inner optimizer's: listed there only, as TensorFlow's own wrapper
+        # does (a checkpoint walks both, and a slot listed twice is an error).
+        assert opt.get_slot_names() == [] and inner.get_slot_names() == ["momentum"]
         assert opt.get_slot(var, "momentum") is inner.get_slot(var, "momentum")
         names = {v.op.name for v in opt.variables()}
         assert "amp_loss_scale/current_loss_scale" in names and any("Momentum" in n for n in names)
@@ -234,3 +236,47 @@ def test_enable_refuses_a_mixed_keras_global_policy() -> None:
             amp_rewrite.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1))
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+
+def test_keras_config_keeps_every_option_json_can_hold() -> None:
+    import keras
+
+    opt = amp_rewrite.enable_mixed_precision_graph_rewrite(
+        keras.optimizers.SGD(0.1), target="gpu:8.0", add={"allow": ("Exp",)}, fetches=("a", "b"))
+    clone = type(opt).from_config(opt.get_config())
+    assert clone.rewrite_options == {"target": "gpu:8.0", "add": {"allow": ["Exp"]}, "fetches": ["a", "b"]}
+    target = amp_rewrite.resolve_target("gpu:8.0")
+    bad = amp_rewrite.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1), target=target)
+    with pytest.raises(AmpRewriteError, match="target=.*cannot be saved"):
+        bad.get_config()  # dropping it would make a reloaded model train with another target
+
+
+def test_nested_rewrite_traces_each_keep_their_options() -> None:
+    from amp_rewrite.training._common import note_rewrite_options, rewrite_trace
+
+    with rewrite_trace() as outer:
+        with rewrite_trace() as inner:  # an equal (empty) list: removal must be by identity
+            pass
+        note_rewrite_options({"target": "cpu"})
+    assert inner == [] and outer == [{"target": "cpu"}]
+
+
+def test_v1_wrapper_checkpoints_its_slots_once_and_its_loss_scale() -> None:
+    import tensorflow as tf
+
+    w = tf.Variable([1.0, 2.0])
+    opt = amp_rewrite.enable_mixed_precision_graph_rewrite(
+        tf.compat.v1.train.MomentumOptimizer(0.1, 0.9), loss_scale=ls.DynamicLossScale(8.0, 1),
+        target="gpu:8.0")
+    opt.minimize(lambda: tf.reduce_sum(w * w), var_list=[w])  # one good step: the scale doubles
+    assert float(opt.current_loss_scale) == 16.0 and opt.get_slot(w, "momentum") is not None
+    ckpt = tf.train.Checkpoint(optimizer=opt, w=w)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = ckpt.save(f"{tmp}/ckpt")  # the slot is listed once (by the inner optimizer)
+        opt.current_loss_scale.assign(2.0)
+        opt.get_slot(w, "momentum").assign([0.0, 0.0])
+        ckpt.restore(path).assert_existing_objects_matched()
+    assert float(opt.current_loss_scale) == 16.0
+    assert np.all(opt.get_slot(w, "momentum").numpy() != 0.0)

@@ -114,7 +114,12 @@ def rewrite_trace() -> Iterator[list[dict[str, Any]]]:
     finally:
         with _trace_lock:
             _trace_depth -= 1
-            _collectors.remove(seen)
+            # By identity: list.remove compares by equality, and a nested or concurrent trace
+            # that saw the same options (or none) holds an equal list.
+            for i, other in enumerate(_collectors):
+                if other is seen:
+                    del _collectors[i]
+                    break
 
 
 def note_rewrite_options(options: Mapping[str, Any]) -> None:

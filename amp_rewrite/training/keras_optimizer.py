@@ -31,6 +31,7 @@ unrewritten graph, and :func:`rewrite_keras_train_step` installs the same thing 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import types
 from typing import Any, Mapping
@@ -38,6 +39,7 @@ from typing import Any, Mapping
 import keras
 import tensorflow as tf
 
+from ..errors import AmpRewriteError
 from . import loss_scale as loss_scale_module
 from ._common import (
     LossScaleSettings,
@@ -228,9 +230,31 @@ class LossScaleOptimizer(LossScaleSettings, keras.optimizers.LossScaleOptimizer)
         config.pop("initial_scale", None)
         config.pop("dynamic_growth_steps", None)
         config["loss_scale"] = _loss_scale_config(self._amp_loss_scale)
-        config["rewrite_options"] = {k: v for k, v in self._amp_rewrite_options.items()
-                                     if isinstance(v, (str, int, float, bool, list, type(None)))}
+        config["rewrite_options"] = {k: _config_value(k, v) for k, v in self._amp_rewrite_options.items()}
         return config
+
+
+def _config_value(key: str, value: Any) -> Any:
+    """``value`` as JSON can hold it (tuples become lists, paths strings), for the Keras config.
+
+    Raises
+    ------
+    AmpRewriteError
+        For a value the config cannot carry (a :class:`~amp_rewrite.Target` object, say):
+        silently dropping it would make a reloaded model train with other options.
+    """
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, (list, tuple)):
+        return [_config_value(key, v) for v in value]
+    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+        return {k: _config_value(key, v) for k, v in value.items()}
+    raise AmpRewriteError(
+        f"rewrite option {key}={value!r} cannot be saved in the optimizer's config; pass it as a "
+        "string, number, list or dict (e.g. target='gpu:8.0' rather than a Target object)"
+    )
 
 
 def _loss_scale_config(scale: loss_scale_module.LossScale) -> dict[str, Any]:

@@ -186,7 +186,14 @@ def rewrite_training_meta_graph(
     ------
     AmpRewriteError
         If the graph breaks one of the module's assumptions, the rewrite rejects it, or
-        ``loss_scale`` is not a loss scale.
+        ``loss_scale`` is not a loss scale.  That includes an update op whose value no
+        gradient seed leads to, next to ones it does.
+
+    Every ``tf.gradients`` seed behind the update ops is scaled.  A gradient used *inside*
+    the loss (a gradient penalty, as in WGAN-GP) has a seed of its own there, which would be
+    scaled too and change the loss; the graph gives no reliable mark of such a seed, so this
+    is not detected.  Train such models with
+    :func:`amp_rewrite.enable_mixed_precision_graph_rewrite`, which scales only the loss.
     """
     import tensorflow as tf
     from tensorflow.python.framework import meta_graph
@@ -221,9 +228,20 @@ def rewrite_training_meta_graph(
         grad_inputs = [(op, _grad_index(op)) for op in applies]
         # The seeds of the gradients that reach the update ops.
         grad_ancestors: dict[str, Any] = {}
+        unseeded = []
         for op, index in grad_inputs:
-            for parent in _ancestors(op.inputs[index].op):
+            parents = _ancestors(op.inputs[index].op)
+            for parent in parents:
                 grad_ancestors[parent.name] = parent
+            if not any(_SEED.search(parent.name) for parent in parents):
+                unseeded.append(op.name)
+        if unseeded and len(unseeded) < len(grad_inputs):
+            # Dividing such an update by the scale would shrink it silently.
+            raise AmpRewriteError(
+                f"update op(s) {', '.join(sorted(unseeded)[:5])} apply a value that no "
+                "tf.gradients seed ('.../grad_ys_N') leads to, next to updates that do; only "
+                "gradients of the loss can be loss-scaled", node=sorted(unseeded)[0],
+            )
         seeds = [op for op in grad_ancestors.values() if _SEED.search(op.name)]
         if not seeds:
             raise AmpRewriteError(
@@ -264,7 +282,8 @@ def rewrite_training_meta_graph(
             unscaled = []
             for op, index in grad_inputs:
                 grad = op.inputs[index]
-                unscaled.append(tf.divide(grad, tf.cast(scale, grad.dtype), name="unscale"))
+                with tf.name_scope("unscale"):
+                    unscaled.append(loss_scale_module.unscale(grad, scale))
             finite = tf.identity(loss_scale_module.all_finite(unscaled), name="all_finite")
             for (op, index), value in zip(grad_inputs, unscaled):
                 if scale_config.dynamic:

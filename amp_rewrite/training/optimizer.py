@@ -198,9 +198,9 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
     created lazily, one set per graph (and one for eager execution), in ``GLOBAL_VARIABLES``, so
     ``global_variables_initializer`` and ``Saver`` include them; ``current_loss_scale`` and
     ``skipped_steps`` are those variables.  Other attributes fall through to the inner
-    optimizer; ``get_slot``/``get_slot_names`` and ``variables()`` are the inner optimizer's
-    (plus the scale variables).  ``compute_gradients`` also records this optimizer's rewrite
-    options on the graph, for :class:`amp_rewrite.Session`.
+    optimizer; ``get_slot`` and ``variables()`` are the inner optimizer's (plus the scale
+    variables), while ``get_slot_names()`` is empty (see there).  ``compute_gradients`` also
+    records this optimizer's rewrite options on the graph, for :class:`amp_rewrite.Session`.
     """
 
     def __init__(self, opt: Any, loss_scale: Any = "dynamic",
@@ -234,7 +234,10 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
         return self._optimizer.get_slot(var, name)
 
     def get_slot_names(self) -> list[str]:
-        return self._optimizer.get_slot_names()
+        """None of its own: the slots belong to the inner optimizer, which a checkpoint lists
+        (as ``base_optimizer``).  Listing them here too would name each slot variable twice,
+        and ``tf.train.Checkpoint`` refuses that.  ``get_slot`` still reaches them."""
+        return []
 
     def variables(self) -> list[Any]:
         """The inner optimizer's variables plus this graph's loss-scale variables."""
@@ -273,6 +276,12 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
                 self._eager_state = state
             else:
                 self._states[key] = state
+            # Checkpointed with the optimizer (object-based checkpoints; a TF1 Saver finds them
+            # among the global variables anyway), and restored on creation when a checkpoint
+            # was restored before the first step.
+            for name, v in (("current_loss_scale", state.scale), ("good_steps", state.good_steps),
+                            ("skipped_steps", state.skipped_steps)):
+                self._track_trackable(v, f"loss_scale_{name}", overwrite=True)
         return state
 
     def _visible_state(self) -> _ScaleState:

@@ -222,8 +222,15 @@ class Session(SessionInterface):
         if self._closed:
             raise RuntimeError("Attempted to use a closed Session.")
         if self._session is None:
+            options = self.rewrite_options()
+            # `fetches` may come from the optimizer's options as well as from this Session:
+            # the rewrite keeps the nodes both name.
+            extra = options.pop("fetches", None)
+            fetches = self._fetches
+            if extra is not None:
+                fetches = sorted(set(fetches or ()) | set(extra)) if fetches is not None else list(extra)
             self._rewritten, self._result = rewrite_graph_with_result(
-                self._graph, fetches=self._fetches, **self.rewrite_options()
+                self._graph, fetches=fetches, **options
             )
             self._version = self._graph.version
             self._session = tf.compat.v1.Session(self._target, graph=self._rewritten,
