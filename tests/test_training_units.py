@@ -280,3 +280,22 @@ def test_v1_wrapper_checkpoints_its_slots_once_and_its_loss_scale() -> None:
         ckpt.restore(path).assert_existing_objects_matched()
     assert float(opt.current_loss_scale) == 16.0
     assert np.all(opt.get_slot(w, "momentum").numpy() != 0.0)
+
+
+def test_v1_wrapper_train_op_collection_under_v1_control_flow(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tensorflow as tf
+    from tensorflow.python.ops import control_flow_util
+
+    # TF1 code run with disable_v2_behavior() builds the wrapper's tf.cond with v1 control
+    # flow: the inner update op is then in the graph itself, and must not stay a train op.
+    monkeypatch.setattr(control_flow_util, "ENABLE_CONTROL_FLOW_V2", False)
+    graph = tf.Graph()
+    with graph.as_default():
+        var = tf.Variable([1.0, 2.0])
+        earlier = tf.no_op(name="earlier")
+        tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.TRAIN_OP, earlier)
+        opt = amp_rewrite.enable_mixed_precision_graph_rewrite(
+            tf.compat.v1.train.MomentumOptimizer(0.1, 0.9), target="cpu")
+        train = opt.minimize(tf.reduce_sum(var * var))
+        assert any(op.type == "Switch" for op in graph.get_operations())  # v1 cond indeed
+        assert graph.get_collection(tf.compat.v1.GraphKeys.TRAIN_OP) == [earlier, train]

@@ -170,21 +170,32 @@ class _ScaleState:
     skipped_steps: Any
 
 
-def _fix_train_op_collection(train_op: Any) -> None:
+def _train_ops() -> list[Any] | None:
+    """The default graph's TRAIN_OP collection as it is now (``None`` eagerly or in a function)."""
+    if tf.executing_eagerly():
+        return None
+    graph = tf.compat.v1.get_default_graph()
+    if getattr(graph, "building_function", False):
+        return None
+    return list(graph.get_collection(tf.compat.v1.GraphKeys.TRAIN_OP))
+
+
+def _fix_train_op_collection(train_op: Any, before: list[Any] | None) -> None:
     """Put ``train_op`` in the graph's TRAIN_OP collection in place of the inner update.
 
     The inner optimizer adds its own update op to TRAIN_OP, but that op lives inside the
-    ``tf.cond`` branch function, so the collection would name an op the graph does not have
-    (and exporting/importing the MetaGraphDef would fail).  Mutates the default graph's
-    collection; nothing to do eagerly or inside a function.
+    ``tf.cond`` branch: with control flow v2 in a branch function, so the collection would
+    name an op the graph does not have (and exporting/importing the MetaGraphDef would fail);
+    with v1 control flow in the graph itself, a second train op inside the wrapper's cond.
+    ``before``: the collection before the inner optimizer ran
+    (:func:`_train_ops`); entries added since are the inner update's and are dropped.  Mutates
+    the default graph's collection; nothing to do eagerly or inside a function.
     """
-    if tf.executing_eagerly():
+    if before is None:
         return
     graph = tf.compat.v1.get_default_graph()
-    if getattr(graph, "building_function", False):
-        return
     ref = graph.get_collection_ref(tf.compat.v1.GraphKeys.TRAIN_OP)
-    ref[:] = [op for op in ref if getattr(op, "graph", graph) is graph]
+    ref[:] = [op for op in ref if getattr(op, "graph", graph) is graph and any(op is b for b in before)]
     if train_op not in ref:
         ref.append(train_op)
 
@@ -373,6 +384,7 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
 
     def _finish(self, finite: Any, apply_fn: Callable[[], Any], name: str) -> Any:
         state = self._state()
+        before = _train_ops()
         maybe_apply = tf.cond(finite, lambda: tf.group(apply_fn()), tf.no_op)
         new_scale, new_good, new_skipped = loss_scale_module.next_state(
             self._amp_loss_scale, state.scale, state.good_steps, state.skipped_steps, finite
@@ -385,7 +397,7 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
                 state.skipped_steps.assign(new_skipped),
             )
         train_op = tf.group(maybe_apply, update, name=name)
-        _fix_train_op_collection(train_op)
+        _fix_train_op_collection(train_op, before)
         return train_op
 
     # The update is delegated as a whole; these are never reached.
