@@ -210,12 +210,18 @@ def _cmd_rewrite_training(args: argparse.Namespace) -> int:
     import json
 
     from .saved_model import load_model
-    from .staging import Staging, check_output
+    from .staging import Staging, check_distinct_outputs, check_output, check_writable
     from .training import rewrite_training_meta_graph
 
     if not args.input.endswith(".meta"):
         raise AmpRewriteError("--loss-scale needs a TF1 training MetaGraphDef (a .meta file) as INPUT")
     check_output(args.input, args.output, overwrite=args.overwrite)
+    check_writable(args.output)
+    if args.report:
+        check_output(args.input, args.report, overwrite=True, what="--report")
+        check_writable(args.report)
+        check_distinct_outputs([(os.path.abspath(args.output), "OUTPUT", False),
+                                (os.path.abspath(args.report), "--report", False)])
     model = load_model(args.input)
     options = _model_options(args)
     for key in ("tags", "signatures", "keep_io_types"):

@@ -42,7 +42,7 @@ from .errors import AmpRewriteError, GraphFormatError, InvalidGraphError
 from .graph_io import load_graph_def, reachable_functions
 from .lists import OpLists
 from .progress import Progress
-from .staging import Staging, check_output, check_writable, is_within
+from .staging import Staging, check_distinct_outputs, check_output, check_writable, is_within
 from .targets import Target
 from .tensor_names import parse_graph_input
 
@@ -781,6 +781,9 @@ def rewrite_saved_model(
             raise AmpRewriteError(f"{what} is the same as INPUT; the input is never modified")
         if extra is not None:
             check_writable(os.fspath(extra))
+    check_distinct_outputs([(os.path.abspath(os.fspath(path)), what, is_dir) for path, what, is_dir in (
+        (dst_s, "OUTPUT", os.path.isdir(src_s)), (report_file, "--report", False), (graph_file, "--graph", False),
+        (dump_dir, "--dump-dir", True), (tensorboard_dir, "--tensorboard", True)) if path is not None])
     if graph_file is not None:
         from .draw import graph_format
 

@@ -18,7 +18,7 @@ import logging
 import os
 import shutil
 import tempfile
-from typing import Callable
+from typing import Callable, Sequence
 
 from .errors import AmpRewriteError
 
@@ -130,7 +130,10 @@ class Staging:
         """Rename every staged output into place, in the order they were added."""
         for tmp, final, replace in self._moves:
             if not os.path.exists(tmp):
-                continue  # a file staged inside a directory that was moved already
+                # Staged inside a directory an earlier move took away: the output would be
+                # reported written and be gone (check_distinct_outputs keeps callers clear).
+                raise AmpRewriteError(f"cannot write {final}: its staging area was moved away by "
+                                      "another output of this run")
             self._guard(final, functools.partial(self._move, tmp, final, replace))
         self._committed = True
         self._moves.clear()
@@ -190,6 +193,30 @@ def check_writable(path: str) -> None:
 def is_within(path: str, parent: str) -> bool:
     path, parent = os.path.realpath(path), os.path.realpath(parent)
     return path == parent or path.startswith(parent.rstrip(os.sep) + os.sep)
+
+
+def check_distinct_outputs(outputs: Sequence[tuple[str, str, bool]]) -> None:
+    """Refuse a set of outputs that would overwrite or hide one another.
+
+    ``outputs``: ``(path, what, is_dir)`` per output, ``what`` naming it for the message
+    (``"OUTPUT"``, ``"--report"``...).  Two outputs may not be the same path or one inside
+    the other (a report written inside the model directory would be swapped out with the
+    old directory, a report on OUTPUT would replace the model), and an output may not exist
+    as the other kind (a directory where a file goes, or the reverse), which would fail only
+    at commit, after the model was already in place.  Reads the file system only; called
+    before any work.
+    """
+    for i, (path, what, is_dir) in enumerate(outputs):
+        if is_dir and os.path.lexists(path) and not os.path.isdir(path):
+            raise AmpRewriteError(f"{what} {path} exists and is not a directory")
+        if not is_dir and os.path.isdir(path) and what != "OUTPUT":
+            raise AmpRewriteError(f"{what} {path} is a directory; it names a file to write")
+        for other, other_what, _ in outputs[:i]:
+            if os.path.realpath(path) == os.path.realpath(other):
+                raise AmpRewriteError(f"{what} and {other_what} are the same path ({path})")
+            if is_within(path, other) or is_within(other, path):
+                inner, outer = (what, other_what) if is_within(path, other) else (other_what, what)
+                raise AmpRewriteError(f"{inner} is inside {outer}; write them to separate places")
 
 
 def check_output(src: str, dst: str, *, overwrite: bool, what: str = "OUTPUT") -> None:

@@ -265,3 +265,32 @@ def test_rewrite_with_loss_scale_rewrites_a_training_meta_graph(tmp_path, capsys
             assert sess.run("loss:0", feed) < before
     assert main(["rewrite", str(tmp_path / "in.pb"), str(tmp_path / "o.pb"), "--loss-scale", "dynamic"]) == 1
     assert ".meta" in capsys.readouterr().err
+
+
+def _tree(path: pathlib.Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("layout", ["report_is_a_dir", "report_in_new_output", "report_in_empty_output",
+                                    "report_is_output"])
+def test_outputs_that_collide_are_refused_before_anything_is_written(layout, saved, pb, tmp_path, capsys):
+    out = tmp_path / "out"
+    src, args = saved, []
+    if layout == "report_is_a_dir":  # failed at commit, after the model had replaced OUTPUT
+        out.mkdir()
+        (out / "marker").write_text("the old output")
+        (tmp_path / "rep").mkdir()
+        report, args = tmp_path / "rep", ["--overwrite"]
+    elif layout == "report_in_new_output":
+        report = out / "r.json"
+    elif layout == "report_in_empty_output":  # was reported written, and was never there
+        out.mkdir()
+        report = out / "r.json"
+    else:  # a GraphDef OUTPUT that the report would have replaced, exit 0
+        src, out = pb, tmp_path / "out.pb"
+        report = out
+    before = _tree(tmp_path)
+    assert main(["rewrite", str(src), str(out), "--report", str(report), *args]) == 1
+    assert "amp-rewrite: error:" in _one_error_line(capsys)
+    assert _tree(tmp_path) == before  # nothing written, nothing replaced
+    assert not [p for p in tmp_path.rglob(".amp-rewrite*")]
