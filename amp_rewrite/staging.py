@@ -150,8 +150,12 @@ class Staging:
             os.rename(final, aside)
             try:
                 os.rename(tmp, final)
-            except OSError:
-                os.rename(aside, final)
+            except BaseException:
+                # Ctrl-C too: between the two renames OUTPUT would be missing, the old one
+                # parked under a temporary name.  (Interrupted after the rename, the new
+                # output is in place, whole.)
+                if not os.path.lexists(final):
+                    os.rename(aside, final)
                 raise
             shutil.rmtree(old, ignore_errors=True)
         else:
