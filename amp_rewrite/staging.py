@@ -213,7 +213,7 @@ def check_distinct_outputs(outputs: Sequence[tuple[str, str, bool]]) -> None:
     for i, (path, what, is_dir) in enumerate(outputs):
         if is_dir and os.path.lexists(path) and not os.path.isdir(path):
             raise AmpRewriteError(f"{what} {path} exists and is not a directory")
-        if not is_dir and os.path.isdir(path) and what != "OUTPUT":
+        if not is_dir and os.path.isdir(path):
             raise AmpRewriteError(f"{what} {path} is a directory; it names a file to write")
         for other, other_what, _ in outputs[:i]:
             if os.path.realpath(path) == os.path.realpath(other):

@@ -9,13 +9,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # The bf16 parity tests' oracle, TensorFlow's auto_mixed_precision_onednn_bfloat16 pass, exists
 # only while oneDNN is on, and TensorFlow turns oneDNN on by default only on CPUs with
 # AVX512-VNNI/BF16, AVX-VNNI or AMX: on an AVX2-only CPU its meta optimizer logs "Can't
-# register an optimizer by name" and returns the graph unchanged.  Pinning it on (before
-# anything imports TensorFlow) makes the suite check the same thing on every CI machine; on
+# register an optimizer by name" and returns the graph unchanged.  The suite turns it on
+# (before anything imports TensorFlow), so it checks the same thing on every CI machine; on
 # such a CPU the float32 kernels the numeric tests run are then oneDNN's too, as on the CPUs
-# mixed precision is for.  An explicit TF_ENABLE_ONEDNN_OPTS=0 is respected; the bf16 oracle
-# tests then skip (tf_oracle.py).
+# mixed precision is for.  A user's own setting is kept for the subprocesses that stand for a
+# user's run (the ``user_environ`` fixture).
 _USER_ONEDNN = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1"
 
 import pytest  # noqa: E402
 
@@ -30,12 +30,14 @@ def _no_tf_amp_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def user_environ() -> dict[str, str]:
-    """The environment a user's shell would give a subprocess: ``os.environ`` without the
-    oneDNN pin above (on an AVX2-only CPU, oneDNN forced on makes TensorFlow log an error
-    line about bfloat16 that a user's run never shows)."""
+    """The environment a user's shell would give a subprocess: ``os.environ`` with the user's
+    own oneDNN setting instead of the suite's (on an AVX2-only CPU, oneDNN forced on makes
+    TensorFlow log an error line about bfloat16 that a user's run never shows)."""
     env = dict(os.environ)
     if _USER_ONEDNN is None:
         env.pop("TF_ENABLE_ONEDNN_OPTS", None)
+    else:
+        env["TF_ENABLE_ONEDNN_OPTS"] = _USER_ONEDNN
     return env
 
 

@@ -305,18 +305,12 @@ def test_conflict_is_an_error_like_tensorflow(tf_dumps):
 def test_unregistered_entries_are_exactly_the_ops_tensorflow_lacks(tf_dumps):
     from tensorflow.python.framework import op_def_registry
 
-    import tf_oracle
-
-    # Without TensorFlow's oneDNN bfloat16 pass (oneDNN turned off) only float16 is checked.
-    runs = {"float16": "cuda", "bfloat16": "bf16"}
-    if not tf_oracle.onednn_bf16_pass_available():
-        del runs["bfloat16"]
-    tf_ops = {op for run in runs.values() for ops in tf_lists(tf_dumps, run).values() for op in ops}
+    tf_ops = {op for run in ("cuda", "bf16") for ops in tf_lists(tf_dumps, run).values() for op in ops}
     missing = {op for op in tf_ops if op_def_registry.get(op) is None}
     data = tomllib.loads((LISTS_DIR / "tensorflow.toml").read_text())
     marked = {
         op
-        for precision in runs
+        for precision in ("float16", "bfloat16")
         for table in data[precision].values()
         for op, value in table.items()
         if isinstance(value, dict) and value.get("registered") is False

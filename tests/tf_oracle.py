@@ -229,21 +229,16 @@ def onednn_bf16_pass_available() -> bool:
 
 
 def require_onednn_bf16() -> None:
-    """Skips the calling test when the user turned oneDNN off (``TF_ENABLE_ONEDNN_OPTS`` set
-    to a false value), which removes TensorFlow's oneDNN bfloat16 pass; fails it when the pass
-    is missing for any other reason (a TensorFlow that renamed or changed the pass, a build
-    without oneDNN), so a broken oracle is never mistaken for an opted-out one."""
+    """Fails the calling test when TensorFlow's oneDNN bfloat16 pass is missing (a TensorFlow
+    that renamed or changed the pass, a build without oneDNN): a missing oracle would
+    otherwise read as TensorFlow converting nothing.  ``tests/conftest.py`` turns oneDNN on."""
     if onednn_bf16_pass_available():
         return
     import pytest
 
-    setting = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
-    if setting is not None and setting.strip().lower() in ("0", "false", "off", "no"):
-        pytest.skip(f"TensorFlow's oneDNN bfloat16 pass is off: TF_ENABLE_ONEDNN_OPTS={setting} "
-                    "(tests/conftest.py turns oneDNN on unless it is set)")
-    pytest.fail(f"TensorFlow's auto_mixed_precision_onednn_bfloat16 pass did not convert a lone MatMul "
-                f"although TF_ENABLE_ONEDNN_OPTS={setting!r}: the oracle for the bf16 parity tests is "
-                "missing or changed in this TensorFlow", pytrace=False)
+    pytest.fail("TensorFlow's auto_mixed_precision_onednn_bfloat16 pass did not convert a lone MatMul "
+                f"with TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS')!r}: the oracle for "
+                "the bf16 parity tests is missing or changed in this TensorFlow", pytrace=False)
 
 
 def tf_amp_rewrite(
@@ -265,8 +260,8 @@ def tf_amp_rewrite(
     none for the CPU modes).  ``env``: environment variables set for the duration of the call
     (``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_*``).  ``fail_on_optimizer_errors``: raise instead
     of TF's default (log the error and keep the unoptimized graph).  The input is not mutated.
-    In ``"bf16"`` mode the calling test is skipped when the pass is not registered
-    (:func:`onednn_bf16_pass_available`).
+    In ``"bf16"`` mode the calling test fails when the pass is not registered
+    (:func:`require_onednn_bf16`).
     """
     if mode == "bf16" and not _probe:
         require_onednn_bf16()

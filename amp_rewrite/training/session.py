@@ -228,7 +228,7 @@ class Session(SessionInterface):
             extra = options.pop("fetches", None)
             fetches = self._fetches
             if extra is not None:
-                fetches = sorted(set(fetches or ()) | set(extra)) if fetches is not None else list(extra)
+                fetches = list(extra) if fetches is None else sorted(set(fetches) | set(extra))
             self._rewritten, self._result = rewrite_graph_with_result(
                 self._graph, fetches=fetches, **options
             )
