@@ -4,10 +4,16 @@ The optimal planner's cost model ranks colourings by estimate; on a given machin
 estimate can be wrong (kernel fusions, cache effects, a noisy neighbour).  Autotuning
 measures instead: it rewrites the graph once per *candidate* (a named set of rewrite
 options, e.g. TensorFlow's lists, the default profile, the optimal planner), runs every
-candidate and the float32 original on this machine -- interleaved, repeated, medians -- and
-keeps the fastest rewrite only if it beats float32 by a margin (2% by default), so that the
-result is never measurably slower than not rewriting.  Candidates whose graph is the same
-as another's are timed once.  Each candidate's outputs are compared with float32's on the same inputs;
+candidate and the float32 original on this machine, round-robin, and keeps the fastest
+rewrite only if it beats float32 by a margin (2% by default) beyond chance, so that the
+result is never measurably slower than not rewriting.
+
+The decision is paired: each round times every candidate and float32 back to back, and a
+candidate is judged by its per-round ratios to float32 (a slow spell of a shared machine
+hits both sides of a ratio), by their median and by a one-sided sign test on the rounds it
+won (:func:`_decide`).  A rewrite that looks faster but is not yet beyond chance earns more
+rounds, up to a limit, rather than a verdict either way.  Candidates whose graph is the
+same as another's are timed once.  Each candidate's outputs are compared with float32's on the same inputs;
 ``max_rel_error`` rules out candidates that are fast but too far off.
 
 Two entry points:
@@ -25,6 +31,7 @@ for.  The caller's graph and model are never modified.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import statistics
 import tempfile
@@ -41,11 +48,15 @@ __all__ = [
     "AutotuneOptions",
     "AutotuneResult",
     "CANDIDATES",
+    "Comparison",
     "DEFAULT_CANDIDATES",
     "ModelAutotune",
     "autotune",
     "autotune_model",
     "candidate_options",
+    "compare",
+    "default_max_repeats",
+    "sign_test_p",
 ]
 
 log = logging.getLogger(__name__)
@@ -92,7 +103,8 @@ class AutotuneOptions:
     """How :func:`autotune_model` measures.
 
     ``candidates`` as for :func:`candidate_options`; ``repeats`` rounds of ``steps`` steps
-    per candidate (medians); ``batch`` replaces each input's unknown first dimension, and
+    per candidate (medians), and more up to ``max_repeats`` (default
+    :func:`default_max_repeats`) while a rewrite looks faster but is not proven; ``batch`` replaces each input's unknown first dimension, and
     ``shapes`` gives whole shapes by input name; ``signature`` picks the SavedModel
     signature to time (default ``serving_default``, else the first); ``max_rel_error``
     rules out candidates whose outputs differ more from float32's (max abs difference over
@@ -103,6 +115,7 @@ class AutotuneOptions:
     candidates: Sequence[str] | Mapping[str, Mapping[str, Any]] = DEFAULT_CANDIDATES
     repeats: int = 5
     steps: int = 3
+    max_repeats: int | None = None
     batch: int = 1
     shapes: Mapping[str, Sequence[int]] = field(default_factory=dict)
     signature: str | None = None
@@ -114,6 +127,8 @@ class AutotuneOptions:
         """Raises :class:`AmpRewriteError` for settings that cannot be measured."""
         if self.repeats < 1 or self.steps < 1:
             raise AmpRewriteError("autotune needs repeats >= 1 and steps >= 1")
+        if self.max_repeats is not None and self.max_repeats < self.repeats:
+            raise AmpRewriteError("autotune's max_repeats must be >= repeats")
         if self.batch < 1:
             raise AmpRewriteError("autotune needs a batch size >= 1")
         if not 0 <= self.min_gain < 1:
@@ -135,7 +150,9 @@ class AutotuneResult:
     (``None`` for float32); ``step_ms`` the median step time of every candidate that ran;
     ``rel_error`` each candidate's output error against float32; ``same_as`` the
     candidates whose graph is the same as an earlier one's (``"float32"`` when the rewrite
-    changed nothing), which were not timed separately.
+    changed nothing), which were not timed separately; ``ratio_to_float32`` each candidate's
+    median over rounds of its step time over float32's in the same round, ``wins`` the rounds
+    it beat float32 by ``min_gain``, and ``rounds`` the rounds timed.
     """
 
     choice: str
@@ -144,6 +161,9 @@ class AutotuneResult:
     step_ms: Mapping[str, float] = field(default_factory=dict)
     rel_error: Mapping[str, float] = field(default_factory=dict)
     same_as: Mapping[str, str] = field(default_factory=dict)
+    ratio_to_float32: Mapping[str, float] = field(default_factory=dict)
+    wins: Mapping[str, int] = field(default_factory=dict)
+    rounds: int = 0
 
 
 # ------------------------------------------------------------------------ measuring
@@ -169,11 +189,86 @@ def relative_error(got: Sequence[Any], ref: Sequence[Any]) -> float:
     return worst
 
 
-def _measure(steps_fns: Mapping[str, StepFn], repeats: int, steps: int) -> dict[str, float]:
-    """Median ms per step of each step function, sampled round-robin so that drift on a
-    shared machine hits every candidate alike.  Each sample is the median of ``steps``."""
+#: Significance of the sign test that a rewrite must pass to be chosen over float32.
+ALPHA = 0.05
+
+
+def sign_test_p(wins: int, rounds: int) -> float:
+    """One-sided sign test: the chance of at least ``wins`` successes in ``rounds`` fair coin
+    flips (1.0 for no rounds).  Pure."""
+    if rounds <= 0:
+        return 1.0
+    return sum(math.comb(rounds, k) for k in range(max(wins, 0), rounds + 1)) / 2.0 ** rounds
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One candidate against float32 over paired rounds (each round times every candidate
+    and float32 back to back, so a slow spell of a shared machine hits both sides).
+
+    ``ratio`` is the median over rounds of (candidate time / float32 time); ``wins`` the
+    rounds in which the candidate beat float32 by at least the required gain; ``p_value``
+    the sign test of those wins against chance (:func:`sign_test_p`).
+    """
+
+    ratio: float
+    wins: int
+    rounds: int
+    p_value: float
+
+    def proven(self, min_gain: float, alpha: float = ALPHA) -> bool:
+        """Faster than float32 by ``min_gain``, in the median and beyond chance."""
+        return self.ratio <= 1.0 - min_gain and self.p_value <= alpha
+
+
+def compare(samples: Mapping[str, Sequence[float]], min_gain: float) -> dict[str, Comparison]:
+    """Each candidate of ``samples`` (per-round times, float32's among them) against float32,
+    round by round.  Pure."""
+    base = samples[FLOAT32]
+    out = {}
+    for name, times in samples.items():
+        if name == FLOAT32:
+            continue
+        ratios = [t / b for t, b in zip(times, base) if b > 0]
+        wins = sum(r <= 1.0 - min_gain for r in ratios)
+        out[name] = Comparison(statistics.median(ratios) if ratios else float("inf"), wins, len(ratios),
+                               sign_test_p(wins, len(ratios)))
+    return out
+
+
+def _decide(samples: Mapping[str, Sequence[float]], rel_error: Mapping[str, float],
+            max_rel_error: float | None, min_gain: float, alpha: float = ALPHA) -> tuple[str, bool]:
+    """``(choice, settled)`` from the per-round times so far.  Pure.
+
+    The choice is the admissible candidate with the lowest median ratio to float32 among
+    those *proven* faster (:meth:`Comparison.proven`), else float32: a rewrite has to earn
+    its place, and a margin within the noise would let chance pick it.  Ties go to the
+    earlier candidate.  The decision is *settled* when no admissible candidate that is not
+    proven yet has a lower median ratio than the choice (or than ``1 - min_gain`` when
+    float32 is the choice): more rounds could then only confirm what is chosen.
+    """
+    if FLOAT32 not in samples:
+        return FLOAT32, True
+    order = list(samples)
+    comps = compare(samples, min_gain)
+    rivals = [n for n in order if n in comps and (max_rel_error is None
+                                                   or rel_error.get(n, float("inf")) <= max_rel_error)]
+    proven = [n for n in rivals if comps[n].proven(min_gain, alpha)]
+    choice = min(proven, key=lambda n: (comps[n].ratio, order.index(n))) if proven else FLOAT32
+    bar = comps[choice].ratio if proven else 1.0 - min_gain
+    settled = not any(comps[n].ratio < bar for n in rivals if n not in proven)
+    return choice, settled
+
+
+def _measure(steps_fns: Mapping[str, StepFn], repeats: int, steps: int, max_repeats: int,
+             settled: Callable[[Mapping[str, Sequence[float]]], bool]) -> dict[str, list[float]]:
+    """Per-round seconds per step of each step function (each the median of ``steps``
+    steps), sampled round-robin so that drift on a shared machine hits every candidate alike.
+    ``repeats`` rounds, then more, up to ``max_repeats``, until ``settled(samples)``: a
+    rewrite that looks faster but is not yet beyond chance earns more rounds, not a verdict."""
     samples: dict[str, list[float]] = {n: [] for n in steps_fns}
-    for _ in range(repeats):
+    rounds = 0
+    while True:
         for name, step in steps_fns.items():
             times = []
             for _ in range(steps):
@@ -181,21 +276,9 @@ def _measure(steps_fns: Mapping[str, StepFn], repeats: int, steps: int) -> dict[
                 step()
                 times.append(time.perf_counter() - t)
             samples[name].append(statistics.median(times))
-    return {n: statistics.median(s) * 1e3 for n, s in samples.items()}
-
-
-def _choose(step_ms: Mapping[str, float], rel_error: Mapping[str, float], max_rel_error: float | None,
-            min_gain: float) -> str:
-    """The fastest admissible candidate if it beats float32 by at least ``min_gain`` (a
-    fraction of float32's time), else float32: a rewrite has to earn its place, and a
-    margin below the noise would let chance pick it.  Ties go to the earlier candidate."""
-    order = list(step_ms)
-    rivals = [n for n in order if n != FLOAT32 and (max_rel_error is None
-                                                     or rel_error.get(n, float("inf")) <= max_rel_error)]
-    if not rivals or FLOAT32 not in step_ms:
-        return FLOAT32
-    best = min(rivals, key=lambda n: (step_ms[n], order.index(n)))
-    return best if step_ms[best] <= step_ms[FLOAT32] * (1.0 - min_gain) else FLOAT32
+        rounds += 1
+        if rounds >= max_repeats or (rounds >= repeats and settled(samples)):
+            return samples
 
 
 def _first_line(exc: BaseException) -> str:
@@ -220,19 +303,39 @@ def _unchanged(report: Mapping[str, Any]) -> bool:
     return not (report["converted_attrs"] or report["casts_to_low"] or report["casts_to_high"])
 
 
+@dataclass(frozen=True)
+class Tuning:
+    """What :func:`_tune` measured and chose.
+
+    ``step_ms``: median ms per step; ``ratio``: median over rounds of (time / float32's
+    time); ``wins``: rounds a candidate beat float32 by the required gain; ``rel_error``:
+    output error against float32; ``rounds``: rounds timed.  Candidates whose graph is the
+    same as an earlier one's carry that one's numbers.  All in the order of the makers.
+    """
+
+    choice: str
+    step_ms: dict[str, float]
+    rel_error: dict[str, float]
+    ratio: dict[str, float]
+    wins: dict[str, int]
+    rounds: int
+
+
 def _tune(makers: Mapping[str, Callable[[], tuple[StepFn, Callable[[], None]]]], *, repeats: int,
           steps: int, max_rel_error: float | None, min_gain: float,
-          same_as: Mapping[str, str] | None = None) -> tuple[str, dict[str, float], dict[str, float]]:
-    """Build every runner (float32 first), compare outputs, time, choose.
+          same_as: Mapping[str, str] | None = None, max_repeats: int | None = None) -> Tuning:
+    """Build every runner (float32 first), compare outputs, time, choose (:func:`_decide`).
 
     ``makers`` maps a name to a function returning ``(step, close)``, float32 first, then
     the candidates in the caller's order.  float32 failing to run is the caller's error
     (bad feeds); a candidate failing to run just loses.  A candidate in ``same_as`` has the
     same graph as an earlier one: it is not run again (two timings of one graph would let
     noise pick between them), it gets that one's numbers, and the earlier one is chosen in
-    its place.  Returns ``(choice, step_ms, rel_error)``, in the order of ``makers``.
+    its place.  ``repeats`` rounds are timed, and more up to ``max_repeats`` (default
+    :func:`default_max_repeats`) while the choice is not settled.
     """
     same_as = dict(same_as or {})
+    limit = max(repeats, max_repeats if max_repeats is not None else default_max_repeats(repeats))
     runners: dict[str, tuple[StepFn, Callable[[], None]]] = {}
     outputs: dict[str, Sequence[Any]] = {}
     try:
@@ -259,26 +362,40 @@ def _tune(makers: Mapping[str, Callable[[], tuple[StepFn, Callable[[], None]]]],
                 log.warning("autotune: candidate %s cannot run here: %s", name, _first_line(exc))
                 del runners[name]
                 runner[1]()
-        measured = _measure({n: r[0] for n, r in runners.items()}, repeats, steps)
+        errors = {n: relative_error(outputs[n], outputs[FLOAT32]) for n in runners if n != FLOAT32}
+        samples = _measure({n: r[0] for n, r in runners.items()}, repeats, steps, limit,
+                           lambda s: _decide(s, errors, max_rel_error, min_gain)[1])
     finally:
         for _, close in runners.values():
             close()
+    choice, _ = _decide(samples, errors, max_rel_error, min_gain)
+    comps = compare(samples, min_gain)
     step_ms: dict[str, float] = {}
     rel_error: dict[str, float] = {}
+    ratio: dict[str, float] = {}
+    wins: dict[str, int] = {}
     for name in makers:
         source = same_as.get(name, name)
-        if source in measured:
-            step_ms[name] = measured[source]
-            if name != FLOAT32:
-                rel_error[name] = (0.0 if source == FLOAT32
-                                   else relative_error(outputs[source], outputs[FLOAT32]))
-    choice = _choose(step_ms, rel_error, max_rel_error, min_gain)
-    choice = same_as.get(choice, choice)
-    log.info("autotune: %s -> %s", ", ".join(
-        f"{n} {ms:.2f} ms" + (f" (rel. error {rel_error[n]:.1e})" if n in rel_error else "")
+        if source not in samples:
+            continue
+        step_ms[name] = statistics.median(samples[source]) * 1e3
+        if name != FLOAT32:
+            rel_error[name] = 0.0 if source == FLOAT32 else errors[source]
+            ratio[name] = 1.0 if source == FLOAT32 else comps[source].ratio
+            wins[name] = 0 if source == FLOAT32 else comps[source].wins
+    rounds = len(samples[FLOAT32])
+    log.info("autotune: %s -> %s after %d rounds", ", ".join(
+        f"{n} {ms:.2f} ms" + (f" (x{ratio[n]:.3f} of float32, faster in {wins[n]}/{rounds} rounds, "
+                              f"rel. error {rel_error[n]:.1e})" if n in rel_error else "")
         + (f" (same graph as {same_as[n]})" if n in same_as else "")
-        for n, ms in step_ms.items()), choice)
-    return choice, step_ms, rel_error
+        for n, ms in step_ms.items()), choice, rounds)
+    return Tuning(choice, step_ms, rel_error, ratio, wins, rounds)
+
+
+def default_max_repeats(repeats: int) -> int:
+    """Most rounds :func:`_tune` times by default: three times ``repeats``, and at least 10,
+    since the sign test cannot tell a rewrite from chance in fewer than 5."""
+    return max(3 * repeats, 10)
 
 
 # ------------------------------------------------------------------------ GraphDefs
@@ -315,6 +432,7 @@ def autotune(
     max_rel_error: float | None = None,
     min_gain: float = 0.02,
     runner: Callable[[Any], tuple[StepFn, Callable[[], None]]] | None = None,
+    max_repeats: int | None = None,
     **rewrite_options: Any,
 ) -> AutotuneResult:
     """Rewrite ``graph_def`` once per candidate, time each and float32, return the fastest.
@@ -323,13 +441,19 @@ def autotune(
     step computes (the rewrite preserves them).  Instead of feeds, ``runner`` may build
     the step itself: called with a GraphDef, it returns ``(step, close)`` where ``step()``
     runs one step and returns the outputs (e.g. a session that feeds variables).  A rewrite
-    is chosen only if it beats float32 by ``min_gain`` (2% by default).  Other options go to :func:`~amp_rewrite.api.rewrite_graph_def`, under each candidate's.
+    is chosen only if it beats float32 by ``min_gain`` (2% by default) in the median of the
+    per-round ratios *and* in enough rounds to rule out chance (a one-sided sign test at 5%;
+    :func:`_decide`); while a rewrite looks faster but is not proven, more rounds are timed,
+    up to ``max_repeats`` (default :func:`default_max_repeats`).  Other options go to
+    :func:`~amp_rewrite.api.rewrite_graph_def`, under each candidate's.
 
     Raises :class:`AmpRewriteError` for bad settings or when the original graph cannot run.
     ``graph_def`` is not modified.
     """
     if repeats < 1 or steps < 1:
         raise AmpRewriteError("autotune needs repeats >= 1 and steps >= 1")
+    if max_repeats is not None and max_repeats < repeats:
+        raise AmpRewriteError("autotune's max_repeats must be >= repeats")
     if not 0 <= min_gain < 1:
         raise AmpRewriteError("autotune's min_gain must be in [0, 1)")
     if runner is None and feeds is None:
@@ -342,12 +466,11 @@ def autotune(
         n: None if _unchanged(r.report) else r.graph_def.SerializeToString(deterministic=True)
         for n, r in results.items()}})
     make = runner if runner is not None else (lambda gd: _graph_runner(gd, feeds or {}, fetches))
-    choice, step_ms, rel_error = _tune({n: (lambda gd=gd: make(gd)) for n, gd in graphs.items()},
-                                       repeats=repeats, steps=steps, max_rel_error=max_rel_error,
-                                       min_gain=min_gain, same_as=same_as)
-    if choice == FLOAT32:
-        return AutotuneResult(FLOAT32, graph_def, None, step_ms, rel_error, same_as)
-    return AutotuneResult(choice, results[choice].graph_def, results[choice], step_ms, rel_error, same_as)
+    t = _tune({n: (lambda gd=gd: make(gd)) for n, gd in graphs.items()}, repeats=repeats, steps=steps,
+              max_rel_error=max_rel_error, min_gain=min_gain, same_as=same_as, max_repeats=max_repeats)
+    chosen = results.get(t.choice)
+    return AutotuneResult(t.choice, graph_def if chosen is None else chosen.graph_def, chosen, t.step_ms,
+                          t.rel_error, same_as, t.ratio, t.wins, t.rounds)
 
 
 # ------------------------------------------------------------------------ model files
@@ -366,12 +489,18 @@ class ModelAutotune:
     signature: str | None
     candidates: Mapping[str, Mapping[str, Any]]
     same_as: Mapping[str, str] = field(default_factory=dict)
+    ratio_to_float32: Mapping[str, float] = field(default_factory=dict)
+    wins: Mapping[str, int] = field(default_factory=dict)
+    rounds: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready, for the report."""
         return {
             "choice": self.choice,
             "step_ms": {k: round(v, 4) for k, v in self.step_ms.items()},
+            "ratio_to_float32": {k: round(v, 4) for k, v in self.ratio_to_float32.items()},
+            "faster_rounds": dict(self.wins),
+            "rounds": self.rounds,
             "rel_error": dict(self.rel_error),
             "same_graph_as": dict(self.same_as),
             "signature": self.signature,
@@ -504,8 +633,8 @@ def autotune_model(model: Any, opts: AutotuneOptions, *, tags: Sequence[str] | N
             raise AmpRewriteError("the graph has no outputs to time")
         graphs = {FLOAT32: model.message, **{n: r.message for n, r in rewrites.items()}}
         makers = {n: (lambda gd=gd: _graph_runner(gd, feeds, fetches)) for n, gd in graphs.items()}
-        choice, step_ms, rel_error = _tune(makers, repeats=opts.repeats, steps=opts.steps,
-                                           max_rel_error=opts.max_rel_error, min_gain=opts.min_gain, same_as=same_as)
+        tuned = _tune(makers, repeats=opts.repeats, steps=opts.steps, max_rel_error=opts.max_rel_error,
+                      min_gain=opts.min_gain, same_as=same_as, max_repeats=opts.max_repeats)
         inputs = {k.rsplit(":", 1)[0]: tuple(v.shape) for k, v in feeds.items()}
         signature = None
     else:
@@ -518,8 +647,9 @@ def autotune_model(model: Any, opts: AutotuneOptions, *, tags: Sequence[str] | N
                     stage_model(staging, rw, paths[name])
                     staging.commit()
             makers = {n: (lambda p=p: _saved_model_runner(p, tags, key, values)) for n, p in paths.items()}
-            choice, step_ms, rel_error = _tune(makers, repeats=opts.repeats, steps=opts.steps,
-                                               max_rel_error=opts.max_rel_error, min_gain=opts.min_gain, same_as=same_as)
+            tuned = _tune(makers, repeats=opts.repeats, steps=opts.steps, max_rel_error=opts.max_rel_error,
+                          min_gain=opts.min_gain, same_as=same_as, max_repeats=opts.max_repeats)
         inputs = {k: tuple(v.shape) for k, v in values.items()}
         signature = key
-    return ModelAutotune(choice, rewrites.get(choice), step_ms, rel_error, inputs, signature, options, same_as)
+    return ModelAutotune(tuned.choice, rewrites.get(tuned.choice), tuned.step_ms, tuned.rel_error, inputs,
+                         signature, options, same_as, tuned.ratio, tuned.wins, tuned.rounds)

@@ -706,8 +706,10 @@ def summary_line(report: Mapping[str, Any]) -> str:
         line += f"; nothing rewritten: {report['skipped']}"
     tuned = report.get("autotune")
     if tuned:
-        times = ", ".join(f"{name} {ms:.2f} ms" for name, ms in tuned["step_ms"].items())
-        line += f"; autotune: {times} -> {tuned['choice']}"
+        ratios = tuned.get("ratio_to_float32", {})
+        times = ", ".join(f"{name} {ms:.2f} ms" + (f" (x{ratios[name]:.3f})" if name in ratios else "")
+                          for name, ms in tuned["step_ms"].items())
+        line += f"; autotune over {tuned.get('rounds', 0)} rounds: {times} -> {tuned['choice']}"
     return line
 
 

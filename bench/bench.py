@@ -460,7 +460,9 @@ def bench_item(name: str, repeats: int, iters: int, budget_s: float = 0.0,
     tuned = amp_rewrite.autotune(gd, fetches=fetches, runner=runner, target=opt_target, precision="bfloat16",
                                  use_env=False, repeats=max(3, repeats), steps=iters)
     res["autotune_bf16"] = {"choice": tuned.choice, "step_ms": dict(tuned.step_ms),
-                            "rel_error": dict(tuned.rel_error), "same_as": dict(tuned.same_as)}
+                            "rel_error": dict(tuned.rel_error), "same_as": dict(tuned.same_as),
+                            "ratio_to_float32": dict(tuned.ratio_to_float32), "faster_rounds": dict(tuned.wins),
+                            "rounds": tuned.rounds}
     variants = {
         "float32": gd,
         # A/A control: float32 again, in its own session, timed in the same rounds.  How far

@@ -241,9 +241,10 @@ def write_report(results: dict[str, Any], out: str) -> None:
             cells = [_f(st.get(k), "{:.2f}") if st.get(k) is None else f"{st[k]*1e3:.2f}"
                      for k in ("float32", "float32_again", "tf_bf16", "ours_bf16", "ours_opt_bf16",
                                "ours_auto_bf16", "tf_fp16", "ours_fp16", "ours_opt_fp16", "force_all_fp16")]
-            choice = (g.get("autotune_bf16") or {}).get("choice")
-            if choice:
-                cells[5] += f" ({choice})"
+            tuned = g.get("autotune_bf16") or {}
+            if tuned.get("choice"):
+                # Older results have no round count.
+                cells[5] += f" ({tuned['choice']}" + (f", {tuned['rounds']} rounds)" if tuned.get("rounds") else ")")
 
             def vs_tf(k: str) -> float | None:
                 return (st["tf_bf16"] / st[k]) if st.get("tf_bf16") and st.get(k) else None

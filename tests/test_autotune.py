@@ -15,7 +15,16 @@ import pytest
 import tensorflow as tf
 
 import amp_rewrite
-from amp_rewrite.autotune import AutotuneOptions, _choose, candidate_options, relative_error
+from amp_rewrite.autotune import (
+    AutotuneOptions,
+    Comparison,
+    _decide,
+    _measure,
+    candidate_options,
+    default_max_repeats,
+    relative_error,
+    sign_test_p,
+)
 from amp_rewrite.cli import main
 from graphs import graph_def, run, v1
 
@@ -50,26 +59,92 @@ def saved(tmp_path_factory) -> pathlib.Path:
     return path
 
 
-def _check_choice(step_ms, rel_error, choice, max_error=None, gain=0.02) -> None:
-    """The choice is the fastest admissible rewrite when that beats float32 by ``gain``,
-    else float32."""
-    rivals = {n: ms for n, ms in step_ms.items()
-              if n != "float32" and (max_error is None or rel_error[n] <= max_error)}
-    best = min(rivals.values(), default=float("inf"))
-    if choice == "float32":
-        assert best > step_ms["float32"] * (1 - gain)
+def _check_choice(tuned, max_error=None, gain=0.02) -> None:
+    """The choice is the admissible rewrite with the lowest median ratio to float32 among those
+    proven faster by ``gain`` (median ratio and sign test), else float32 and none is proven.
+    ``tuned``: an AutotuneResult or the report's autotune section."""
+    if isinstance(tuned, dict):
+        ratio, wins, rounds = tuned["ratio_to_float32"], tuned["faster_rounds"], tuned["rounds"]
+        rel_error, choice = tuned["rel_error"], tuned["choice"]
     else:
-        assert step_ms[choice] == best <= step_ms["float32"] * (1 - gain)
+        ratio, wins, rounds = tuned.ratio_to_float32, tuned.wins, tuned.rounds
+        rel_error, choice = tuned.rel_error, tuned.choice
+    assert set(ratio) == set(rel_error) == set(wins)
+    comps = {n: Comparison(ratio[n], wins[n], rounds, sign_test_p(wins[n], rounds)) for n in ratio}
+    proven = [n for n, c in comps.items() if (max_error is None or rel_error[n] <= max_error) and c.proven(gain)]
+    if choice == "float32":
+        assert not proven
+    else:
+        assert choice in proven and comps[choice].ratio == min(comps[n].ratio for n in proven)
 
 
-def test_choose_needs_a_clear_gain_over_float32_and_an_admissible_error():
-    ms = {"float32": 10.0, "tensorflow": 9.9, "greedy": 9.0, "optimal": 9.0}
+def test_sign_test_p_is_the_binomial_tail():
+    assert sign_test_p(5, 5) == 1 / 32
+    assert sign_test_p(4, 5) == 6 / 32
+    assert sign_test_p(0, 7) == 1.0 and sign_test_p(0, 0) == 1.0
+    assert sign_test_p(12, 15) == pytest.approx(576 / 2**15)
+
+
+def _rounds(base, **ratios):
+    """Per-round samples: float32's ``base`` and each candidate's ``base * ratio`` (a list of
+    ratios, one per round, or one ratio for all)."""
+    out = {"float32": list(base)}
+    for name, r in ratios.items():
+        rs = r if isinstance(r, list) else [r] * len(base)
+        out[name] = [b * x for b, x in zip(base, rs)]
+    return out
+
+
+def test_decide_needs_a_clear_gain_over_float32_and_an_admissible_error():
+    s = _rounds([10.0] * 8, tensorflow=0.99, greedy=0.9, optimal=0.9)
     err = {"tensorflow": 1e-3, "greedy": 2e-3, "optimal": 2e-3}
-    assert _choose(ms, err, None, 0.02) == "greedy"  # ties go to the earlier candidate
-    assert _choose(ms, err, None, 0.15) == "float32"  # 10% faster is not enough
-    assert _choose(ms, err, 1.5e-3, 0.0) == "tensorflow"  # greedy/optimal are too far off
-    assert _choose(ms, err, 1e-4, 0.0) == "float32"
-    assert _choose({"float32": 1.0}, {}, None, 0.02) == "float32"
+    assert _decide(s, err, None, 0.02) == ("greedy", True)  # ties go to the earlier candidate
+    assert _decide(s, err, None, 0.15) == ("float32", True)  # 10% faster is not enough
+    assert _decide(s, err, 1.5e-3, 0.0) == ("tensorflow", True)  # greedy/optimal are too far off
+    assert _decide(s, err, 1e-4, 0.0) == ("float32", True)
+    assert _decide({"float32": [1.0]}, {}, None, 0.02) == ("float32", True)
+
+
+def test_decide_pairs_rounds_so_that_drift_cancels():
+    # The machine's speed swings 4x from round to round (a noisy neighbour); the candidate is
+    # 5% faster in every round.  Its times spread over the same range as float32's, but paired
+    # it won all 7 rounds (p = 1/128).
+    base = [10.0, 40.0, 12.0, 35.0, 11.0, 38.0, 9.0]
+    assert _decide(_rounds(base, optimal=0.95), {"optimal": 0.0}, None, 0.02) == ("optimal", True)
+    # The same rounds with a slow spell inside two of them, once on the candidate's side and
+    # once on float32's: 6 wins of 7 (p = 8/128) is not yet beyond chance, so float32 stays
+    # the choice for now and more rounds are wanted.
+    slow = [0.95, 3.5, 0.95, 0.95, 0.3, 0.95, 0.95]
+    assert _decide(_rounds(base, optimal=slow), {"optimal": 0.0}, None, 0.02) == ("float32", False)
+
+
+def test_decide_wants_more_rounds_before_trusting_a_gain_chance_could_explain():
+    err = {"optimal": 0.0}
+    # Faster in the median, but in 3 rounds of 5: float32 stays the choice, not settled.
+    assert _decide(_rounds([10.0] * 5, optimal=[0.8, 0.8, 0.8, 1.1, 1.1]), err, None, 0.02) == ("float32", False)
+    # Faster in every one of 4 rounds is still p = 1/16: not settled.  In 5 of 5: proven.
+    assert _decide(_rounds([10.0] * 4, optimal=0.8), err, None, 0.02) == ("float32", False)
+    assert _decide(_rounds([10.0] * 5, optimal=0.8), err, None, 0.02) == ("optimal", True)
+    # A proven choice with a faster rival that is not yet proven is not settled either.
+    s = _rounds([10.0] * 6, greedy=0.9, optimal=[0.5, 0.5, 0.5, 1.2, 1.2, 0.5])
+    assert _decide(s, {"greedy": 0.0, "optimal": 0.0}, None, 0.02) == ("greedy", False)
+
+
+def test_measure_times_more_rounds_until_settled_and_stops_at_the_limit():
+    calls = {"float32": 0, "optimal": 0}
+
+    def step(name):
+        def run():
+            calls[name] += 1
+            return []
+        return run
+
+    fns = {n: step(n) for n in calls}
+    samples = _measure(fns, 3, 2, 20, lambda s: len(s["float32"]) >= 7)
+    assert [len(v) for v in samples.values()] == [7, 7] and calls == {"float32": 14, "optimal": 14}
+    assert len(_measure(fns, 3, 1, 5, lambda s: False)["optimal"]) == 5
+    assert len(_measure(fns, 3, 1, 5, lambda s: True)["optimal"]) == 3
+    assert default_max_repeats(1) == 10 and default_max_repeats(7) == 21
 
 
 # ------------------------------------------------------------------ library: GraphDefs
@@ -84,7 +159,8 @@ def test_autotune_times_the_candidates_and_returns_the_fastest():
     assert set(got.step_ms) == {"float32", "tensorflow", "greedy", "optimal"}
     assert set(got.rel_error) == {"tensorflow", "greedy", "optimal"}
     assert all(0 < e < 8e-2 for e in got.rel_error.values())  # bfloat16 rounding, not garbage
-    _check_choice(got.step_ms, got.rel_error, got.choice)
+    _check_choice(got)
+    assert 2 <= got.rounds <= default_max_repeats(2)
     if got.choice == "float32":
         assert got.graph_def is gd and got.result is None
     else:
@@ -140,6 +216,10 @@ def test_autotune_refuses_bad_settings():
         amp_rewrite.autotune(gd, feeds={}, fetches=["out"], repeats=0)
     with pytest.raises(amp_rewrite.AmpRewriteError, match="feeds"):
         amp_rewrite.autotune(gd, fetches=["out"])
+    with pytest.raises(amp_rewrite.AmpRewriteError, match="max_repeats"):
+        amp_rewrite.autotune(gd, feeds={}, fetches=["out"], repeats=5, max_repeats=4)
+    with pytest.raises(amp_rewrite.AmpRewriteError, match="max_repeats"):
+        AutotuneOptions(repeats=5, max_repeats=3).check()
     with pytest.raises(amp_rewrite.AmpRewriteError, match="unknown autotune candidate 'fastest'"):
         candidate_options(["fastest"])
     with pytest.raises(amp_rewrite.AmpRewriteError, match="always a candidate"):
@@ -169,7 +249,7 @@ def test_cli_autotune_writes_the_fastest_saved_model(saved, tmp_path):
     tuned = report["autotune"]
     assert tuned["signature"] == "serving_default" and tuned["inputs"] == {"x": [32, 64]}
     assert set(tuned["step_ms"]) == {"float32", "tensorflow", "greedy", "optimal"}
-    _check_choice(tuned["step_ms"], tuned["rel_error"], tuned["choice"])
+    _check_choice(tuned)
     assert (saved / "saved_model.pb").read_bytes() == before
     # The written model is the chosen one, and it serves close to float32.
     x = np.random.default_rng(3).standard_normal((32, 64)).astype(np.float32)
@@ -209,7 +289,7 @@ def test_cli_autotune_frozen_graph_def_with_an_unknown_batch(tmp_path):
     tuned = json.loads(report_file.read_text())["autotune"]
     assert tuned["inputs"] == {"x": [16, 256]} and tuned["signature"] is None
     assert set(tuned["step_ms"]) == {"float32", "greedy", "min-casts"}
-    _check_choice(tuned["step_ms"], tuned["rel_error"], tuned["choice"])
+    _check_choice(tuned)
     assert out.exists()
 
 
