@@ -6,8 +6,9 @@ op -- because its job is to rank colourings, not to predict step times:
 
 * dense math (MatMul, BatchMatMul, Conv2D/3D and their gradients, Einsum) costs
   ``flops / rate(dtype) + bytes / bandwidth``;
-* everything else is memory bound: ``bytes / bandwidth``, scaled by how fast the device's
-  low-precision element-wise kernels are;
+* everything else is element-wise: ``bytes / bandwidth``, times a per-op factor for ops
+  whose float32 kernel is compute bound (Erfc, Softplus, Selu ...), and in low precision
+  times the device's ratio for that op (:attr:`DeviceCosts.elementwise`) or its generic one;
 * a Cast costs ``op_overhead + elements * (4 + 2) / bandwidth``.
 
 Rates are per device class (:data:`DEVICE_COSTS`).  The class for this repository's CPU was
@@ -21,8 +22,9 @@ the low-precision speed-up (:func:`alignment_efficiency`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Mapping, Sequence
 
 from .shape_inference import Shape, numel
 from .targets import Device
@@ -61,7 +63,30 @@ class DeviceCosts:
     multiple: int  #: preferred multiple of matrix dimensions for the fast low-precision path
     #: low-precision dense rate when shapes miss ``multiple`` (no Tensor Cores / tiles).
     misaligned_low_flops: float
+    #: Per element-wise op: (float32 time over the memory-bound estimate, low-precision time
+    #: over float32 time).  Ops not listed use (1, ``low_elementwise``).
+    elementwise: Mapping[str, tuple[float, float]] = field(default_factory=lambda: MappingProxyType({}))
 
+
+#: Element-wise ops in bfloat16 on x86 CPUs, measured on this repository's benchmark CPU (AMD
+#: EPYC, AVX512-BF16, no AMX) with ``bench/calibrate_elementwise.py``: two runs, each the
+#: geometric mean over 16k and 262k elements; (float32 time / memory-bound estimate, floored at
+#: 1; bfloat16 time / float32 time).  AVX512-BF16 (and AMX, whose tiles only multiply) has
+#: conversions and dot products but no bf16 arithmetic, and TensorFlow's element-wise kernels
+#: are Eigen's, converting element by element: transcendental functions and most activation
+#: gradients run 1.4-5.5x slower than in float32 (GELU's Erfc in a BERT-like encoder took 861
+#: us against 122 us per step).  Ops within the noise of the generic ratio (plain arithmetic,
+#: Relu, ReluGrad) are not listed; ops faster in bfloat16 are not listed either, since the
+#: planner never counts an element-wise gain.
+X86_BF16_ELEMENTWISE: Mapping[str, tuple[float, float]] = MappingProxyType({
+    "Erfc": (4.2, 5.5), "Erf": (1.6, 1.7), "Tanh": (1.5, 1.65), "Sigmoid": (1.5, 2.9),
+    "Exp": (1.7, 1.5), "Log": (1.8, 1.5), "Softplus": (11.8, 1.4), "Rsqrt": (1.0, 1.65),
+    "Sqrt": (1.0, 1.35), "Relu6": (1.0, 2.35), "Elu": (1.9, 2.2), "Selu": (2.7, 3.15),
+    "Sin": (3.2, 1.3), "Reciprocal": (1.0, 1.3), "SquaredDifference": (1.0, 1.5),
+    "Relu6Grad": (1.0, 1.4), "EluGrad": (1.0, 1.9), "SeluGrad": (1.0, 1.85),
+    "SoftplusGrad": (1.8, 2.6), "SigmoidGrad": (1.3, 1.6), "TanhGrad": (1.4, 1.8),
+    "RsqrtGrad": (1.3, 2.2), "SqrtGrad": (1.0, 1.75), "ReciprocalGrad": (1.15, 1.45),
+})
 
 DEVICE_COSTS: dict[str, DeviceCosts] = {
     # Volta/Turing/Ampere+ Tensor Cores: ~8x float32 math (cuBLAS/cuDNN), HBM bandwidth,
@@ -70,7 +95,8 @@ DEVICE_COSTS: dict[str, DeviceCosts] = {
     "gpu-tensor-cores": DeviceCosts("gpu-tensor-cores", 15_000.0, 120_000.0, 1_500.0, 0.5, 1.5,
                                     2_000.0, 8, 30_000.0),
     # Sapphire Rapids AMX (bf16 and fp16 tiles): ~8x AVX-512 float32 on dense math;
-    # element-wise kernels run natively.  Tiles are 16 rows x 32 bf16/fp16 values.
+    # element-wise float16 runs natively (AVX512-FP16).  Tiles are 16 rows x 32 bf16/fp16
+    # values.  bfloat16 has no element-wise arithmetic there: see "cpu-amx-bf16" below.
     "cpu-amx": DeviceCosts("cpu-amx", 100.0, 800.0, 40.0, 0.55, 1.0, 4_000.0, 32, 200.0),
     # AVX512-FP16 without AMX: native fp16 FMA at twice the float32 lanes.
     "cpu-avx512-fp16": DeviceCosts("cpu-avx512-fp16", 100.0, 200.0, 40.0, 0.55, 1.0, 4_000.0, 16, 200.0),
@@ -82,8 +108,13 @@ DEVICE_COSTS: dict[str, DeviceCosts] = {
     # cache-resident activations of training steps (ResNet50 at batch 2 ran 9% slower than
     # float32 with its batch-norm arithmetic in bf16).  1.2 keeps that arithmetic float32
     # unless it saves Casts.
-    "cpu-avx512-bf16": DeviceCosts("cpu-avx512-bf16", 40.0, 70.0, 16.0, 1.2, 1.0, 20_000.0, 16, 60.0),
+    "cpu-avx512-bf16": DeviceCosts("cpu-avx512-bf16", 40.0, 70.0, 16.0, 1.2, 1.0, 20_000.0, 16, 60.0,
+                                   X86_BF16_ELEMENTWISE),
 }
+# AMX in bfloat16: the tiles' dense rates, with the element-wise kernels of any x86 CPU
+# without bf16 arithmetic (above).
+DEVICE_COSTS["cpu-amx-bf16"] = replace(DEVICE_COSTS["cpu-amx"], name="cpu-amx-bf16", low_elementwise=1.2,
+                                       elementwise=X86_BF16_ELEMENTWISE)
 
 
 def costs_for(device: Device, precision: str) -> DeviceCosts:
@@ -92,9 +123,9 @@ def costs_for(device: Device, precision: str) -> DeviceCosts:
         return DEVICE_COSTS["gpu-tensor-cores"]
     feats = device.features
     if not feats:  # ``target="cpu"``: a CPU assumed to have AMX
-        return DEVICE_COSTS["cpu-amx"]
+        return DEVICE_COSTS["cpu-amx-bf16" if precision == "bfloat16" else "cpu-amx"]
     if "amx_bf16" in feats or "amx_fp16" in feats or "amx_tile" in feats:
-        return DEVICE_COSTS["cpu-amx"]
+        return DEVICE_COSTS["cpu-amx-bf16" if precision == "bfloat16" else "cpu-amx"]
     if precision == "float16" and "avx512_fp16" in feats:
         return DEVICE_COSTS["cpu-avx512-fp16"]
     return DEVICE_COSTS["cpu-avx512-bf16"]
@@ -207,7 +238,9 @@ def node_cost(
                 low_rate = max(costs.misaligned_low_flops,
                                costs.low_flops * alignment_efficiency(dims, costs.multiple))
         return NodeCost(flops / costs.f32_flops + mem_high, flops / low_rate + mem_low, flops, bad)
-    return NodeCost(mem_high, mem_high * costs.low_elementwise, 0.0)
+    compute, low_ratio = costs.elementwise.get(op, (1.0, costs.low_elementwise))
+    high = mem_high * compute
+    return NodeCost(high, high * low_ratio, 0.0)
 
 
 def cast_cost(shape: Shape, low_bytes: int, costs: DeviceCosts) -> float:

@@ -9,14 +9,17 @@ coloured to minimize the estimated time of the graph (:mod:`amp_rewrite.cost_mod
 costs in each precision plus one Cast per (tensor, direction), solved exactly as a minimum
 cut (:mod:`amp_rewrite.placement`).
 
-Vertices whose colour TensorFlow ties to others (TensorList clusters, loop back edges) keep
-the greedy decision, and existing Casts are re-matched after the cut.  This module mutates
-the painter it is given (its ``allow`` set and reasons) and nothing else.
+Vertices whose colour TensorFlow ties to others (TensorList clusters, loop back edges) are
+decided together, as one unit, where the greedy passes put the whole group in low precision
+(float32 for all of it is always valid), and keep the greedy decision otherwise.  Existing
+Casts are re-matched after the cut.  This module mutates the painter it is given (its
+``allow`` set and reasons) and nothing else.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -68,32 +71,55 @@ class PlacementSummary:
         }
 
 
-def _tied_vertices(p: "_Painter", clusters: list[list[str]]) -> set[int]:
-    """Vertices TensorFlow forces to match others: TensorList elements and loop back edges."""
-    tied: set[int] = set()
+def _tied_groups(p: "_Painter", clusters: list[list[str]]) -> list[list[int]]:
+    """Groups of vertices TensorFlow forces to one type, which no Cast can separate: the
+    element types of a TensorList cluster (they pass a variant handle) and the two ends of a
+    loop back edge (NextIteration -> Merge).  Overlapping groups are merged; each group is
+    sorted, and the groups are in order of their first vertex.  Pure."""
+    parent: dict[int, int] = {}
+
+    def find(x: int) -> int:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def tie(vs: list[int]) -> None:
+        for v in vs:
+            find(v)
+        for v in vs[1:]:
+            a, b = find(vs[0]), find(v)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+
     for members in clusters:
-        for m in members:
-            v = p.tl_float(m)
-            if v is not None:
-                tied.add(v)
+        tie([v for v in (p.tl_float(m) for m in members) if v is not None])
     t_attr = TypeAttr("T", -1, 0)
     for name in p.order:
         if p.ops[name] == "NextIteration":
-            for x in [name] + [dst for dst, _, _ in ir.consumers(p.g, name, 0)]:
-                v = p.tg.index.get((x, t_attr))
-                if v is not None:
-                    tied.add(v)
-    return tied
+            ends = [p.tg.index.get((x, t_attr)) for x in [name] + [dst for dst, _, _ in ir.consumers(p.g, name, 0)]]
+            tie([v for v in ends if v is not None])
+    groups: dict[int, list[int]] = {}
+    for v in parent:
+        groups.setdefault(find(v), []).append(v)
+    return sorted((sorted(g) for g in groups.values()), key=lambda g: g[0])
 
 
 def _cast_metrics(problem: PlacementProblem, low: list[bool], cast_bytes: list[float]) -> tuple[int, float]:
     """(Casts, bytes moved by Casts) of a colouring, over the problem's tensors."""
     count, total = 0, 0.0
-    for (members, _), nbytes in zip(problem.tensors, cast_bytes):
+    for (members, cost), nbytes in zip(problem.tensors, cast_bytes):
+        if math.isinf(cost):
+            continue  # a tie between vertices, not a tensor
         if len({low[m] for m in members}) > 1:
             count += 1
             total += nbytes
     return count, total
+
+
+#: Factors by which :func:`_guard` prices Casts above their estimated cost.
+_CAST_PENALTIES = (2.0, 4.0, 8.0, 16.0, 64.0, 256.0, 1024.0)
 
 
 def _guard(problem: PlacementProblem, low: list[bool], greedy: list[bool], cast_bytes: list[float],
@@ -102,8 +128,13 @@ def _guard(problem: PlacementProblem, low: list[bool], greedy: list[bool], cast_
 
     The time-optimal cut trusts the cost model; where it would add Casts or Cast traffic
     (the model's estimate of a tensor or a kernel can be wrong), take instead the fastest
-    of the colourings that do not: the cut that minimizes Cast bytes with every allow-list
-    op converted, or the greedy colouring itself.  Pure.
+    (by the model) of the colourings that do not.  The candidates: the cut with Casts priced
+    2x to 1024x their estimate (a Lagrangian relaxation of the Cast limit: each solve gives
+    up some node time for fewer or smaller Casts, so the first prices that satisfy the limit
+    keep most of the gain), the cut that minimizes Cast bytes with every allow-list op
+    converted, every free vertex in float32 (no Cast among them; e.g. an encoder whose only
+    gain would need its GELUs in bfloat16 on a CPU where those are 5x slower), and the
+    greedy colouring itself.  Pure.
     """
     limit = _cast_metrics(problem, greedy, cast_bytes)
 
@@ -113,10 +144,19 @@ def _guard(problem: PlacementProblem, low: list[bool], greedy: list[bool], cast_
 
     if ok(low):
         return low
+    candidates = [greedy]
+    for factor in _CAST_PENALTIES:
+        priced = solve(PlacementProblem(problem.fixed, problem.cost_high, problem.cost_low,
+                                        [(m, c * factor) for m, c in problem.tensors]))
+        if ok(priced):
+            candidates.append(priced)
     bytes_fixed = [LOW if f == FREE and cat[v] == "allow" else f for v, f in enumerate(fixed)]
     by_bytes = solve(PlacementProblem(bytes_fixed, [0.0] * len(fixed), [0.0] * len(fixed),
-                                      [(m, 1.0 + b) for (m, _), b in zip(problem.tensors, cast_bytes)]))
-    candidates = [sol for sol in (by_bytes,) if ok(sol)] + [greedy]
+                                      [(m, c if math.isinf(c) else 1.0 + b)
+                                       for (m, c), b in zip(problem.tensors, cast_bytes)]))
+    all_high = [f == LOW for f in fixed]
+    candidates += [sol for sol in (by_bytes, all_high) if ok(sol)]
+    # min() keeps the first of equals: greedy wins a tie, as before.
     return min(candidates, key=lambda sol: objective(problem, sol))
 
 
@@ -147,7 +187,8 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
     shapes: dict[str, tuple[Shape, ...]] = p.g.graph.get("shapes") or {}
     cat = p.v_cat
     greedy = set(p.allow)
-    tied = _tied_vertices(p, clusters)
+    groups = _tied_groups(p, clusters)
+    tied = {v for g in groups for v in g}
 
     def out_shape(src: str, port: int) -> Shape:
         s = shapes.get(src)
@@ -168,7 +209,20 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
             return not (cat[v] == "clear" and p.reads_ref_var(name))
         return False
 
+    # A tied group that the greedy passes put wholly in low precision is free as a unit: float32
+    # for all of it is the original graph, always valid, and the cut may prefer it (a
+    # recurrent cell of tiny MatMuls whose Casts cost more than they save).  Its members are
+    # tied by an uncuttable hyperedge below, and they pass freedom on like any eligible
+    # vertex (the ops feeding a TensorList reach the MatMuls of the loop only through it).
+    # Other groups keep their greedy colour.
+    free_groups = [] if min_casts else [
+        g for g in groups
+        if all(v in greedy and p.is_f32(v) and p.v_proc[v] and v not in p.deny
+               and p.ops[tg.node[v]] != "Cast" for v in g)]
     elig = [eligible(v) for v in range(n)]
+    for g in free_groups:
+        for v in g:
+            elig[v] = True
     # Infer/clear vertices are free only when connected (through eligible vertices) to an
     # allow-list vertex: TensorFlow never converts an infer op that no allow op reaches, and
     # neither do we.
@@ -184,9 +238,12 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
                 if elig[y] and not free[y]:
                     free[y] = True
                     stack.append(y)
-    # Vertices the cut does not decide keep the greedy colour (TensorList clusters, loop back
-    # edges, and whatever the passes painted outside the free set), except existing Casts,
-    # which are matched to their consumers again afterwards.
+    for g in free_groups:
+        for v in g:
+            free[v] = True
+    # Vertices the cut does not decide keep the greedy colour (other tied groups, and whatever
+    # the passes painted outside the free set), except existing Casts, which are matched to
+    # their consumers again afterwards.
     fixed = [FREE if free[v] else (
         LOW if v in greedy and p.is_f32(v) and p.ops[tg.node[v]] != "Cast" else HIGH)
         for v in range(n)]
@@ -260,6 +317,10 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
         else:
             cost = cast_cost(out_shape(src, sp), 2, c)
         tensors.append((tuple(ms), cost))
+    for g in free_groups:
+        if len(g) > 1:
+            tensors.append((tuple(g), math.inf))
+            cast_bytes.append(0.0)
     problem = PlacementProblem(fixed, cost_high, cost_low, tensors)
     low = solve(problem)
     before = [v in greedy for v in range(n)]

@@ -15,7 +15,7 @@ Hyperedges become graph edges with Lawler's construction (two auxiliary nodes pe
 members -> in (infinite), in -> out (the Cast's cost), out -> members (infinite)); a
 tensor with two members is a plain pair of opposite edges.  Since every term is a cut
 function, a minimum s-t cut of that network is an optimal colouring: :func:`solve` is exact,
-not a heuristic (``tests/test_placement.py`` checks it against brute force).
+not a heuristic (``tests/test_optimal.py`` checks it against brute force).
 
 Independent components are solved separately, so cost grows with the largest component.  A
 tie between colourings goes to low precision, as TensorFlow's greedy passes would: the float32
@@ -25,6 +25,7 @@ the residual network).  Pure: nothing here knows TensorFlow or the IR.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -44,7 +45,8 @@ class PlacementProblem:
 
     ``cost_high[v]``/``cost_low[v]`` are the unary costs; each entry of ``tensors`` is
     ``(members, cost)``: the vertices that produce or consume one tensor and the cost of a
-    Cast of it.  Costs are non-negative.
+    Cast of it.  Costs are non-negative; an infinite cost ties its members to one side (a
+    group of vertices that cannot be separated by a Cast).
     """
 
     fixed: list[int]
@@ -143,8 +145,8 @@ def _solve_component(problem: PlacementProblem, verts: list[int], tensor_ids: li
             add(v, t, -d)  # paid when v ends on the low side
     for i in tensor_ids:
         members, cost = problem.tensors[i]
-        w = _int(cost)
-        if w <= 0:
+        w: int | None = None if math.isinf(cost) else _int(cost)  # None: an uncuttable edge
+        if w is not None and w <= 0:
             continue
         nodes: list[object] = []
         has_low = has_high = False
@@ -156,6 +158,8 @@ def _solve_component(problem: PlacementProblem, verts: list[int], tensor_ids: li
             elif m not in nodes:
                 nodes.append(m)
         if has_low and has_high:
+            if w is None:
+                raise ValueError(f"tensor {i} ties vertices fixed to both sides")
             continue  # a Cast is needed whatever the free vertices do: a constant
         if has_low:
             nodes.append(s)
