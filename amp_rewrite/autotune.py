@@ -4,9 +4,9 @@ The optimal planner's cost model ranks colourings by estimate; on a given machin
 estimate can be wrong (kernel fusions, cache effects, a noisy neighbour).  Autotuning
 measures instead: it rewrites the graph once per *candidate* (a named set of rewrite
 options, e.g. TensorFlow's lists, the default profile, the optimal planner), runs every
-candidate and the float32 original on this machine, round-robin, and keeps the fastest
-rewrite only if it beats float32 by a margin (2% by default) beyond chance, so that the
-result is never measurably slower than not rewriting.
+candidate and the float32 original on this machine, round-robin, and keeps the rewrite
+with the best median ratio to float32 among those that beat float32 by a margin (2% by
+default) beyond chance, so that the result is never measurably slower than not rewriting.
 
 The decision is paired: each round times every candidate and float32 back to back, and a
 candidate is judged by its per-round ratios to float32 (a slow spell of a shared machine
@@ -127,8 +127,7 @@ class AutotuneOptions:
         """Raises :class:`AmpRewriteError` for settings that cannot be measured."""
         if self.repeats < 1 or self.steps < 1:
             raise AmpRewriteError("autotune needs repeats >= 1 and steps >= 1")
-        if self.max_repeats is not None and self.max_repeats < self.repeats:
-            raise AmpRewriteError("autotune's max_repeats must be >= repeats")
+        _check_max_repeats(self.repeats, self.max_repeats)
         if self.batch < 1:
             raise AmpRewriteError("autotune needs a batch size >= 1")
         if not 0 <= self.min_gain < 1:
@@ -189,8 +188,12 @@ def relative_error(got: Sequence[Any], ref: Sequence[Any]) -> float:
     return worst
 
 
-#: Significance of the sign test that a rewrite must pass to be chosen over float32.
+#: Significance of the sign test that a rewrite must pass to be chosen over float32.  The
+#: test is checked again after each extra round (and per candidate), so the chance that noise
+#: alone picks a rewrite is somewhat above it; ``min_gain`` makes the null conservative.
 ALPHA = 0.05
+#: Fewest rounds in which the sign test can prove anything at :data:`ALPHA` (all won: 2**-5).
+MIN_PROOF_ROUNDS = 5
 
 
 def sign_test_p(wins: int, rounds: int) -> float:
@@ -229,7 +232,8 @@ def compare(samples: Mapping[str, Sequence[float]], min_gain: float) -> dict[str
     for name, times in samples.items():
         if name == FLOAT32:
             continue
-        ratios = [t / b for t, b in zip(times, base) if b > 0]
+        # A timer that reads 0 must not drop the round (rounds would then differ per candidate).
+        ratios = [t / max(b, 1e-12) for t, b in zip(times, base)]
         wins = sum(r <= 1.0 - min_gain for r in ratios)
         out[name] = Comparison(statistics.median(ratios) if ratios else float("inf"), wins, len(ratios),
                                sign_test_p(wins, len(ratios)))
@@ -237,7 +241,8 @@ def compare(samples: Mapping[str, Sequence[float]], min_gain: float) -> dict[str
 
 
 def _decide(samples: Mapping[str, Sequence[float]], rel_error: Mapping[str, float],
-            max_rel_error: float | None, min_gain: float, alpha: float = ALPHA) -> tuple[str, bool]:
+            max_rel_error: float | None, min_gain: float, alpha: float = ALPHA,
+            rounds_left: int = 0) -> tuple[str, bool]:
     """``(choice, settled)`` from the per-round times so far.  Pure.
 
     The choice is the admissible candidate with the lowest median ratio to float32 among
@@ -245,7 +250,8 @@ def _decide(samples: Mapping[str, Sequence[float]], rel_error: Mapping[str, floa
     its place, and a margin within the noise would let chance pick it.  Ties go to the
     earlier candidate.  The decision is *settled* when no admissible candidate that is not
     proven yet has a lower median ratio than the choice (or than ``1 - min_gain`` when
-    float32 is the choice): more rounds could then only confirm what is chosen.
+    float32 is the choice) and could still be proven by winning the ``rounds_left`` rounds
+    that may follow: more rounds could then only confirm what is chosen.
     """
     if FLOAT32 not in samples:
         return FLOAT32, True
@@ -256,16 +262,20 @@ def _decide(samples: Mapping[str, Sequence[float]], rel_error: Mapping[str, floa
     proven = [n for n in rivals if comps[n].proven(min_gain, alpha)]
     choice = min(proven, key=lambda n: (comps[n].ratio, order.index(n))) if proven else FLOAT32
     bar = comps[choice].ratio if proven else 1.0 - min_gain
-    settled = not any(comps[n].ratio < bar for n in rivals if n not in proven)
+    settled = not any(
+        comps[n].ratio < bar
+        and sign_test_p(comps[n].wins + rounds_left, comps[n].rounds + rounds_left) <= alpha
+        for n in rivals if n not in proven)
     return choice, settled
 
 
 def _measure(steps_fns: Mapping[str, StepFn], repeats: int, steps: int, max_repeats: int,
-             settled: Callable[[Mapping[str, Sequence[float]]], bool]) -> dict[str, list[float]]:
+             settled: Callable[[Mapping[str, Sequence[float]], int], bool]) -> dict[str, list[float]]:
     """Per-round seconds per step of each step function (each the median of ``steps``
     steps), sampled round-robin so that drift on a shared machine hits every candidate alike.
-    ``repeats`` rounds, then more, up to ``max_repeats``, until ``settled(samples)``: a
-    rewrite that looks faster but is not yet beyond chance earns more rounds, not a verdict."""
+    ``repeats`` rounds, then more, up to ``max_repeats``, until ``settled(samples,
+    rounds_left)``: a rewrite that looks faster but is not yet beyond chance earns more
+    rounds, not a verdict."""
     samples: dict[str, list[float]] = {n: [] for n in steps_fns}
     rounds = 0
     while True:
@@ -277,7 +287,7 @@ def _measure(steps_fns: Mapping[str, StepFn], repeats: int, steps: int, max_repe
                 times.append(time.perf_counter() - t)
             samples[name].append(statistics.median(times))
         rounds += 1
-        if rounds >= max_repeats or (rounds >= repeats and settled(samples)):
+        if rounds >= max_repeats or (rounds >= repeats and settled(samples, max_repeats - rounds)):
             return samples
 
 
@@ -364,7 +374,7 @@ def _tune(makers: Mapping[str, Callable[[], tuple[StepFn, Callable[[], None]]]],
                 runner[1]()
         errors = {n: relative_error(outputs[n], outputs[FLOAT32]) for n in runners if n != FLOAT32}
         samples = _measure({n: r[0] for n, r in runners.items()}, repeats, steps, limit,
-                           lambda s: _decide(s, errors, max_rel_error, min_gain)[1])
+                           lambda s, left: _decide(s, errors, max_rel_error, min_gain, rounds_left=left)[1])
     finally:
         for _, close in runners.values():
             close()
@@ -390,6 +400,13 @@ def _tune(makers: Mapping[str, Callable[[], tuple[StepFn, Callable[[], None]]]],
         + (f" (same graph as {same_as[n]})" if n in same_as else "")
         for n, ms in step_ms.items()), choice, rounds)
     return Tuning(choice, step_ms, rel_error, ratio, wins, rounds)
+
+
+def _check_max_repeats(repeats: int, max_repeats: int | None) -> None:
+    if max_repeats is not None and max_repeats < max(repeats, MIN_PROOF_ROUNDS):
+        raise AmpRewriteError(
+            f"autotune's max_repeats must be at least repeats and at least {MIN_PROOF_ROUNDS}: in "
+            "fewer rounds no rewrite can be shown faster than float32 beyond chance")
 
 
 def default_max_repeats(repeats: int) -> int:
@@ -452,8 +469,7 @@ def autotune(
     """
     if repeats < 1 or steps < 1:
         raise AmpRewriteError("autotune needs repeats >= 1 and steps >= 1")
-    if max_repeats is not None and max_repeats < repeats:
-        raise AmpRewriteError("autotune's max_repeats must be >= repeats")
+    _check_max_repeats(repeats, max_repeats)
     if not 0 <= min_gain < 1:
         raise AmpRewriteError("autotune's min_gain must be in [0, 1)")
     if runner is None and feeds is None:

@@ -65,7 +65,8 @@ class DeviceCosts:
     misaligned_low_flops: float
     #: Per element-wise op: (float32 time over the memory-bound estimate, low-precision time
     #: over float32 time).  Ops not listed use (1, ``low_elementwise``).
-    elementwise: Mapping[str, tuple[float, float]] = field(default_factory=lambda: MappingProxyType({}))
+    elementwise: Mapping[str, tuple[float, float]] = field(default_factory=lambda: MappingProxyType({}),
+                                                           hash=False)
 
 
 #: Element-wise ops in bfloat16 on x86 CPUs, measured on this repository's benchmark CPU (AMD
@@ -128,6 +129,8 @@ def costs_for(device: Device, precision: str) -> DeviceCosts:
         return DEVICE_COSTS["cpu-amx-bf16" if precision == "bfloat16" else "cpu-amx"]
     if precision == "float16" and "avx512_fp16" in feats:
         return DEVICE_COSTS["cpu-avx512-fp16"]
+    # bfloat16 on AVX512-BF16.  (float16 reaches here only on a CPU without AMX-FP16 or
+    # AVX512-FP16, which the target's device gating skips before any planning.)
     return DEVICE_COSTS["cpu-avx512-bf16"]
 
 

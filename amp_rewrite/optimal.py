@@ -11,7 +11,8 @@ cut (:mod:`amp_rewrite.placement`).
 
 Vertices whose colour TensorFlow ties to others (TensorList clusters, loop back edges) are
 decided together, as one unit, where the greedy passes put the whole group in low precision
-(float32 for all of it is always valid), and keep the greedy decision otherwise.  Existing
+(float32 for all of it is always valid), and keep the greedy decision otherwise (always,
+under ``goal="min-casts"``, which converts what TensorFlow converts).  Existing
 Casts are re-matched after the cut.  This module mutates the painter it is given (its
 ``allow`` set and reasons) and nothing else.
 """

@@ -697,6 +697,14 @@ def _unchanged(model: ModelFile, reference: ModelRewrite, reason: str) -> ModelR
     return ModelRewrite(model, model.message, (), report, reference.lists, reference.target)
 
 
+def _float32_kept(tuned: Any, opts: Any) -> str:
+    """Why autotune kept the float32 model (the report's ``skipped``)."""
+    if opts.max_rel_error is not None and tuned.rel_error and all(e > opts.max_rel_error for e in tuned.rel_error.values()):
+        return f"autotune: no candidate's outputs are within {opts.max_rel_error:g} of float32's"
+    return (f"autotune: no rewrite was faster than float32 by {opts.min_gain:.0%} beyond chance in "
+            f"{tuned.rounds} rounds on this machine")
+
+
 def summary_line(report: Mapping[str, Any]) -> str:
     """One line: ``converted N of M nodes, K cast(s) to float16, J to float32 ...``."""
     line = (f"converted {report['converted_nodes']} of {report['total_nodes']} nodes, "
@@ -811,8 +819,7 @@ def rewrite_saved_model(
             progress.stage("autotuning: rewriting and timing each candidate")
         tuned = autotune_model(model, autotune, tags=tags, **options)
         rewrite = tuned.rewrite if tuned.rewrite is not None else _unchanged(
-            model, rewrite_model(model, tags=tags, **options),
-            "autotune: float32 was the fastest on this machine")
+            model, rewrite_model(model, tags=tags, **options), _float32_kept(tuned, autotune))
     report = dict(rewrite.report)
     if tuned is not None:
         report["autotune"] = tuned.as_dict()

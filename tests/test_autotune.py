@@ -125,9 +125,15 @@ def test_decide_wants_more_rounds_before_trusting_a_gain_chance_could_explain():
     # Faster in every one of 4 rounds is still p = 1/16: not settled.  In 5 of 5: proven.
     assert _decide(_rounds([10.0] * 4, optimal=0.8), err, None, 0.02) == ("float32", False)
     assert _decide(_rounds([10.0] * 5, optimal=0.8), err, None, 0.02) == ("optimal", True)
-    # A proven choice with a faster rival that is not yet proven is not settled either.
+    # A proven choice with a faster rival that is not yet proven is not settled either...
     s = _rounds([10.0] * 6, greedy=0.9, optimal=[0.5, 0.5, 0.5, 1.2, 1.2, 0.5])
-    assert _decide(s, {"greedy": 0.0, "optimal": 0.0}, None, 0.02) == ("greedy", False)
+    errs = {"greedy": 0.0, "optimal": 0.0}
+    assert _decide(s, errs, None, 0.02, rounds_left=10) == ("greedy", False)
+    # ... unless the rounds that may follow cannot prove it any more: 4 of 6 won, and even
+    # 6 of 8 (p = 0.14) or 8 of 10 (p = 0.055) would still be chance.
+    assert _decide(s, errs, None, 0.02, rounds_left=2) == ("greedy", True)
+    assert _decide(s, errs, None, 0.02, rounds_left=4) == ("greedy", True)
+    assert _decide(s, errs, None, 0.02, rounds_left=6) == ("greedy", False)  # 10 of 12: p = 0.019
 
 
 def test_measure_times_more_rounds_until_settled_and_stops_at_the_limit():
@@ -140,10 +146,12 @@ def test_measure_times_more_rounds_until_settled_and_stops_at_the_limit():
         return run
 
     fns = {n: step(n) for n in calls}
-    samples = _measure(fns, 3, 2, 20, lambda s: len(s["float32"]) >= 7)
+    seen = []
+    samples = _measure(fns, 3, 2, 20, lambda s, left: seen.append(left) or len(s["float32"]) >= 7)
     assert [len(v) for v in samples.values()] == [7, 7] and calls == {"float32": 14, "optimal": 14}
-    assert len(_measure(fns, 3, 1, 5, lambda s: False)["optimal"]) == 5
-    assert len(_measure(fns, 3, 1, 5, lambda s: True)["optimal"]) == 3
+    assert seen == [17, 16, 15, 14, 13]  # asked after rounds 3..7, with the rounds that may follow
+    assert len(_measure(fns, 3, 1, 5, lambda s, left: False)["optimal"]) == 5
+    assert len(_measure(fns, 3, 1, 5, lambda s, left: True)["optimal"]) == 3
     assert default_max_repeats(1) == 10 and default_max_repeats(7) == 21
 
 
@@ -220,6 +228,10 @@ def test_autotune_refuses_bad_settings():
         amp_rewrite.autotune(gd, feeds={}, fetches=["out"], repeats=5, max_repeats=4)
     with pytest.raises(amp_rewrite.AmpRewriteError, match="max_repeats"):
         AutotuneOptions(repeats=5, max_repeats=3).check()
+    # Fewer than 5 rounds can never show a rewrite faster beyond chance.
+    with pytest.raises(amp_rewrite.AmpRewriteError, match="at least 5"):
+        AutotuneOptions(repeats=1, max_repeats=4).check()
+    AutotuneOptions(repeats=1, max_repeats=5).check()
     with pytest.raises(amp_rewrite.AmpRewriteError, match="unknown autotune candidate 'fastest'"):
         candidate_options(["fastest"])
     with pytest.raises(amp_rewrite.AmpRewriteError, match="always a candidate"):

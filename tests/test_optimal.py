@@ -53,6 +53,12 @@ def problems(draw: st.DrawFn) -> PlacementProblem:
         st.tuples(st.lists(st.integers(0, n - 1), min_size=2, max_size=min(4, n), unique=True).map(tuple),
                   st.integers(1, 40).map(float)),
         max_size=12))
+    # Uncuttable ties (a TensorList cluster, a loop back edge) among free vertices.
+    free = [v for v, f in enumerate(fixed) if f == FREE]
+    if len(free) >= 2:
+        ties = draw(st.lists(st.lists(st.sampled_from(free), min_size=2, max_size=3, unique=True).map(tuple),
+                             max_size=2))
+        tensors += [(t, float("inf")) for t in ties]
     return PlacementProblem(fixed, high, low, tensors)
 
 
@@ -197,6 +203,7 @@ def test_transcendental_ops_are_priced_from_measurements_on_x86_bfloat16():
     assert costs_for(amx, "bfloat16").low_flops == DEVICE_COSTS["cpu-amx"].low_flops
     assert costs_for(amx, "float16").name == "cpu-amx"
     assert costs_for(AVX512_BF16.devices[0], "bfloat16") is BF16_CPU
+    assert len({BF16_CPU, GPU, costs_for(amx, "bfloat16")}) == 3  # still hashable
 
 
 def _gelu_block():
