@@ -115,15 +115,20 @@ def test_decide_pairs_rounds_so_that_drift_cancels():
     # once on float32's: 6 wins of 7 (p = 8/128) is not yet beyond chance, so float32 stays
     # the choice for now and more rounds are wanted.
     slow = [0.95, 3.5, 0.95, 0.95, 0.3, 0.95, 0.95]
-    assert _decide(_rounds(base, optimal=slow), {"optimal": 0.0}, None, 0.02) == ("float32", False)
+    assert _decide(_rounds(base, optimal=slow), {"optimal": 0.0}, None, 0.02, rounds_left=5) == ("float32", False)
+    # With no round left to time, that is the verdict.
+    assert _decide(_rounds(base, optimal=slow), {"optimal": 0.0}, None, 0.02) == ("float32", True)
 
 
 def test_decide_wants_more_rounds_before_trusting_a_gain_chance_could_explain():
     err = {"optimal": 0.0}
-    # Faster in the median, but in 3 rounds of 5: float32 stays the choice, not settled.
-    assert _decide(_rounds([10.0] * 5, optimal=[0.8, 0.8, 0.8, 1.1, 1.1]), err, None, 0.02) == ("float32", False)
+    # Faster in the median, but in 3 rounds of 5: float32 stays the choice, not settled while
+    # 10 more rounds could still prove it (13 of 15) -- settled when only 5 could not (8 of 10).
+    three_of_five = _rounds([10.0] * 5, optimal=[0.8, 0.8, 0.8, 1.1, 1.1])
+    assert _decide(three_of_five, err, None, 0.02, rounds_left=10) == ("float32", False)
+    assert _decide(three_of_five, err, None, 0.02, rounds_left=5) == ("float32", True)
     # Faster in every one of 4 rounds is still p = 1/16: not settled.  In 5 of 5: proven.
-    assert _decide(_rounds([10.0] * 4, optimal=0.8), err, None, 0.02) == ("float32", False)
+    assert _decide(_rounds([10.0] * 4, optimal=0.8), err, None, 0.02, rounds_left=1) == ("float32", False)
     assert _decide(_rounds([10.0] * 5, optimal=0.8), err, None, 0.02) == ("optimal", True)
     # A proven choice with a faster rival that is not yet proven is not settled either...
     s = _rounds([10.0] * 6, greedy=0.9, optimal=[0.5, 0.5, 0.5, 1.2, 1.2, 0.5])
@@ -282,7 +287,7 @@ def test_cli_autotune_keeps_float32_when_no_candidate_is_admissible(saved, tmp_p
     report = json.loads(report_file.read_text())
     assert report["autotune"]["choice"] == "float32"
     assert report["converted_nodes"] == 0 and report["casts_to_low"] == 0
-    assert report["skipped"] == "autotune: float32 was the fastest on this machine"
+    assert report["skipped"] == "autotune: no candidate's outputs are within 0 of float32's"
     from tensorflow.core.protobuf import saved_model_pb2
 
     def meta(path):
