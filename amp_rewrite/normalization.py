@@ -21,9 +21,21 @@ and where ``|mean| >> std`` its rounding is large next to the centred result.  B
 itself comes from a low-precision producer (the convolution), whose rounding has the same
 size relative to ``std``; the extra rounding at most doubles an error every mixed-precision
 batch norm already carries, fused or not (simulated in NumPy on float16 inputs with
-``|mean| / std`` of 0, 10 and 100: 1.5x, 1.6x and 1.0x the RMS error of a float32 apply).  Keeping the centring ``Add``/``Sub`` in float32
-instead would cost a full-size Cast per normalization, so the cost model chooses
-(:mod:`amp_rewrite.optimal`).
+``|mean| / std`` of 0, 10 and 100: 1.5x, 1.6x and 1.0x the RMS error of a float32 apply).
+Keeping the centring ``Add``/``Sub`` in float32 instead would cost a full-size Cast per
+normalization, so the cost model chooses (:mod:`amp_rewrite.optimal`).
+
+That bound needs statistics worth the name.  A batch norm over very few values per channel
+(batch 2 on a 1x1 feature map: two) has a sample standard deviation that is often a small
+fraction of the values' spread (below a tenth in 8% of draws for two values, and with
+negligible probability for sixteen), so ``x * scale + offset`` cancels two numbers much
+larger than its result, and low precision multiplies its rounding by ``|mean| / std``
+(InceptionV3's training step at batch 2 lost up to 10x the loss accuracy of TensorFlow's
+rewrite that way).  A normalization whose statistics are known, from static shapes, to
+reduce fewer than :data:`MIN_STATISTIC_COUNT` values is therefore left out: its apply ops
+stay float32, as TensorFlow keeps them.  Where a reduced dimension is unknown (a bare
+training GraphDef whose weights carry no shapes) the count cannot be known, and the
+normalization counts as before.
 
 :func:`find_normalizations` returns those apply nodes and, for each, the input ports that
 carry statistics; the decision stage then stops deny propagation along exactly those
@@ -32,14 +44,21 @@ inputs.  Pure: the graph is only read.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Mapping
 
 import networkx as nx
 
 from . import ir
+from .shape_inference import Shape, numel
 
-__all__ = ["Normalization", "NormalizationInfo", "find_normalizations"]
+log = logging.getLogger(__name__)
+
+__all__ = ["MIN_STATISTIC_COUNT", "Normalization", "NormalizationInfo", "find_normalizations"]
+
+#: Fewest values a statistic must reduce for its normalization to run its apply in low precision.
+MIN_STATISTIC_COUNT = 16
 
 #: Ops that compute statistics from statistics and parameters (per-channel vectors).
 _STAT_OPS = frozenset({
@@ -82,14 +101,39 @@ def _resource_placeholder(g: nx.MultiDiGraph, name: str) -> bool:
     return data["op"] == "Placeholder" and data["dtypes"].get("dtype") == 20  # DT_RESOURCE
 
 
+def _statistic_count(shapes: Mapping[str, tuple[Shape, ...]], x: tuple[str, int], mean: str) -> int | None:
+    """How many values each element of ``mean`` averages, from static shapes; None when a
+    reduced dimension (or a shape) is unknown."""
+    xs = shapes.get(x[0])
+    ms = shapes.get(mean)
+    if xs is None or ms is None or x[1] >= len(xs) or not ms or xs[x[1]] is None or ms[0] is None:
+        return None
+    xshape, mshape = xs[x[1]], ms[0]
+    if len(xshape) == len(mshape):  # keepdims: the reduced dimensions are the mean's 1s
+        count = 1
+        for xd, md in zip(xshape, mshape):
+            if md == 1 and xd != 1:
+                if xd is None:
+                    return None
+                count *= xd
+        return count
+    if any(d is None for d in xshape) or any(d is None for d in mshape):
+        return None
+    return numel(xshape, 1) // max(1, numel(mshape, 1))
+
+
 def find_normalizations(
-    g: nx.MultiDiGraph, data_inputs: Mapping[str, list[tuple[str, int]]] | None = None
+    g: nx.MultiDiGraph, data_inputs: Mapping[str, list[tuple[str, int]]] | None = None,
+    min_count: int = MIN_STATISTIC_COUNT,
 ) -> NormalizationInfo:
     """Find moment-based normalizations in ``g`` (see the module docstring).  Pure.
 
     ``data_inputs`` may give every node's data inputs already computed (the decision stage
-    has them); missing ones are read from ``g``.
+    has them); missing ones are read from ``g``.  Static shapes come from
+    ``g.graph["shapes"]``; a normalization whose statistics are known to reduce fewer than
+    ``min_count`` values is left out.
     """
+    shapes: Mapping[str, tuple[Shape, ...]] = g.graph.get("shapes") or {}
     ops = {n: d["op"] for n, d in g.nodes(data=True)}
     inputs_cache: dict[str, list[tuple[str, int]]] = dict(data_inputs or {})
 
@@ -161,6 +205,11 @@ def find_normalizations(
             if variance:
                 break
         if variance is not None:
+            count = _statistic_count(shapes, x, m1)
+            if count is not None and count < min_count:
+                log.debug("normalization %s/%s left float32: its statistics reduce %d values (fewer than %d)",
+                          m1, variance, count, min_count)
+                continue
             norms.append(Normalization(x[0], m1, variance))
     if not norms:
         return NormalizationInfo()

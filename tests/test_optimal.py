@@ -18,6 +18,7 @@ import amp_rewrite
 from amp_rewrite.cost_model import DEVICE_COSTS, alignment_efficiency, cast_cost, costs_for, node_cost
 from amp_rewrite.graph_io import import_graph_def
 from amp_rewrite.normalization import find_normalizations
+from amp_rewrite.shape_inference import graph_shapes
 from amp_rewrite.op_registry import default_registry
 from amp_rewrite.placement import FREE, HIGH, LOW, PlacementProblem, objective, solve
 from amp_rewrite.targets import Device, Target
@@ -272,10 +273,10 @@ def test_uncuttable_ties_keep_their_members_together():
 # ------------------------------------------------------------------ normalization
 
 
-def _batch_norm_graph(training: bool = True):
+def _batch_norm_graph(training: bool = True, shape: tuple[int, ...] = (16, 32, 32, 64)):
     """Conv -> moments-based batch norm (as Keras 3 emits it) -> ReLU -> residual add -> conv."""
     def build():
-        x = v1.placeholder(tf.float32, (16, 32, 32, 64), name="x")
+        x = v1.placeholder(tf.float32, shape, name="x")
         k = tf.constant(np.random.RandomState(0).standard_normal((3, 3, 64, 64)).astype(np.float32) * 0.05)
         gamma = tf.constant(np.ones(64, np.float32), name="gamma")
         beta = tf.constant(np.zeros(64, np.float32), name="beta")
@@ -293,6 +294,10 @@ def _batch_norm_graph(training: bool = True):
 def test_moments_normalization_is_recognized():
     gd = _batch_norm_graph()
     g = import_graph_def(gd, default_registry()).graph
+    # Without shapes the statistics' count is unknown, and the normalization counts.
+    assert [n.mean for n in find_normalizations(g).norms] == [
+        n.mean for n in find_normalizations(g, min_count=10**9).norms]
+    g.graph["shapes"] = graph_shapes(gd)
     info = find_normalizations(g)
     assert len(info.norms) == 1
     assert info.norms[0].source == "conv1"
@@ -321,6 +326,23 @@ def test_normalized_activation_runs_low_while_statistics_stay_float32():
     (ref,) = run(gd, {"x:0": x}, ["out:0"])
     (got,) = run(optimal.graph_def, {"x:0": x}, ["out:0"])
     assert np.max(np.abs(got - ref)) / np.max(np.abs(ref)) < 2e-2
+
+
+def test_a_batch_norm_over_a_few_values_keeps_its_apply_float32():
+    """Batch 2 on a 1x1 feature map: each statistic averages two values, so ``x * scale +
+    offset`` cancels numbers far larger than its result; it stays float32 (as TensorFlow
+    keeps it), while the same block at batch 16 on 32x32 maps runs in low precision."""
+    few = _batch_norm_graph(shape=(2, 1, 1, 64))
+    g = import_graph_def(few, default_registry()).graph
+    g.graph["shapes"] = graph_shapes(few)
+    assert find_normalizations(g).norms == ()
+    assert len(find_normalizations(g, min_count=2).norms) == 1
+    for gd, low in ((few, False), (_batch_norm_graph(), True)):
+        report = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", lists="optimal", use_env=False).report
+        assert ("bn_out" in report.get("normalized", {})) is low
+        if not low:
+            assert report["nodes"]["bn_out"]["dtype"] == "float32"
+            assert report["nodes"]["relu"]["dtype"] == "float32"
 
 
 def test_normalization_does_not_unblock_a_deny_on_the_data_path():
