@@ -56,6 +56,7 @@ __all__ = [
     "candidate_options",
     "compare",
     "default_max_repeats",
+    "session_config",
     "sign_test_p",
 ]
 
@@ -418,23 +419,31 @@ def default_max_repeats(repeats: int) -> int:
 # ------------------------------------------------------------------------ GraphDefs
 
 
-def _graph_runner(graph_def: Any, feeds: Mapping[str, Any], fetches: Sequence[str]) -> tuple[StepFn, Callable[[], None]]:
-    """A session over ``graph_def`` as users run it: Grappler on, but none of TensorFlow's own
-    mixed-precision passes, so nothing is rewritten twice."""
+def session_config() -> Any:
+    """A new ``ConfigProto`` for timing a graph as users run it: Grappler on (constant folding
+    removes Casts of constants, the remapper fuses ops), every one of TensorFlow's own
+    mixed-precision passes off, so nothing is rewritten twice."""
     import tensorflow as tf
     from tensorflow.core.protobuf import rewriter_config_pb2
 
-    graph = tf.Graph()
-    with graph.as_default():
-        tf.graph_util.import_graph_def(graph_def, name="")
     config = tf.compat.v1.ConfigProto()
     ro = config.graph_options.rewrite_options
     off = rewriter_config_pb2.RewriterConfig.OFF
     ro.auto_mixed_precision = ro.auto_mixed_precision_onednn_bfloat16 = off
     ro.auto_mixed_precision_mkl = ro.auto_mixed_precision_cpu = off
+    return config
+
+
+def _graph_runner(graph_def: Any, feeds: Mapping[str, Any], fetches: Sequence[str]) -> tuple[StepFn, Callable[[], None]]:
+    """A session over ``graph_def`` as users run it (:func:`session_config`)."""
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.graph_util.import_graph_def(graph_def, name="")
     out = [graph.get_tensor_by_name(f if ":" in f else f + ":0") for f in fetches]
     feed = {graph.get_tensor_by_name(k if ":" in k else k + ":0"): v for k, v in feeds.items()}
-    sess = tf.compat.v1.Session(graph=graph, config=config)
+    sess = tf.compat.v1.Session(graph=graph, config=session_config())
     return (lambda: sess.run(out, feed)), sess.close
 
 

@@ -123,9 +123,8 @@ def costs_for(device: Device, precision: str) -> DeviceCosts:
     if device.type == "GPU":
         return DEVICE_COSTS["gpu-tensor-cores"]
     feats = device.features
-    if not feats:  # ``target="cpu"``: a CPU assumed to have AMX
-        return DEVICE_COSTS["cpu-amx-bf16" if precision == "bfloat16" else "cpu-amx"]
-    if "amx_bf16" in feats or "amx_fp16" in feats or "amx_tile" in feats:
+    # No features: ``target="cpu"``, a CPU assumed to have AMX.
+    if not feats or "amx_bf16" in feats or "amx_fp16" in feats or "amx_tile" in feats:
         return DEVICE_COSTS["cpu-amx-bf16" if precision == "bfloat16" else "cpu-amx"]
     if precision == "float16" and "avx512_fp16" in feats:
         return DEVICE_COSTS["cpu-avx512-fp16"]

@@ -24,6 +24,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import networkx as nx
+
 from . import ir
 from .cost_model import DENSE_OPS, DeviceCosts, cast_cost, costs_for, elements, node_cost
 from .placement import FREE, HIGH, LOW, PlacementProblem, objective, solve
@@ -77,34 +79,15 @@ def _tied_groups(p: "_Painter", clusters: list[list[str]]) -> list[list[int]]:
     element types of a TensorList cluster (they pass a variant handle) and the two ends of a
     loop back edge (NextIteration -> Merge).  Overlapping groups are merged; each group is
     sorted, and the groups are in order of their first vertex.  Pure."""
-    parent: dict[int, int] = {}
-
-    def find(x: int) -> int:
-        parent.setdefault(x, x)
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    def tie(vs: list[int]) -> None:
-        for v in vs:
-            find(v)
-        for v in vs[1:]:
-            a, b = find(vs[0]), find(v)
-            if a != b:
-                parent[max(a, b)] = min(a, b)
-
+    ties = nx.Graph()
     for members in clusters:
-        tie([v for v in (p.tl_float(m) for m in members) if v is not None])
+        nx.add_path(ties, [v for v in (p.tl_float(m) for m in members) if v is not None])
     t_attr = TypeAttr("T", -1, 0)
     for name in p.order:
         if p.ops[name] == "NextIteration":
             ends = [p.tg.index.get((x, t_attr)) for x in [name] + [dst for dst, _, _ in ir.consumers(p.g, name, 0)]]
-            tie([v for v in ends if v is not None])
-    groups: dict[int, list[int]] = {}
-    for v in parent:
-        groups.setdefault(find(v), []).append(v)
-    return sorted((sorted(g) for g in groups.values()), key=lambda g: g[0])
+            nx.add_path(ties, [v for v in ends if v is not None])
+    return sorted((sorted(g) for g in nx.connected_components(ties)), key=lambda g: g[0])
 
 
 def _cast_metrics(problem: PlacementProblem, low: list[bool], cast_bytes: list[float]) -> tuple[int, float]:

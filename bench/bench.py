@@ -60,9 +60,9 @@ sys.path.insert(0, HERE)
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from tensorflow.core.protobuf import rewriter_config_pb2  # noqa: E402
 
 import amp_rewrite  # noqa: E402
+from amp_rewrite.autotune import session_config  # noqa: E402
 from amp_rewrite.targets import cpu_features  # noqa: E402
 from models import ALL_MODELS, QUICK_MODELS, corpus, item_names  # noqa: E402
 from tf_oracle import (  # noqa: E402
@@ -231,16 +231,8 @@ class Runner:
                 return_elements=[f"{f}:0" for f in item.fetches], name="",
             )
             self.feeds = {self.graph.get_tensor_by_name(k): v for k, v in item.feeds.items()}
-        config = tf.compat.v1.ConfigProto()
-        # Grappler stays on, as users run it (constant folding removes Casts of constants,
-        # the remapper fuses ops), with every mixed-precision pass off so nothing is
-        # rewritten a second time.
-        ro = config.graph_options.rewrite_options
-        off = rewriter_config_pb2.RewriterConfig.OFF
-        ro.auto_mixed_precision = off
-        ro.auto_mixed_precision_onednn_bfloat16 = off
-        ro.auto_mixed_precision_mkl = off
-        ro.auto_mixed_precision_cpu = off
+        # Grappler on, every mixed-precision pass off: as users run a rewritten graph.
+        config = session_config()
         config.intra_op_parallelism_threads = os.cpu_count() or 1
         self.sess = tf.compat.v1.Session(graph=self.graph, config=config)
         if self.variables:

@@ -32,7 +32,8 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from tensorflow.core.protobuf import rewriter_config_pb2  # noqa: E402
+
+from amp_rewrite.autotune import session_config  # noqa: E402
 
 #: Unary ops (argument name ``x`` or ``features``).
 UNARY = ("Erfc", "Erf", "Tanh", "Sigmoid", "Exp", "Log", "Softplus", "Rsqrt", "Sqrt", "Relu", "Neg",
@@ -83,12 +84,7 @@ class _Graph:
                 # A scalar of each result is fetched: the op must run, and the fetch is tiny.
                 fetches.append(tf.reduce_max(_apply(op, x, y)[:1, :1]))
             init = tf.compat.v1.global_variables_initializer()
-        config = tf.compat.v1.ConfigProto()
-        ro = config.graph_options.rewrite_options
-        off = rewriter_config_pb2.RewriterConfig.OFF
-        ro.auto_mixed_precision = ro.auto_mixed_precision_onednn_bfloat16 = off
-        ro.auto_mixed_precision_mkl = ro.auto_mixed_precision_cpu = off
-        self.sess = tf.compat.v1.Session(graph=graph, config=config)
+        self.sess = tf.compat.v1.Session(graph=graph, config=session_config())
         self.sess.run(init)
         self.sess.run(fetches)  # warm-up
         self.fetches = fetches
