@@ -32,7 +32,7 @@ from .lists import PLANNERS, ListContext, ListEdit, OpLists, edits_from_environ,
 from .op_registry import OpRegistry, default_registry
 from .report import build_report
 from .rewrite import RewriteStats, apply_plan
-from .shape_inference import function_shapes, graph_shapes
+from .shape_inference import check_variable_shapes, function_shapes, graph_shapes
 from .targets import Target, detect_target, parse_target
 from .tensor_names import node_name
 
@@ -275,6 +275,7 @@ def rewrite_graph_def(
     use_env: bool = True,
     registry: OpRegistry | None = None,
     planner: Literal["greedy", "optimal", "min-casts"] | None = None,
+    variable_shapes: Mapping[str, Sequence[int | None] | None] | None = None,
 ) -> RewriteResult:
     """Rewrite a GraphDef (and its function library) to mixed precision.
 
@@ -314,6 +315,14 @@ def rewrite_graph_def(
         normalization-aware safety) or ``"min-casts"`` (the same cut and safety, but every
         allow-list op converts and only Cast bytes are minimized); ``None`` takes the list
         profile's (``lists="optimal"`` selects the optimal planner).
+    variable_shapes
+        Shapes of the variables behind resource placeholders, by placeholder name (``None``
+        for an unknown dimension).  A GraphDef records a captured variable as a
+        ``Placeholder`` of dtype ``resource`` with no shape, so the sizes of everything
+        computed from the weights are unknown to the cost-aware planners (and to the
+        normalization safety rule, which needs the number of values a statistic averages).
+        Used for shape inference only (the greedy planner's output does not depend on them).
+        The ``tf.function`` training path passes them itself.
 
     Returns
     -------
@@ -330,7 +339,7 @@ def rewrite_graph_def(
             graph_def, target=target, precision=precision, lists=lists, lists_file=lists_file,
             fetches=fetches, add=add, remove=remove, level=level, exclude=exclude,
             functions=functions, tensorflow_bugs=tensorflow_bugs, use_env=use_env, registry=registry,
-            planner=planner,
+            planner=planner, variable_shapes=variable_shapes,
         )
 
 
@@ -351,6 +360,7 @@ def _rewrite_graph_def(
     use_env: bool,
     registry: OpRegistry | None,
     planner: str | None = None,
+    variable_shapes: Mapping[str, Sequence[int | None] | None] | None = None,
 ) -> RewriteResult:
     if precision not in ("float16", "bfloat16"):
         raise TargetError(f"unknown precision {precision!r}; expected 'float16' or 'bfloat16'")
@@ -380,6 +390,7 @@ def _rewrite_graph_def(
     timings = dict.fromkeys(("lists", "import", "decide", "rewrite", "export"), 0.0)
     t0 = clock()
     timings["lists"] = t0 - t_lists
+    known_variables = check_variable_shapes(graph_def, variable_shapes)
     imported = import_graph_def(graph_def, registry)
     ir_graphs = [imported.graph, *imported.functions.values()]  # to free at the end
     if functions == "reachable":
@@ -390,7 +401,7 @@ def _rewrite_graph_def(
     _check_cycles(g, "the graph")
     if optimal:
         # The cost model needs tensor sizes; TensorFlow's shape inference gives them.
-        g.graph["shapes"] = graph_shapes(graph_def)
+        g.graph["shapes"] = graph_shapes(graph_def, known_variables)
         fdefs = {f.signature.name: f for f in graph_def.library.function}
         for fname, fg in imported.functions.items():
             fg.graph["shapes"] = function_shapes(fdefs[fname]) if fname in fdefs else {}

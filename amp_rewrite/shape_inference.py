@@ -9,14 +9,25 @@ scratch ``tf.Graph`` (which runs them).  A graph TensorFlow cannot import (custo
 broken function library) falls back to the ``_output_shapes`` attributes some exporters
 write, and then to "unknown": the planner then uses a default size per tensor, so missing
 shapes cost quality, never correctness.
+
+A GraphDef records a captured variable only as a ``Placeholder`` of dtype ``resource``, with
+no shape for the value behind it (a ``tf.function``'s graph, or a training step exported
+with its variables as inputs).  TensorFlow's import ignores any handle-shape attribute on
+such a placeholder, so every ``ReadVariableOp`` of it -- and everything computed from the
+weights, down to the spatial size of a VALID convolution -- would be unknown.  Callers who
+know the variables pass their shapes (:func:`check_variable_shapes`); the scratch import
+then maps each such placeholder to a variable handle of that shape.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Mapping, Sequence
 
-__all__ = ["Shape", "graph_shapes", "function_shapes", "numel"]
+from .errors import AmpRewriteError, InvalidGraphError
+from .tensor_names import node_name
+
+__all__ = ["Shape", "check_variable_shapes", "graph_shapes", "function_shapes", "numel"]
 
 log = logging.getLogger(__name__)
 
@@ -87,21 +98,126 @@ def _forward_loop_shapes(node_defs: Any, shapes: dict[str, tuple[Shape, ...]]) -
     return shapes
 
 
-def graph_shapes(graph_def: Any) -> dict[str, tuple[Shape, ...]]:
+#: DT_RESOURCE in TensorFlow's DataType enum (types.proto); a stable wire value.
+_DT_RESOURCE = 20
+
+
+def _check_shape(name: str, shape: Any) -> Shape:
+    if shape is None:
+        return None
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
+        # numpy arrays' .shape and TensorShape.as_list() are sequences; a bare int is not.
+        try:
+            shape = tuple(shape)
+        except TypeError:
+            raise AmpRewriteError(
+                f"variable_shapes[{name!r}] must be a sequence of dimensions or None, "
+                f"not {type(shape).__name__}", node=name) from None
+    dims: list[int | None] = []
+    for d in shape:
+        if d is not None and (isinstance(d, bool) or not hasattr(d, "__index__") or int(d) < 0):
+            raise AmpRewriteError(
+                f"variable_shapes[{name!r}] has dimension {d!r}; dimensions are "
+                f"non-negative integers, or None when unknown", node=name)
+        dims.append(None if d is None else int(d))
+    return tuple(dims)
+
+
+def check_variable_shapes(graph_def: Any, variable_shapes: Mapping[str, Any] | None) -> dict[str, Shape]:
+    """Validate ``variable_shapes`` (resource placeholder name -> the variable's shape)
+    against ``graph_def``'s main graph and return it normalized to :data:`Shape` tuples.
+    Pure.
+
+    Raises
+    ------
+    InvalidGraphError
+        For a name that is not a ``Placeholder`` of dtype ``resource`` in the main graph.
+    AmpRewriteError
+        For a shape that is not a sequence of non-negative integers (``None`` = unknown).
+    """
+    if not variable_shapes:
+        return {}
+    if not isinstance(variable_shapes, Mapping):
+        raise AmpRewriteError(
+            "variable_shapes must map resource placeholder names to shapes, "
+            f"not {type(variable_shapes).__name__}")
+    wanted = {}
+    for key in variable_shapes:
+        if not isinstance(key, str):
+            raise AmpRewriteError(f"variable_shapes keys are node names, not {key!r}")
+        try:
+            wanted[node_name(key)] = key
+        except ValueError:
+            raise InvalidGraphError(f"variable_shapes names a bad node {key!r}") from None
+    found = {nd.name: nd for nd in graph_def.node if nd.name in wanted}
+    out: dict[str, Shape] = {}
+    for name in sorted(wanted):
+        nd = found.get(name)
+        if nd is None:
+            raise InvalidGraphError(f"variable_shapes names {name!r}, which is not a node of the graph",
+                                    node=name)
+        if nd.op != "Placeholder" or nd.attr["dtype"].type != _DT_RESOURCE:
+            raise InvalidGraphError(
+                f"variable_shapes names {name!r}, a {nd.op} node; only resource placeholders "
+                "(captured variables) take a shape this way", node=name)
+        out[name] = _check_shape(name, variable_shapes[wanted[name]])
+    return out
+
+
+def _variable_handles(graph_def: Any, variable_shapes: Mapping[str, Shape]) -> dict[str, Any]:
+    """An ``import_graph_def`` input map that replaces each resource placeholder with a known
+    shape by a variable handle of that shape, built in the current (scratch) default graph.
+
+    The dtype of the variable is the one its readers declare (``ReadVariableOp`` and the
+    gathers carry a ``dtype`` attr); a placeholder nothing reads that way is left alone, as
+    its shape could not matter.  Only called under a scratch graph; never touches the caller's.
+    """
+    import tensorflow as tf
+
+    dtypes: dict[str, int] = {}
+    for nd in graph_def.node:
+        if nd.input and not nd.input[0].startswith("^") and "dtype" in nd.attr:
+            src = node_name(nd.input[0])
+            if src in variable_shapes and src not in dtypes:
+                dtypes[src] = nd.attr["dtype"].type
+    # The handles' own names must not take a graph node's name (the import would then rename
+    # the graph's node, and its shapes would be filed under another name).
+    names = {nd.name for nd in graph_def.node}
+    scope = "amp_rewrite_variable_handles"
+    while any(n == scope or n.startswith(scope + "/") for n in names):
+        scope += "_"
+    input_map = {}
+    with tf.name_scope(scope + "/"):
+        for name in sorted(dtypes):
+            shape = variable_shapes[name]
+            if shape is None:
+                continue
+            handle = tf.raw_ops.VarHandleOp(dtype=tf.as_dtype(dtypes[name]), shape=list(shape),
+                                            shared_name=f"{scope}/{name}")
+            input_map[f"{name}:0"] = handle
+    return input_map
+
+
+def graph_shapes(graph_def: Any, variable_shapes: Mapping[str, Shape] | None = None
+                 ) -> dict[str, tuple[Shape, ...]]:
     """Static output shapes of every node of ``graph_def``'s main graph.  Pure.
 
-    Assumes TensorFlow is importable.  Never raises for a graph TensorFlow rejects: the
-    nodes then get the shapes of their ``_output_shapes`` attribute, or none at all.
+    ``variable_shapes`` (from :func:`check_variable_shapes`) gives the shapes of the values
+    behind resource placeholders, which the GraphDef does not record.  Assumes TensorFlow is
+    importable.  Never raises for a graph TensorFlow rejects: the nodes then get the shapes
+    of their ``_output_shapes`` attribute, or none at all.
     """
     import tensorflow as tf
 
     try:
         scratch = tf.Graph()
         with scratch.as_default():
-            tf.graph_util.import_graph_def(graph_def, name="")
+            input_map = _variable_handles(graph_def, variable_shapes) if variable_shapes else {}
+            tf.graph_util.import_graph_def(graph_def, input_map=input_map or None, name="")
+        handles = {t.op.name for t in input_map.values()}
         shapes = {
             op.name: tuple(_from_tensor_shape(t.shape) for t in op.outputs)
-            for op in scratch.get_operations()
+            for op in scratch.get_operations() if op.name not in handles
         }
         return _forward_loop_shapes(graph_def.node, shapes)
     except Exception as exc:  # noqa: BLE001 - any failure only means "shapes unknown"

@@ -415,9 +415,14 @@ def bench_item(name: str, repeats: int, iters: int, budget_s: float = 0.0,
     res["rewrite_s"]["ratio_ours_over_tf"] = res["rewrite_s"]["ours"] / res["rewrite_s"]["tensorflow"]
     res["stages_s"] = {k: median([s[k] for s in stages]) for k in stages[0]}
 
-    default = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", fetches=fetches, use_env=False)
+    # A training graph's variables are resource placeholders without shapes; the cost-aware
+    # planner is told them, as the tf.function training path tells it (TF's pass is not: it
+    # has no use for them).
+    vs = {ph: value.shape for ph, value in item.variables.items()}
+    default = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", fetches=fetches, use_env=False,
+                                            variable_shapes=vs)
     optimal = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", fetches=fetches, use_env=False,
-                                            lists="optimal")
+                                            lists="optimal", variable_shapes=vs)
     res["quality_fp16"] = {
         "tensorflow": quality(gd, ref_gd, HALF, item),
         "ours_tensorflow_lists": quality(gd, ours.graph_def, HALF, item),
@@ -433,12 +438,13 @@ def bench_item(name: str, repeats: int, iters: int, budget_s: float = 0.0,
     # This CPU: bfloat16 (TF's oneDNN bfloat16 mode vs target="cpu").
     tf_bf16 = tf_amp_rewrite(gd, fetches, mode="bf16")
     ours_bf16 = amp_rewrite.rewrite_graph_def(gd, target="cpu", precision="bfloat16", fetches=fetches,
-                                              use_env=False).graph_def
+                                              use_env=False, variable_shapes=vs).graph_def
     # The optimal planner's cost model is per device class: for the speed on *this* machine it
     # must plan for this CPU (target="auto"); "cpu" means "a CPU with AMX".
     opt_target = "auto" if amp_rewrite.resolve_target("auto").skip_reason("bfloat16") is None else "cpu"
     ours_opt_bf16 = amp_rewrite.rewrite_graph_def(gd, target=opt_target, precision="bfloat16",
-                                                  fetches=fetches, use_env=False, lists="optimal").graph_def
+                                                  fetches=fetches, use_env=False, lists="optimal",
+                                                  variable_shapes=vs).graph_def
     res["quality_bf16"] = {"tensorflow": quality(gd, tf_bf16, BF16, item), "ours_default": quality(gd, ours_bf16, BF16, item),
                            "ours_optimal": quality(gd, ours_opt_bf16, BF16, item)}
     force = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", fetches=fetches, use_env=False,
@@ -450,7 +456,7 @@ def bench_item(name: str, repeats: int, iters: int, budget_s: float = 0.0,
         return (lambda: r.sess.run(r.fetches, r.feeds)), r.close
 
     tuned = amp_rewrite.autotune(gd, fetches=fetches, runner=runner, target=opt_target, precision="bfloat16",
-                                 use_env=False, repeats=max(3, repeats), steps=iters)
+                                 use_env=False, repeats=max(3, repeats), steps=iters, variable_shapes=vs)
     res["autotune_bf16"] = {"choice": tuned.choice, "step_ms": dict(tuned.step_ms),
                             "rel_error": dict(tuned.rel_error), "same_as": dict(tuned.same_as),
                             "ratio_to_float32": dict(tuned.ratio_to_float32), "faster_rounds": dict(tuned.wins),

@@ -408,3 +408,91 @@ def test_min_casts_planner_is_optimal_and_beats_greedy_on_drawn_graphs(drawn):
         if sum(1 for f in problem.fixed if f == FREE) <= 12:
             assert objective(problem, summary.solution) == pytest.approx(_brute_force(problem))
     check_allow_deny(case.graph_def, res.graph_def, res.report, **options)
+
+
+def _variable_batch_norm_step():
+    """A tf.function's graph: a VALID 3x3 convolution of a captured variable on a 3x3 map at
+    batch 2 (a 1x1 output), batch-normalized by moments.  Its GraphDef keeps the variable
+    only as a resource placeholder, so without the variable's shape the map size is unknown."""
+    kernel = tf.Variable(np.random.RandomState(0).standard_normal((3, 3, 64, 64)).astype(np.float32) * 0.05)
+
+    @tf.function
+    def step(x):
+        c = tf.nn.conv2d(x, kernel, 1, "VALID", name="conv")
+        mean, var = tf.nn.moments(c, axes=[0, 1, 2], keepdims=False, name="moments")
+        inv = tf.math.rsqrt(var + 1e-3, name="rsqrt")
+        y = tf.add(c * inv, -mean * inv, name="bn_out")
+        return tf.nn.conv2d(tf.nn.relu(y, name="relu"), tf.ones((1, 1, 64, 8)), 1, "VALID", name="head")
+
+    return step.get_concrete_function(tf.TensorSpec((2, 3, 3, 64), tf.float32)), kernel
+
+
+def test_variable_shapes_size_the_reads_of_captured_variables():
+    from amp_rewrite.shape_inference import check_variable_shapes
+    from amp_rewrite.training.tf_function import captured_variable_shapes
+
+    concrete, kernel = _variable_batch_norm_step()
+    gd = concrete.graph.as_graph_def()
+    known = captured_variable_shapes(concrete.graph)
+    assert list(known.values()) == [[3, 3, 64, 64]]
+    (handle,) = known
+    assert graph_shapes(gd)["conv"] == ((2, None, None, None),)  # TF's import drops the shape
+    assert graph_shapes(gd, check_variable_shapes(gd, known))["conv"] == ((2, 1, 1, 64),)
+    # The normalization averages 2 values per statistic: with the shape known, its apply
+    # stays float32; without, the count is unknown and it runs in low precision.
+    fetches = [n.name for n in gd.node if n.op == "Identity"] or None
+    blind = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", lists="optimal", use_env=False,
+                                          fetches=fetches)
+    told = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", lists="optimal", use_env=False,
+                                         fetches=fetches, variable_shapes=known)
+    assert "bn_out" in blind.report.get("normalized", {})
+    assert "bn_out" not in told.report.get("normalized", {})
+    assert told.report["nodes"]["bn_out"]["dtype"] == "float32"
+    # The shapes only inform the planner: the greedy rewrite is the same with or without.
+    greedy = [amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", use_env=False, fetches=fetches,
+                                            variable_shapes=vs).graph_def.SerializeToString(deterministic=True)
+              for vs in (None, known)]
+    assert greedy[0] == greedy[1]
+
+
+def test_the_tf_function_path_passes_the_captured_variables_shapes():
+    from amp_rewrite.training.tf_function import function
+
+    kernel = tf.Variable(np.random.RandomState(0).standard_normal((3, 3, 64, 64)).astype(np.float32) * 0.05)
+
+    def step(x):
+        c = tf.nn.conv2d(x, kernel, 1, "VALID", name="conv")
+        mean, var = tf.nn.moments(c, axes=[0, 1, 2], keepdims=False, name="moments")
+        inv = tf.math.rsqrt(var + 1e-3, name="rsqrt")
+        return tf.nn.relu(tf.add(c * inv, -mean * inv, name="bn_out"), name="relu")
+
+    f = function(step, target="gpu:8.0", lists="optimal", use_env=False)
+    x = np.random.RandomState(1).standard_normal((2, 3, 3, 64)).astype(np.float32)
+    got = f(tf.constant(x)).numpy()
+    (result,) = f.rewrite_results
+    assert result.report["nodes"]["bn_out"]["dtype"] == "float32"
+    assert "bn_out" not in result.report.get("normalized", {})
+    np.testing.assert_allclose(got, tf.function(step)(tf.constant(x)).numpy(), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("shapes, error, text", [
+    ({"nope": [1]}, amp_rewrite.InvalidGraphError, "not a node"),
+    ({"conv": [1]}, amp_rewrite.InvalidGraphError, "only resource placeholders"),
+    ({"HANDLE": [3, -1]}, amp_rewrite.AmpRewriteError, "non-negative"),
+    ({"HANDLE": 7}, amp_rewrite.AmpRewriteError, "sequence of dimensions"),
+    ({"HANDLE": ["3"]}, amp_rewrite.AmpRewriteError, "non-negative"),
+    ([("HANDLE", [3])], amp_rewrite.AmpRewriteError, "must map"),
+])
+def test_bad_variable_shapes_are_refused_with_the_products_error(shapes, error, text):
+    from amp_rewrite.training.tf_function import captured_variable_shapes
+
+    concrete, _ = _variable_batch_norm_step()
+    gd = concrete.graph.as_graph_def()
+    before = gd.SerializeToString(deterministic=True)
+    (handle,) = captured_variable_shapes(concrete.graph)
+    fix = lambda v: v if not isinstance(v, dict) else {handle if k == "HANDLE" else k: x for k, x in v.items()}  # noqa: E731
+    shapes = fix(shapes) if isinstance(shapes, dict) else [(handle, s) for _, s in shapes]
+    with pytest.raises(error, match=text):
+        amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", lists="optimal", use_env=False,
+                                      variable_shapes=shapes)
+    assert gd.SerializeToString(deterministic=True) == before

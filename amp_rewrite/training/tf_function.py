@@ -94,6 +94,31 @@ def rename_functions(graph_def: Any, suffix: str) -> Any:
     return out
 
 
+def captured_variable_shapes(graph: Any) -> dict[str, list[int | None]]:
+    """Shapes of the variables a ``tf.function`` graph captures, by the name of the resource
+    placeholder that stands for each in its GraphDef.  Pure.
+
+    The GraphDef keeps only ``Placeholder(dtype=resource)`` for a captured variable; the
+    variable's shape lives in the capture tensor's handle data, on the Python side, and is
+    lost on export unless passed along (``rewrite_graph_def(variable_shapes=...)``).
+    """
+    import tensorflow as tf
+    from tensorflow.python.ops import handle_data_util
+
+    out: dict[str, list[int | None]] = {}
+    for t in graph.internal_captures:
+        if t.dtype != tf.resource or t.op.type != "Placeholder":
+            continue
+        data = handle_data_util.get_resource_handle_data(t)
+        if not data.is_set or len(data.shape_and_type) != 1:
+            continue  # not a variable (or a resource of several tensors)
+        shape = data.shape_and_type[0].shape
+        if shape.unknown_rank:
+            continue
+        out[t.op.name] = [d.size if d.size >= 0 else None for d in shape.dim]
+    return out
+
+
 class _Runner:
     """Runs one rewritten concrete function; built once per concrete function."""
 
@@ -121,6 +146,10 @@ class _Runner:
         options = dict(options)
         # The outputs keep their dtypes; user fetches (extra nodes to keep) are added to them.
         fetches = sorted({t.op.name for t in outputs} | set(options.pop("fetches", None) or ()))
+        # The captured variables' shapes, which the GraphDef drops, size the cost model's
+        # tensors (shapes the caller passed win).
+        options["variable_shapes"] = {**captured_variable_shapes(graph),
+                                      **(options.get("variable_shapes") or {})}
         self.result = rewrite_graph_def(graph.as_graph_def(), fetches=fetches, **options)
         self.graph_def = rename_functions(self.result.graph_def, f"_amp{next(_suffixes)}")
         # import_graph_def copies the library into the runner's graph, but TensorFlow does not
