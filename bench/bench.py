@@ -475,6 +475,11 @@ def bench_item(name: str, repeats: int, iters: int, budget_s: float = 0.0,
         "ours_opt_fp16": optimal.graph_def,
         "force_all_fp16": force,
     }
+    # A rewrite that changed nothing *is* the float32 graph: its gap to float32 in the timings
+    # is the noise of timing one graph twice (the report judges it so).
+    f32_bytes = gd.SerializeToString(deterministic=True)
+    res["same_as_float32"] = sorted(k for k, v in variants.items() if k not in ("float32", "float32_again")
+                                    and v.SerializeToString(deterministic=True) == f32_bytes)
     res["step_s"], res["step_rounds"] = interleaved_step_times(variants, item, repeats, iters, budget_s)
     base = res["step_s"].get("float32")
     res["speedup_vs_fp32"] = {k: base / v for k, v in res["step_s"].items() if base and v}

@@ -1,0 +1,161 @@
+"""Calibrate the cost model's price of a Cast: the step time one more Cast adds inside a model.
+
+Usage::
+
+    python bench/calibrate_casts.py                                   # efficientnetb0/inference
+    python bench/calibrate_casts.py --graph resnet50/inference --count 24 --rounds 15
+
+A Cast the planner inserts sits on the data path of a real graph, between ops that the
+executor may run in parallel with others.  Its cost there is not the cost of a Cast in a
+chain of Casts (where every op waits for the previous one), so this script measures it in
+situ.  It takes a corpus graph in float32 and makes two variants that each insert round
+trips -- ``Cast(x, bfloat16)`` then ``Cast(.., float32)``, which Grappler cannot remove (the
+round trip rounds) -- on ``--count`` tensors of the data path: the *small* variant on the
+smallest float tensors of the graph (a squeeze-excite block's [batch, 1, 1, C]), which prices
+the fixed cost per Cast, and the *large* variant on the largest, which adds the cost per
+element.  The three graphs are timed round-robin (``--rounds`` rounds of ``--iters`` steps,
+medians), and it prints
+
+* ``overhead``: (small - float32) / Casts inserted, the cost model's ``op_overhead``;
+* ``per element``: ((large - float32) / Casts - overhead) / mean elements per Cast, to compare
+  with the cost model's ``(4 + 2) / bandwidth``.
+
+Each variant is traced once to check that every inserted Cast ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import bench  # noqa: E402  (registers the bench models with the corpus)
+import corpus  # noqa: E402
+from amp_rewrite.shape_inference import graph_shapes  # noqa: E402
+from amp_rewrite.tensor_names import node_name  # noqa: E402
+
+FLOAT = tf.float32.as_datatype_enum
+PREFIX = "calibrate_cast"
+
+
+def _candidates(graph_def, fetches) -> list[tuple[int, str]]:
+    """(elements, tensor) for the float32 output 0 of every node on the data path (computed
+    from a placeholder, so Grappler cannot fold it) with a static shape, read by at least one
+    node and not fetched."""
+    shapes = graph_shapes(graph_def)
+    read = {node_name(t) for nd in graph_def.node for t in nd.input if not t.startswith("^")}
+    by_name = {nd.name: nd for nd in graph_def.node}
+    data_path: set[str] = set()
+
+    def on_path(name: str) -> bool:
+        # GraphDefs list producers before consumers only by convention: walk explicitly.
+        stack, seen = [name], set()
+        while stack:
+            n = stack.pop()
+            if n in data_path or by_name[n].op == "Placeholder":
+                return True
+            seen.add(n)
+            stack.extend(m for t in by_name[n].input if not t.startswith("^")
+                         for m in (node_name(t),) if m not in seen)
+        return False
+
+    out = []
+    for nd in graph_def.node:
+        if nd.op in ("Const", "Placeholder", "Identity") or nd.name in fetches or nd.name not in read:
+            continue
+        if not on_path(nd.name):
+            continue
+        data_path.add(nd.name)
+        if "T" not in nd.attr or nd.attr["T"].type != FLOAT:
+            continue
+        shape = (shapes.get(nd.name) or (None,))[0]
+        if shape is None or any(d is None for d in shape):
+            continue
+        out.append((int(np.prod(shape)) if shape else 1, nd.name))
+    return sorted(out)
+
+
+def with_round_trips(graph_def, names: list[str]):
+    """A copy of ``graph_def`` with a bfloat16 round trip on output 0 of each of ``names``,
+    read by every former consumer.  Pure."""
+    out = type(graph_def)()
+    out.CopyFrom(graph_def)
+    wrapped = set(names)
+    for nd in out.node:
+        for i, text in enumerate(nd.input):
+            if text.startswith("^"):
+                continue
+            name, _, port = text.partition(":")
+            if name in wrapped and port in ("", "0"):
+                nd.input[i] = f"{PREFIX}/{name}/high"
+    for k, name in enumerate(names):
+        for suffix, src, dst, inp in (("low", FLOAT, tf.bfloat16.as_datatype_enum, name),
+                                      ("high", tf.bfloat16.as_datatype_enum, FLOAT, f"{PREFIX}/{name}/low")):
+            cast = out.node.add(name=f"{PREFIX}/{name}/{suffix}", op="Cast", input=[inp])
+            cast.attr["SrcT"].type = src
+            cast.attr["DstT"].type = dst
+            cast.attr["Truncate"].b = False
+    return out
+
+
+def _casts_run(runner) -> int:
+    meta = tf.compat.v1.RunMetadata()
+    runner.sess.run(runner.fetches, runner.feeds, options=tf.compat.v1.RunOptions(
+        trace_level=tf.compat.v1.RunOptions.FULL_TRACE), run_metadata=meta)
+    return sum(1 for dev in meta.step_stats.dev_stats for ns in dev.node_stats
+               if ns.node_name.startswith(PREFIX + "/"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--graph", default="efficientnetb0/inference", help="a corpus item")
+    ap.add_argument("--count", type=int, default=16, help="round trips per variant (2 Casts each)")
+    ap.add_argument("--rounds", type=int, default=11)
+    ap.add_argument("--iters", type=int, default=10, help="steps per timing sample")
+    args = ap.parse_args(argv)
+
+    item = corpus.build(args.graph)
+    gd = item.graph_def
+    cands = _candidates(gd, set(item.fetches))
+    if len(cands) < 2 * args.count:
+        raise SystemExit(f"{args.graph} has only {len(cands)} candidate tensors")
+    picks = {"small": cands[:args.count], "large": cands[-args.count:]}
+    graphs = {"float32": gd, **{k: with_round_trips(gd, [n for _, n in v]) for k, v in picks.items()}}
+    runners = {k: bench.Runner(g, item) for k, g in graphs.items()}
+    for k in picks:
+        ran = _casts_run(runners[k])
+        if ran != 2 * args.count:
+            raise SystemExit(f"{k}: {ran} of {2 * args.count} inserted Casts ran (Grappler removed some?)")
+    times: dict[str, list[float]] = {k: [] for k in runners}
+    for _ in range(args.rounds):
+        for k, r in runners.items():
+            times[k].append(min(r.step() for _ in range(args.iters)) * 1e9)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    casts = 2 * args.count
+    overhead = (med["small"] - med["float32"]) / casts
+    large_elems = statistics.fmean(n for n, _ in picks["large"])
+    per_cast_large = (med["large"] - med["float32"]) / casts
+    print(f"{args.graph}: step float32 {med['float32'] / 1e6:.3f} ms; +{casts} Casts on small tensors "
+          f"(mean {statistics.fmean(n for n, _ in picks['small']):.0f} elements) "
+          f"{med['small'] / 1e6:.3f} ms; on large ({large_elems:.0f} elements) {med['large'] / 1e6:.3f} ms")
+    print(f"overhead per Cast: {overhead / 1e3:.2f} us")
+    print(f"per Cast on large tensors: {per_cast_large / 1e3:.2f} us; "
+          f"per element beyond the overhead: {(per_cast_large - overhead) / large_elems:.3f} ns")
+    for r in runners.values():
+        r.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
