@@ -9,7 +9,12 @@ op -- because its job is to rank colourings, not to predict step times:
 * everything else is element-wise: ``bytes / bandwidth``, times a per-op factor for ops
   whose float32 kernel is compute bound (Erfc, Softplus, Selu ...), and in low precision
   times the device's ratio for that op (:attr:`DeviceCosts.elementwise`) or its generic one;
-* a Cast costs ``op_overhead + elements * (4 + 2) / bandwidth``.
+* a Cast costs ``op_overhead + elements * (4 + 2) / bandwidth``, or, for a device class
+  whose Casts were measured in place inside models (:attr:`DeviceCosts.cast_ns_per_element`),
+  ``op_overhead + elements * cast_ns_per_element``;
+* a dense op in low precision whose weights change every step (a variable's read, and any
+  filter gradient) also pays the class's :attr:`DeviceCosts.low_dense_overhead`, the library's
+  re-layout of them per call; frozen weights are laid out once.
 
 Rates are per device class (:data:`DEVICE_COSTS`).  The class for this repository's CPU was
 calibrated by timing MatMul, Conv2D, depthwise convolution, element-wise chains and Casts in
@@ -67,6 +72,12 @@ class DeviceCosts:
     #: over float32 time).  Ops not listed use (1, ``low_elementwise``).
     elementwise: Mapping[str, tuple[float, float]] = field(default_factory=lambda: MappingProxyType({}),
                                                            hash=False)
+    #: Time per element of a Cast inserted into a model (ns), measured in place
+    #: (``bench/calibrate_casts.py``); ``None``: ``(4 + low bytes) / bandwidth``.
+    cast_ns_per_element: float | None = None
+    #: Fixed extra time of a dense op in low precision whose weights change every step
+    #: (variables, and every filter gradient): the library re-lays them out per call (ns).
+    low_dense_overhead: float = 0.0
 
 
 #: Element-wise ops in bfloat16 on x86 CPUs, measured on this repository's benchmark CPU (AMD
@@ -102,15 +113,24 @@ DEVICE_COSTS: dict[str, DeviceCosts] = {
     # AVX512-FP16 without AMX: native fp16 FMA at twice the float32 lanes.
     "cpu-avx512-fp16": DeviceCosts("cpu-avx512-fp16", 100.0, 200.0, 40.0, 0.55, 1.0, 4_000.0, 16, 200.0),
     # AVX512-BF16 only (this repository's benchmark machine, AMD EPYC): conv 1.5-1.8x, large
-    # MatMul ~2x, depthwise ~1.05x; a Cast of n elements ~0.36 ns/element plus ~20 us of
-    # executor overhead.  The ISA has bf16 dot products and conversions but no bf16
+    # MatMul ~2x, depthwise ~1.05x; a Cast of n elements, timed in a chain, ~0.36 ns/element
+    # plus ~20 us of executor overhead (inside a model: below).  The ISA has bf16 dot products and conversions but no bf16
     # arithmetic, so an element-wise op converts every element both ways: faster only when
     # memory bound (fused chains over >100k elements measured 1.1-1.4x), slower on the small,
     # cache-resident activations of training steps (ResNet50 at batch 2 ran 9% slower than
     # float32 with its batch-norm arithmetic in bf16).  1.2 keeps that arithmetic float32
     # unless it saves Casts.
-    "cpu-avx512-bf16": DeviceCosts("cpu-avx512-bf16", 40.0, 70.0, 16.0, 1.2, 1.0, 20_000.0, 16, 60.0,
-                                   X86_BF16_ELEMENTWISE),
+    # A Cast inside a model costs far less than one timed in a chain of Casts, where each
+    # waits for the previous one: bench/calibrate_casts.py put 128 bfloat16 round trips into
+    # EfficientNetB0 and DenseNet121 and measured no fixed cost within the noise (-3 to 0 us)
+    # and 0.15-0.24 ns per element.  Priced that way, alone, the planner converted the batch-2
+    # 1x1 convolutions of the MobileNetV2 training step and ran 13% slower than float32:
+    # timed 16 at a time, such a convolution in bfloat16 with a weight read every step, and
+    # its filter gradient, take 13-26 us *more* than in float32 (a weight re-layout per call),
+    # hence ``low_dense_overhead``.
+    "cpu-avx512-bf16": DeviceCosts("cpu-avx512-bf16", 40.0, 70.0, 16.0, 1.2, 1.0, 1_000.0, 16, 60.0,
+                                   X86_BF16_ELEMENTWISE, cast_ns_per_element=0.2,
+                                   low_dense_overhead=20_000.0),
 }
 # AMX in bfloat16: the tiles' dense rates, with the element-wise kernels of any x86 CPU
 # without bf16 arithmetic (above).
@@ -219,6 +239,7 @@ def node_cost(
     costs: DeviceCosts,
     *,
     shape_aware: bool = True,
+    constant_weights: bool = False,
 ) -> NodeCost:
     """Estimated time of one node (float32 and low precision).  Pure.
 
@@ -239,7 +260,8 @@ def node_cost(
             if bad:
                 low_rate = max(costs.misaligned_low_flops,
                                costs.low_flops * alignment_efficiency(dims, costs.multiple))
-        return NodeCost(flops / costs.f32_flops + mem_high, flops / low_rate + mem_low, flops, bad)
+        fixed = 0.0 if constant_weights and "BackpropFilter" not in op else costs.low_dense_overhead
+        return NodeCost(flops / costs.f32_flops + mem_high, flops / low_rate + mem_low + fixed, flops, bad)
     compute, low_ratio = costs.elementwise.get(op, (1.0, costs.low_elementwise))
     high = mem_high * compute
     return NodeCost(high, high * low_ratio, 0.0)
@@ -247,4 +269,7 @@ def node_cost(
 
 def cast_cost(shape: Shape, low_bytes: int, costs: DeviceCosts) -> float:
     """Estimated time of one Cast between float32 and low precision (ns).  Pure."""
-    return costs.op_overhead + elements(shape) * (4 + low_bytes) / costs.bandwidth
+    per_element = costs.cast_ns_per_element
+    if per_element is None:
+        per_element = (4 + low_bytes) / costs.bandwidth
+    return costs.op_overhead + elements(shape) * per_element

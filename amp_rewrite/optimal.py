@@ -156,6 +156,27 @@ def _is_constant(p: "_Painter", name: str) -> bool:
     return False
 
 
+def _is_swish(p: "_Painter", name: str) -> bool:
+    """Whether Sigmoid ``name`` is half of a swish, ``x * sigmoid(x)`` or Keras 3's ``x *
+    sigmoid(x * beta)`` with a constant ``beta``: Grappler's remapper fuses it into one
+    kernel (oneDNN's ``_MklSwish`` on CPU), which does not run the slow element-wise bfloat16
+    Sigmoid the cost model prices."""
+    if len(p.inputs[name]) != 1:
+        return False
+    arg = p.inputs[name][0]
+    xs = {arg}
+    if p.ops.get(arg[0]) == "Mul" and len(p.inputs[arg[0]]) == 2:
+        a, b = p.inputs[arg[0]]
+        xs |= {x for x, c in ((a, b), (b, a)) if _is_constant(p, c[0])}
+    for consumer in p.g.successors(name):
+        ins = p.inputs.get(consumer, [])
+        if p.ops.get(consumer) == "Mul" and len(ins) == 2 and (name, 0) in ins:
+            other = ins[0] if ins[1] == (name, 0) else ins[1]
+            if other in xs:
+                return True
+    return False
+
+
 def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
                     goal: str = "optimal") -> PlacementSummary:
     """Replace the greedy colouring of ``p``'s free vertices by an optimal one.  Mutates ``p``.
@@ -254,7 +275,11 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
             continue
         ins = [out_shape(src, port) for src, port in p.inputs[name]]
         outs = list(shapes.get(name, ()))
-        nc = node_cost(p.ops[name], ins, outs, 2, costs_of(name), shape_aware=shape_aware)
+        op = p.ops[name]
+        weights = p.inputs[name][1][0] if op in DENSE_OPS and len(p.inputs[name]) > 1 else None
+        nc = node_cost("_Swish" if op == "Sigmoid" and _is_swish(p, name) else op, ins, outs, 2,
+                       costs_of(name), shape_aware=shape_aware,
+                       constant_weights=weights is not None and _is_constant(p, weights))
         if p.ops[name] in DENSE_OPS:
             cost_high[carrier] += nc.high
             cost_low[carrier] += nc.low

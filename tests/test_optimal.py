@@ -207,6 +207,63 @@ def test_transcendental_ops_are_priced_from_measurements_on_x86_bfloat16():
     assert len({BF16_CPU, GPU, costs_for(amx, "bfloat16")}) == 3  # still hashable
 
 
+def test_casts_and_per_step_weights_are_priced_as_measured_in_place_on_x86_bfloat16():
+    from amp_rewrite.cost_model import DEVICE_COSTS as costs
+
+    shape = (2, 56, 56, 96)
+    n = 2 * 56 * 56 * 96
+    # In a model a Cast costs its elements (measured in place), not a chain's dispatch.
+    assert cast_cost(shape, 2, BF16_CPU) == pytest.approx(BF16_CPU.op_overhead + n * BF16_CPU.cast_ns_per_element)
+    assert cast_cost(shape, 2, BF16_CPU) < 0.5 * (20_000 + n * 6 / BF16_CPU.bandwidth)
+    assert cast_cost(shape, 2, GPU) == pytest.approx(GPU.op_overhead + n * 6 / GPU.bandwidth)  # unmeasured: bytes
+    # A low-precision convolution whose filter is read every step pays a fixed re-layout; a
+    # frozen filter does not, and a filter gradient always does.
+    x, w, y = (2, 8, 8, 32), (1, 1, 32, 192), (2, 8, 8, 192)
+    variable = node_cost("Conv2D", [x, w], [y], 2, BF16_CPU)
+    frozen = node_cost("Conv2D", [x, w], [y], 2, BF16_CPU, constant_weights=True)
+    assert variable.low - frozen.low == pytest.approx(BF16_CPU.low_dense_overhead) and variable.high == frozen.high
+    # A small training convolution gains almost nothing (less than one Cast would cost).
+    assert variable.high - variable.low < cast_cost(y, 2, BF16_CPU) < variable.high - frozen.low
+    grad = node_cost("Conv2DBackpropFilter", [x, (4,), y], [w], 2, BF16_CPU, constant_weights=True)
+    assert grad.low - grad.high == pytest.approx(variable.low - variable.high, abs=10)  # re-laid out too
+    assert costs["gpu-tensor-cores"].low_dense_overhead == 0.0
+
+
+def _swish_block(beta: float | None):
+    """Two frozen 1x1 convolutions of 32 channels around a swish (``x * sigmoid(x)``, or Keras
+    3's ``x * sigmoid(x * beta)``) on 8x56x56 maps: in bfloat16 on AVX512-BF16 the
+    convolutions gain less than an element-wise bfloat16 Sigmoid would lose."""
+    def build():
+        x = v1.placeholder(tf.float32, (8, 56, 56, 32), name="x")
+        k = tf.constant(np.full((1, 1, 32, 32), 0.01, np.float32))
+        c = tf.nn.conv2d(x, k, 1, "SAME", name="conv1")
+        arg = c if beta is None else tf.multiply(c, tf.constant(beta), name="beta")
+        h = tf.multiply(c, tf.math.sigmoid(arg, name="sigmoid"), name="swish")
+        tf.identity(tf.nn.conv2d(h, k, 1, "SAME", name="conv2"), name="out")
+
+    return graph_def(build)
+
+
+@pytest.mark.parametrize("beta", [None, 1.0])
+def test_a_swish_is_priced_as_the_fused_kernel_grappler_makes_of_it(beta, monkeypatch):
+    """Grappler fuses ``x * sigmoid(x)`` into one oneDNN kernel, which has none of the
+    element-wise bfloat16 Sigmoid's 3x loss on this CPU: the block converts.  Priced as a
+    lone Sigmoid, it would stay float32."""
+    import amp_rewrite.optimal as optimal_module
+
+    def plan():
+        report = amp_rewrite.rewrite_graph_def(_swish_block(beta), target=AVX512_BF16, precision="bfloat16",
+                                               lists="optimal", use_env=False).report
+        return {n: report["nodes"][n]["dtype"] for n in ("conv1", "sigmoid", "swish", "conv2")}
+
+    assert set(plan().values()) == {"bfloat16"}
+    monkeypatch.setattr(optimal_module, "_is_swish", lambda p, name: False)
+    assert set(plan().values()) == {"float32"}
+    sig = node_cost("Sigmoid", [(8, 28, 28, 128)], [(8, 28, 28, 128)], 2, BF16_CPU)
+    swish = node_cost("_Swish", [(8, 28, 28, 128)], [(8, 28, 28, 128)], 2, BF16_CPU)
+    assert sig.low / sig.high > 2 and swish.low / swish.high == pytest.approx(BF16_CPU.low_elementwise)
+
+
 def _gelu_block():
     """MatMul -> two Erfc (GELU's function) -> MatMul on a batch of 8: the MatMuls gain a
     little in bfloat16 on an AVX512-BF16 CPU, the Erfcs between them lose more."""
