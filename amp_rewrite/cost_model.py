@@ -9,9 +9,9 @@ op -- because its job is to rank colourings, not to predict step times:
 * everything else is element-wise: ``bytes / bandwidth``, times a per-op factor for ops
   whose float32 kernel is compute bound (Erfc, Softplus, Selu ...), and in low precision
   times the device's ratio for that op (:attr:`DeviceCosts.elementwise`) or its generic one;
-* a Cast costs ``op_overhead + elements * (4 + 2) / bandwidth``, or, for a device class
-  whose Casts were measured in place inside models (:attr:`DeviceCosts.cast_ns_per_element`),
-  ``op_overhead + elements * cast_ns_per_element``;
+* a Cast costs ``op_overhead + elements * (4 + 2) / bandwidth``, or, for a tensor of known
+  shape on a device class whose Casts were measured in place inside models
+  (:attr:`DeviceCosts.cast_in_place`), that measured fixed cost plus cost per element;
 * a dense op in low precision whose weights change every step (a variable's read, and any
   filter gradient) also pays the class's :attr:`DeviceCosts.low_dense_overhead`, the library's
   re-layout of them per call; frozen weights are laid out once.
@@ -72,9 +72,10 @@ class DeviceCosts:
     #: over float32 time).  Ops not listed use (1, ``low_elementwise``).
     elementwise: Mapping[str, tuple[float, float]] = field(default_factory=lambda: MappingProxyType({}),
                                                            hash=False)
-    #: Time per element of a Cast inserted into a model (ns), measured in place
-    #: (``bench/calibrate_casts.py``); ``None``: ``(4 + low bytes) / bandwidth``.
-    cast_ns_per_element: float | None = None
+    #: A Cast of a tensor of known shape inserted into a model, measured in place
+    #: (``bench/calibrate_casts.py``): (fixed ns, ns per element).  ``None``: ``op_overhead +
+    #: elements * (4 + low bytes) / bandwidth``, which also prices a Cast of unknown size.
+    cast_in_place: tuple[float, float] | None = None
     #: Fixed extra time of a dense op in low precision whose weights change every step
     #: (variables, and every filter gradient): the library re-lays them out per call (ns).
     low_dense_overhead: float = 0.0
@@ -128,8 +129,10 @@ DEVICE_COSTS: dict[str, DeviceCosts] = {
     # timed 16 at a time, such a convolution in bfloat16 with a weight read every step, and
     # its filter gradient, take 13-26 us *more* than in float32 (a weight re-layout per call),
     # hence ``low_dense_overhead``.
-    "cpu-avx512-bf16": DeviceCosts("cpu-avx512-bf16", 40.0, 70.0, 16.0, 1.2, 1.0, 1_000.0, 16, 60.0,
-                                   X86_BF16_ELEMENTWISE, cast_ns_per_element=0.2,
+    # The in-place price needs a known size: a tensor of unknown shape (a loop body's, mostly)
+    # keeps the chain's price, since a loop runs its Casts one after another, once per step.
+    "cpu-avx512-bf16": DeviceCosts("cpu-avx512-bf16", 40.0, 70.0, 16.0, 1.2, 1.0, 20_000.0, 16, 60.0,
+                                   X86_BF16_ELEMENTWISE, cast_in_place=(1_000.0, 0.2),
                                    low_dense_overhead=20_000.0),
 }
 # AMX in bfloat16: the tiles' dense rates, with the element-wise kernels of any x86 CPU
@@ -269,7 +272,7 @@ def node_cost(
 
 def cast_cost(shape: Shape, low_bytes: int, costs: DeviceCosts) -> float:
     """Estimated time of one Cast between float32 and low precision (ns).  Pure."""
-    per_element = costs.cast_ns_per_element
-    if per_element is None:
-        per_element = (4 + low_bytes) / costs.bandwidth
-    return costs.op_overhead + elements(shape) * per_element
+    if costs.cast_in_place is not None and _dims(shape) is not None:
+        fixed, per_element = costs.cast_in_place
+        return fixed + elements(shape) * per_element
+    return costs.op_overhead + elements(shape) * (4 + low_bytes) / costs.bandwidth

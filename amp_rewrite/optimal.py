@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import networkx as nx
@@ -261,11 +261,18 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
     device_costs: dict[str, DeviceCosts] = {}
     misaligned: dict[str, tuple[int, ...]] = {}
 
+    # A loop body runs its ops one after another, once per iteration: there a Cast costs what
+    # it costs in a chain, not the in-place price measured among a model's parallel branches.
+    serial = bool(p.g.graph.get("loop_body"))
+
     def costs_of(name: str) -> DeviceCosts:
         device = p.g._node[name]["device"]
         got = device_costs.get(device)
         if got is None:
-            got = device_costs[device] = costs_for(p.target.place(device), p.precision)
+            got = costs_for(p.target.place(device), p.precision)
+            if serial and got.cast_in_place is not None:
+                got = replace(got, cast_in_place=None)
+            device_costs[device] = got
         return got
 
     for name in p.order:
