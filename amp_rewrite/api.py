@@ -27,7 +27,7 @@ import networkx as nx
 
 from .decide import DecideOptions, Plan, decide
 from .errors import AmpRewriteError, InvalidGraphError, ListError, TargetError
-from .graph_io import export_graph_def, import_graph_def, parse_graph_def, reachable_functions
+from .graph_io import export_graph_def, import_graph_def, loop_functions, parse_graph_def, reachable_functions
 from .lists import PLANNERS, ListContext, ListEdit, OpLists, edits_from_environ, load_lists
 from .op_registry import OpRegistry, default_registry
 from .report import build_report
@@ -343,30 +343,6 @@ def rewrite_graph_def(
         )
 
 
-#: Ops whose ``cond``/``body`` functions run once per iteration.
-_LOOP_OPS = frozenset({"While", "StatelessWhile", "_While"})
-
-
-def _loop_bodies(graphs: Iterable[nx.MultiDiGraph]) -> set[str]:
-    """Names of the functions that run inside a loop: the bodies and conditions of While ops,
-    and every function those call, transitively.  Pure."""
-    calls: dict[str, set[str]] = {}
-    bodies: set[str] = set()
-    for graph in graphs:
-        for _, data in graph.nodes(data=True):
-            funcs = data.get("funcs") or ()
-            if data["op"] in _LOOP_OPS:
-                bodies.update(funcs)
-            calls.setdefault(graph.graph.get("name", ""), set()).update(funcs)
-    stack = list(bodies)
-    while stack:
-        for callee in calls.get(stack.pop(), ()):
-            if callee not in bodies:
-                bodies.add(callee)
-                stack.append(callee)
-    return bodies
-
-
 def _rewrite_graph_def(
     graph_def: Any,
     *,
@@ -427,7 +403,7 @@ def _rewrite_graph_def(
         # The cost model needs tensor sizes; TensorFlow's shape inference gives them.
         g.graph["shapes"] = graph_shapes(graph_def, known_variables)
         fdefs = {f.signature.name: f for f in graph_def.library.function}
-        bodies = _loop_bodies([g, *imported.functions.values()])
+        bodies = loop_functions(graph_def)
         for fname, fg in imported.functions.items():
             fg.graph["shapes"] = function_shapes(fdefs[fname]) if fname in fdefs else {}
             fg.graph["loop_body"] = fname in bodies

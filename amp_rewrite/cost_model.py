@@ -115,8 +115,8 @@ DEVICE_COSTS: dict[str, DeviceCosts] = {
     "cpu-avx512-fp16": DeviceCosts("cpu-avx512-fp16", 100.0, 200.0, 40.0, 0.55, 1.0, 4_000.0, 16, 200.0),
     # AVX512-BF16 only (this repository's benchmark machine, AMD EPYC): conv 1.5-1.8x, large
     # MatMul ~2x, depthwise ~1.05x; a Cast of n elements, timed in a chain, ~0.36 ns/element
-    # plus ~20 us of executor overhead (inside a model: below).  The ISA has bf16 dot products and conversions but no bf16
-    # arithmetic, so an element-wise op converts every element both ways: faster only when
+    # plus ~20 us of executor overhead (inside a model: below).  The ISA has bf16 dot
+    # products and conversions but no bf16 arithmetic, so an element-wise op converts every element both ways: faster only when
     # memory bound (fused chains over >100k elements measured 1.1-1.4x), slower on the small,
     # cache-resident activations of training steps (ResNet50 at batch 2 ran 9% slower than
     # float32 with its batch-norm arithmetic in bf16).  1.2 keeps that arithmetic float32

@@ -393,15 +393,11 @@ def _called_functions(node_defs: Any, library: set[str]) -> set[str]:
     return called
 
 
-def reachable_functions(graph_def: Any) -> set[str]:
-    """Names of library functions called, directly or through other functions, by the graph.
-
-    Calls are ops named after a function and ``func`` / ``list(func)`` attributes (While
-    bodies, If branches, PartitionedCall targets).  Grappler optimizes exactly these.
-    """
+def _calls_closure(graph_def: Any, start: set[str]) -> set[str]:
+    """``start`` and every library function those call, directly or not.  Pure."""
     by_name = {f.signature.name: f for f in graph_def.library.function}
     names = set(by_name)
-    todo = list(_called_functions(graph_def.node, names))
+    todo = list(start)
     seen = set(todo)
     while todo:
         fdef = by_name[todo.pop()]
@@ -409,6 +405,30 @@ def reachable_functions(graph_def: Any) -> set[str]:
             seen.add(callee)
             todo.append(callee)
     return seen
+
+
+def reachable_functions(graph_def: Any) -> set[str]:
+    """Names of library functions called, directly or through other functions, by the graph.
+
+    Calls are ops named after a function and ``func`` / ``list(func)`` attributes (While
+    bodies, If branches, PartitionedCall targets).  Grappler optimizes exactly these.
+    """
+    names = {f.signature.name for f in graph_def.library.function}
+    return _calls_closure(graph_def, _called_functions(graph_def.node, names))
+
+
+#: Ops whose ``cond``/``body`` functions run once per iteration.
+_LOOP_OPS = frozenset({"While", "StatelessWhile", "_While"})
+
+
+def loop_functions(graph_def: Any) -> set[str]:
+    """Names of the library functions that run inside a loop: the bodies and conditions of the
+    While ops of the graph and of its functions, and every function those call.  Pure."""
+    names = {f.signature.name for f in graph_def.library.function}
+    loops = [nd for nd in graph_def.node if nd.op in _LOOP_OPS]
+    for fdef in graph_def.library.function:
+        loops.extend(nd for nd in fdef.node_def if nd.op in _LOOP_OPS)
+    return _calls_closure(graph_def, _called_functions(loops, names))
 
 
 # ----------------------------------------------------------------------------------- export

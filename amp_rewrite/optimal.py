@@ -287,7 +287,7 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
         nc = node_cost("_Swish" if op == "Sigmoid" and _is_swish(p, name) else op, ins, outs, 2,
                        costs_of(name), shape_aware=shape_aware,
                        constant_weights=weights is not None and _is_constant(p, weights))
-        if p.ops[name] in DENSE_OPS:
+        if op in DENSE_OPS:
             cost_high[carrier] += nc.high
             cost_low[carrier] += nc.low
         else:

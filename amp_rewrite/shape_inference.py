@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping, Sequence
 
+from . import dtypes as dt
 from .errors import AmpRewriteError, InvalidGraphError
 from .tensor_names import node_name
 
@@ -98,10 +99,6 @@ def _forward_loop_shapes(node_defs: Any, shapes: dict[str, tuple[Shape, ...]]) -
     return shapes
 
 
-#: DT_RESOURCE in TensorFlow's DataType enum (types.proto); a stable wire value.
-_DT_RESOURCE = 20
-
-
 def _check_shape(name: str, shape: Any) -> Shape:
     if shape is None:
         return None
@@ -156,7 +153,7 @@ def check_variable_shapes(graph_def: Any, variable_shapes: Mapping[str, Any] | N
         if nd is None:
             raise InvalidGraphError(f"variable_shapes names {name!r}, which is not a node of the graph",
                                     node=name)
-        if nd.op != "Placeholder" or nd.attr["dtype"].type != _DT_RESOURCE:
+        if nd.op != "Placeholder" or nd.attr["dtype"].type != dt.RESOURCE:
             raise InvalidGraphError(
                 f"variable_shapes names {name!r}, a {nd.op} node; only resource placeholders "
                 "(captured variables) take a shape this way", node=name)

@@ -54,29 +54,24 @@ def _candidates(graph_def, fetches) -> list[tuple[int, str]]:
     from a placeholder, so Grappler cannot fold it) with a static shape, read by at least one
     node and not fetched."""
     shapes = graph_shapes(graph_def)
-    read = {node_name(t) for nd in graph_def.node for t in nd.input if not t.startswith("^")}
-    by_name = {nd.name: nd for nd in graph_def.node}
-    data_path: set[str] = set()
-
-    def on_path(name: str) -> bool:
-        # GraphDefs list producers before consumers only by convention: walk explicitly.
-        stack, seen = [name], set()
-        while stack:
-            n = stack.pop()
-            if n in data_path or by_name[n].op == "Placeholder":
-                return True
-            seen.add(n)
-            stack.extend(m for t in by_name[n].input if not t.startswith("^")
-                         for m in (node_name(t),) if m not in seen)
-        return False
-
+    consumers: dict[str, list[str]] = {}
+    for nd in graph_def.node:
+        for t in nd.input:
+            if not t.startswith("^"):
+                consumers.setdefault(node_name(t), []).append(nd.name)
+    # Everything downstream of a placeholder, in one sweep.
+    data_path = {nd.name for nd in graph_def.node if nd.op == "Placeholder"}
+    todo = list(data_path)
+    while todo:
+        for c in consumers.get(todo.pop(), ()):
+            if c not in data_path:
+                data_path.add(c)
+                todo.append(c)
     out = []
     for nd in graph_def.node:
-        if nd.op in ("Const", "Placeholder", "Identity") or nd.name in fetches or nd.name not in read:
+        if (nd.op in ("Const", "Placeholder", "Identity") or nd.name in fetches or nd.name not in consumers
+                or nd.name not in data_path):
             continue
-        if not on_path(nd.name):
-            continue
-        data_path.add(nd.name)
         if "T" not in nd.attr or nd.attr["T"].type != FLOAT:
             continue
         shape = (shapes.get(nd.name) or (None,))[0]
@@ -86,9 +81,9 @@ def _candidates(graph_def, fetches) -> list[tuple[int, str]]:
     return sorted(out)
 
 
-def with_round_trips(graph_def, names: list[str]):
-    """A copy of ``graph_def`` with a bfloat16 round trip on output 0 of each of ``names``,
-    read by every former consumer.  Pure."""
+def with_round_trips(graph_def, names: list[str], dtype: tf.DType = tf.bfloat16):
+    """A copy of ``graph_def`` with a round trip through ``dtype`` on output 0 of each of
+    ``names``, read by every former consumer.  Pure."""
     out = type(graph_def)()
     out.CopyFrom(graph_def)
     wrapped = set(names)
@@ -100,8 +95,8 @@ def with_round_trips(graph_def, names: list[str]):
             if name in wrapped and port in ("", "0"):
                 nd.input[i] = f"{PREFIX}/{name}/high"
     for k, name in enumerate(names):
-        for suffix, src, dst, inp in (("low", FLOAT, tf.bfloat16.as_datatype_enum, name),
-                                      ("high", tf.bfloat16.as_datatype_enum, FLOAT, f"{PREFIX}/{name}/low")):
+        low = dtype.as_datatype_enum
+        for suffix, src, dst, inp in (("low", FLOAT, low, name), ("high", low, FLOAT, f"{PREFIX}/{name}/low")):
             cast = out.node.add(name=f"{PREFIX}/{name}/{suffix}", op="Cast", input=[inp])
             cast.attr["SrcT"].type = src
             cast.attr["DstT"].type = dst

@@ -41,18 +41,6 @@ import corpus  # noqa: E402
 from calibrate_casts import with_round_trips  # noqa: E402
 
 
-def rounded_tensors(graph_def, names: list[str], dtype: tf.DType):
-    """A copy of ``graph_def`` with output 0 of each of ``names`` rounded to ``dtype`` and
-    back (a round trip of Casts).  Pure."""
-    out = with_round_trips(graph_def, names)
-    low = tf.bfloat16.as_datatype_enum
-    for nd in out.node:
-        for key in ("SrcT", "DstT"):
-            if key in nd.attr and nd.attr[key].type == low and nd.op == "Cast":
-                nd.attr[key].type = dtype.as_datatype_enum
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--graph", required=True, help="a corpus item")
@@ -78,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         "tensorflow": bench.tf_amp_rewrite(gd, fetches, mode="bf16" if bf16 else "cuda"),
         f"ours ({args.lists})": ours,
         "float32, input rounded": None,
-        f"float32, {len(args.tensor)} tensor(s) rounded": rounded_tensors(gd, args.tensor, dtype),
+        f"float32, {len(args.tensor)} tensor(s) rounded": with_round_trips(gd, args.tensor, dtype),
     }
     batches = bench.input_batches(item, args.batches)
     ref = bench.outputs(gd, item, batches)

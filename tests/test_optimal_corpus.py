@@ -81,17 +81,15 @@ def test_loop_bodies_price_casts_as_a_chain():
     after another, once per step, so the in-place Cast price measured among a CNN's parallel
     branches does not apply there; with the chain's price no MatMul of those loops converts on
     an AVX512-BF16 CPU (at the in-place price one did, and the step ran 8% slower)."""
-    from amp_rewrite.api import _loop_bodies
-    from amp_rewrite.graph_io import import_graph_def
-    from amp_rewrite.op_registry import default_registry
+    from amp_rewrite.graph_io import loop_functions
     from amp_rewrite.targets import Device, Target
 
     item = corpus.build("rnn/training")
-    imported = import_graph_def(item.graph_def, default_registry())
-    bodies = _loop_bodies([imported.graph, *imported.functions.values()])
+    bodies = loop_functions(item.graph_def)
     # The forward loops (the step calls their "_rewritten" versions) and the gradient loops,
     # bodies and conditions; the library's uncalled originals are not run at all.
-    called = {name for name in imported.functions if name.endswith("_rewritten") or "_grad_" in name}
+    library = {f.signature.name for f in item.graph_def.library.function}
+    called = {name for name in library if name.endswith("_rewritten") or "_grad_" in name}
     assert len(called) == 8 and bodies == called
     cpu = Target("cpu", (Device("CPU", 0, None, frozenset({"avx512f", "avx512_bf16"})),),
                  description="cpu (avx512_bf16)")

@@ -112,10 +112,9 @@ def captured_variable_shapes(graph: Any) -> dict[str, list[int | None]]:
         data = handle_data_util.get_resource_handle_data(t)
         if not data.is_set or len(data.shape_and_type) != 1:
             continue  # not a variable (or a resource of several tensors)
-        shape = data.shape_and_type[0].shape
-        if shape.unknown_rank:
-            continue
-        out[t.op.name] = [d.size if d.size >= 0 else None for d in shape.dim]
+        shape = tf.TensorShape(data.shape_and_type[0].shape)
+        if shape.rank is not None:
+            out[t.op.name] = shape.as_list()
     return out
 
 
