@@ -35,7 +35,7 @@ from .shape_inference import Shape, numel
 from .targets import Device
 
 __all__ = ["DeviceCosts", "DEVICE_COSTS", "costs_for", "NodeCost", "node_cost", "cast_cost",
-           "DENSE_OPS", "misaligned_dims", "alignment_efficiency", "elements"]
+           "DENSE_OPS", "ALIAS_OPS", "misaligned_dims", "alignment_efficiency", "elements"]
 
 #: Dense ops whose cost is dominated by multiply-accumulates.
 MATMUL_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
@@ -45,6 +45,10 @@ CONV_OPS = frozenset({"Conv2D", "Conv3D", "Conv2DBackpropInput", "Conv2DBackprop
 DEPTHWISE_OPS = frozenset({"DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
                            "DepthwiseConv2dNativeBackpropFilter"})
 DENSE_OPS = MATMUL_OPS | CONV_OPS | DEPTHWISE_OPS
+#: Ops that forward or re-describe their input without a kernel touching the data: free in
+#: either precision (pricing them as element-wise ops charged every weight's ``Identity``).
+ALIAS_OPS = frozenset({"Identity", "IdentityN", "Snapshot", "StopGradient", "PreventGradient",
+                       "Reshape", "Squeeze", "ExpandDims", "EnsureShape"})
 
 #: Elements assumed for one unknown dimension (typically a batch) and for an unknown rank.
 UNKNOWN_DIM = 32
@@ -79,6 +83,11 @@ class DeviceCosts:
     #: Fixed extra time of a dense op in low precision whose weights change every step
     #: (variables, and every filter gradient): the library re-lays them out per call (ns).
     low_dense_overhead: float = 0.0
+    #: Per dense op, measured inside models (``bench/calibrate_in_place.py``): (float32 time
+    #: over the roofline estimate, low-precision time over float32 time).  Ops not listed use
+    #: the rates above.
+    dense: Mapping[str, tuple[float, float]] = field(default_factory=lambda: MappingProxyType({}),
+                                                     hash=False)
 
 
 #: Element-wise ops in bfloat16 on x86 CPUs, measured on this repository's benchmark CPU (AMD
@@ -94,11 +103,35 @@ class DeviceCosts:
 X86_BF16_ELEMENTWISE: Mapping[str, tuple[float, float]] = MappingProxyType({
     "Erfc": (4.2, 5.5), "Erf": (1.6, 1.7), "Tanh": (1.5, 1.65), "Sigmoid": (1.5, 2.9),
     "Exp": (1.7, 1.5), "Log": (1.8, 1.5), "Softplus": (11.8, 1.4), "Rsqrt": (1.0, 1.65),
-    "Sqrt": (1.0, 1.35), "Relu6": (1.0, 2.35), "Elu": (1.9, 2.2), "Selu": (2.7, 3.15),
+    "Sqrt": (1.0, 1.35), "Relu6": (1.0, 2.9), "Elu": (1.9, 2.2), "Selu": (2.7, 3.15),
     "Sin": (3.2, 1.3), "Reciprocal": (1.0, 1.3), "SquaredDifference": (1.0, 1.5),
-    "Relu6Grad": (1.0, 1.4), "EluGrad": (1.0, 1.9), "SeluGrad": (1.0, 1.85),
+    "Relu6Grad": (1.0, 2.3), "EluGrad": (1.0, 1.9), "SeluGrad": (1.0, 1.85),
     "SoftplusGrad": (1.8, 2.6), "SigmoidGrad": (1.3, 1.6), "TanhGrad": (1.4, 1.8),
     "RsqrtGrad": (1.3, 2.2), "SqrtGrad": (1.0, 1.75), "ReciprocalGrad": (1.15, 1.45),
+    # Measured in place (bench/calibrate_in_place.py, two runs over eight Keras models,
+    # float32 against TensorFlow's bfloat16 rewrite, each node's own time): plain arithmetic,
+    # which timed alone is within the noise, runs 1.2-2.4x slower in bfloat16 inside models,
+    # and data movement (Pad, ConcatV2, Tile) and reductions gain from the halved bytes.
+    # "_Swish" is x * sigmoid(x), which Grappler fuses into one oneDNN kernel: as fast as
+    # float32.  (Relu6 and Relu6Grad above: in place, not alone.)
+    "Relu": (1.0, 2.4), "ReluGrad": (1.0, 1.65), "AddV2": (1.0, 1.6), "AddN": (1.0, 2.05),
+    "Sub": (1.0, 1.45), "Mul": (1.0, 1.2), "RealDiv": (1.0, 3.5), "_Swish": (4.4, 1.0),
+    "Pad": (1.0, 0.6), "ConcatV2": (1.0, 0.6), "Tile": (1.5, 0.75), "Mean": (1.3, 0.7),
+    "Sum": (1.2, 0.8),
+})
+
+#: Dense ops in bfloat16 on this repository's benchmark CPU, measured in place with
+#: ``bench/calibrate_in_place.py`` (two runs, sums over the nodes of eight Keras models at
+#: batch 2): (float32 time / roofline estimate, bfloat16 time / float32 time).  oneDNN's
+#: bfloat16 convolutions gain about 10% forward (16-27% on the largest, nothing on small
+#: ones) and 40% on the input gradient, nothing on the filter gradient, and depthwise
+#: gradients run 2.5x slower: the vendors' flop ratios overstate every one of these.
+#: Matrix dimensions that miss the multiple of 16 measured no worse here, so a measured
+#: op's ratio is not lowered for them (they are still reported).
+X86_BF16_DENSE: Mapping[str, tuple[float, float]] = MappingProxyType({
+    "Conv2D": (1.1, 0.9), "_FusedConv2D": (1.1, 0.9), "Conv2DBackpropInput": (1.95, 0.6),
+    "Conv2DBackpropFilter": (1.9, 1.05), "DepthwiseConv2dNative": (3.5, 1.0),
+    "DepthwiseConv2dNativeBackpropInput": (5.0, 2.45), "DepthwiseConv2dNativeBackpropFilter": (21.0, 2.5),
 })
 
 DEVICE_COSTS: dict[str, DeviceCosts] = {
@@ -133,7 +166,7 @@ DEVICE_COSTS: dict[str, DeviceCosts] = {
     # keeps the chain's price, since a loop runs its Casts one after another, once per step.
     "cpu-avx512-bf16": DeviceCosts("cpu-avx512-bf16", 40.0, 70.0, 16.0, 1.2, 1.0, 20_000.0, 16, 60.0,
                                    X86_BF16_ELEMENTWISE, cast_in_place=(1_000.0, 0.2),
-                                   low_dense_overhead=20_000.0),
+                                   low_dense_overhead=20_000.0, dense=X86_BF16_DENSE),
 }
 # AMX in bfloat16: the tiles' dense rates, with the element-wise kernels of any x86 CPU
 # without bf16 arithmetic (above).
@@ -249,6 +282,8 @@ def node_cost(
     ``in_shapes``/``out_shapes`` are the shapes of its float tensors (others do not change
     with the colour).  Unknown dimensions count as :data:`UNKNOWN_DIM`.
     """
+    if op in ALIAS_OPS:
+        return NodeCost(0.0, 0.0, 0.0)
     elems = sum(elements(s) for s in in_shapes) + sum(elements(s) for s in out_shapes)
     mem_high = elems * 4 / costs.bandwidth
     mem_low = elems * low_bytes / costs.bandwidth
@@ -264,7 +299,14 @@ def node_cost(
                 low_rate = max(costs.misaligned_low_flops,
                                costs.low_flops * alignment_efficiency(dims, costs.multiple))
         fixed = 0.0 if constant_weights and "BackpropFilter" not in op else costs.low_dense_overhead
-        return NodeCost(flops / costs.f32_flops + mem_high, flops / low_rate + mem_low + fixed, flops, bad)
+        measured = costs.dense.get(op)
+        if measured is None:
+            return NodeCost(flops / costs.f32_flops + mem_high, flops / low_rate + mem_low + fixed, flops, bad)
+        # Measured in place, over aligned and misaligned shapes alike: float32 time relative
+        # to the roofline, and the low-precision ratio.
+        scale, ratio = measured
+        high = (flops / costs.f32_flops + mem_high) * scale
+        return NodeCost(high, high * ratio + fixed, flops, bad)
     compute, low_ratio = costs.elementwise.get(op, (1.0, costs.low_elementwise))
     high = mem_high * compute
     return NodeCost(high, high * low_ratio, 0.0)

@@ -144,37 +144,82 @@ def _guard(problem: PlacementProblem, low: list[bool], greedy: list[bool], cast_
     return min(candidates, key=lambda sol: objective(problem, sol))
 
 
-def _is_constant(p: "_Painter", name: str) -> bool:
-    """A ``Const``, possibly behind ``Identity`` nodes (frozen weights)."""
-    for _ in range(8):
+def _constant_nodes(p: "_Painter") -> frozenset[str]:
+    """Nodes whose value Grappler's constant folding computes once, when the graph is loaded:
+    ``Const`` nodes and every stateless op whose data inputs are all such nodes (frozen
+    weights behind ``Identity``, and an inference batch norm's ``gamma * rsqrt(var + eps)``).
+    Pure; assumes ``p.order`` lists producers before consumers (a loop's back edge makes its
+    ``Merge`` non-constant, which is the safe answer)."""
+    consts: set[str] = set()
+    for name in p.order:
         op = p.ops[name]
         if op == "Const":
-            return True
-        if op != "Identity" or not p.inputs[name]:
-            return False
-        name = p.inputs[name][0][0]
-    return False
+            consts.add(name)
+            continue
+        ins = p.inputs.get(name) or []
+        sig = p.registry.op(op)
+        if ins and sig is not None and not sig.is_stateful and all(src in consts for src, _ in ins):
+            consts.add(name)
+    return frozenset(consts)
 
 
-def _is_swish(p: "_Painter", name: str) -> bool:
-    """Whether Sigmoid ``name`` is half of a swish, ``x * sigmoid(x)`` or Keras 3's ``x *
-    sigmoid(x * beta)`` with a constant ``beta``: Grappler's remapper fuses it into one
-    kernel (oneDNN's ``_MklSwish`` on CPU), which does not run the slow element-wise bfloat16
-    Sigmoid the cost model prices."""
+#: Element-wise ops with one constant operand that Grappler folds into the frozen convolution
+#: or MatMul before them (constant folding pushes the scale and shift of an inference batch
+#: norm into the weights and a bias; the remapper fuses the bias), and the activations the
+#: remapper fuses after such a bias.
+_FOLDABLE_AFFINE = frozenset({"Add", "AddV2", "Sub", "Mul", "BiasAdd", "RealDiv"})
+_FUSABLE_ACTIVATIONS = frozenset({"Relu", "Relu6", "Elu", "LeakyRelu"})
+_FORWARD_DENSE = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "MatMul", "_FusedConv2D",
+                            "_FusedMatMul"})
+
+
+def _is_folded(p: "_Painter", name: str, consts: frozenset[str], memo: dict[str, bool]) -> bool:
+    """Whether element-wise ``name`` disappears when the graph is loaded, folded or fused into
+    the dense op with constant weights before it (through other such ops, each the only
+    consumer of its input).  Such a node costs nothing at run time in either precision:
+    pricing it as a kernel, as the model prices other element-wise ops, charged every
+    batch norm of a frozen model as if it ran and kept its convolutions float32.  Pure
+    (``memo`` caches answers)."""
+    got = memo.get(name)
+    if got is not None:
+        return got
+    memo[name] = False
+    op, ins = p.ops[name], p.inputs[name]
+    src = None
+    if op in _FOLDABLE_AFFINE and len(ins) == 2:
+        variable = [i for i in ins if i[0] not in consts]
+        src = variable[0][0] if len(variable) == 1 else None
+    elif op in _FUSABLE_ACTIVATIONS and len(ins) == 1:
+        src = ins[0][0]
+    folded = False
+    if src is not None and sum(1 for _ in p.g.successors(src)) == 1:
+        src_ins = p.inputs[src]
+        folded = ((p.ops[src] in _FORWARD_DENSE and len(src_ins) > 1 and src_ins[1][0] in consts)
+                  or _is_folded(p, src, consts, memo))
+    memo[name] = folded
+    return folded
+
+
+def _swish_parts(p: "_Painter", name: str, consts: frozenset[str]) -> tuple[str, ...]:
+    """The Muls fused with Sigmoid ``name`` into one swish kernel, or ``()`` when it is not
+    half of a swish.  A swish is ``x * sigmoid(x)`` or Keras 3's ``x * sigmoid(x * beta)``
+    with a constant ``beta``: Grappler's remapper fuses it into one kernel (oneDNN's
+    ``_MklSwish`` on CPU), which runs neither the slow element-wise bfloat16 Sigmoid nor the
+    Muls the cost model would price.  Pure."""
     if len(p.inputs[name]) != 1:
-        return False
+        return ()
     arg = p.inputs[name][0]
-    xs = {arg}
+    inner: dict[tuple[str, int], tuple[str, ...]] = {arg: ()}
     if p.ops.get(arg[0]) == "Mul" and len(p.inputs[arg[0]]) == 2:
         a, b = p.inputs[arg[0]]
-        xs |= {x for x, c in ((a, b), (b, a)) if _is_constant(p, c[0])}
-    for consumer in p.g.successors(name):
+        inner.update({x: (arg[0],) for x, c in ((a, b), (b, a)) if c[0] in consts})
+    for consumer in sorted(p.g.successors(name)):
         ins = p.inputs.get(consumer, [])
         if p.ops.get(consumer) == "Mul" and len(ins) == 2 and (name, 0) in ins:
             other = ins[0] if ins[1] == (name, 0) else ins[1]
-            if other in xs:
-                return True
-    return False
+            if other in inner:
+                return (consumer, *inner[other])
+    return ()
 
 
 def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
@@ -275,6 +320,12 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
             device_costs[device] = got
         return got
 
+    folded: dict[str, bool] = {}
+    consts = _constant_nodes(p)
+    # A swish is priced as one fused kernel, on its Sigmoid; its Muls cost nothing more.
+    swishes = {name: parts for name in p.order if p.ops[name] == "Sigmoid"
+               for parts in [_swish_parts(p, name, consts)] if parts}
+    swish_muls = {m for parts in swishes.values() for m in parts}
     for name in p.order:
         vs = tg.by_node[name]
         carrier = next((v for v in vs if free[v]), None)
@@ -283,17 +334,24 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
         ins = [out_shape(src, port) for src, port in p.inputs[name]]
         outs = list(shapes.get(name, ()))
         op = p.ops[name]
+        if name in consts or (op not in DENSE_OPS and _is_folded(p, name, consts, folded)):
+            continue
         weights = p.inputs[name][1][0] if op in DENSE_OPS and len(p.inputs[name]) > 1 else None
-        nc = node_cost("_Swish" if op == "Sigmoid" and _is_swish(p, name) else op, ins, outs, 2,
-                       costs_of(name), shape_aware=shape_aware,
-                       constant_weights=weights is not None and _is_constant(p, weights))
-        if op in DENSE_OPS:
+        if name in swish_muls:
+            continue  # priced with its Sigmoid
+        priced = "_Swish" if name in swishes else op
+        device = costs_of(name)
+        nc = node_cost(priced, ins, outs, 2, device, shape_aware=shape_aware,
+                       constant_weights=weights is not None and weights in consts)
+        if op in DENSE_OPS or priced in device.elementwise:
+            # Dense ops, and element-wise ops whose time on this device class was measured.
             cost_high[carrier] += nc.high
             cost_low[carrier] += nc.low
         else:
-            # Element-wise ops: a possible gain in low precision is not worth a Cast here
-            # (the planner minimizes Casts first, as TensorFlow's lists intend), but a loss
-            # -- low-precision kernels slower than float32 on the target -- counts.
+            # Other element-wise ops: the generic ratio is a rough guess, and a gain guessed
+            # from it is not worth a Cast (the planner minimizes Casts first, as TensorFlow's
+            # lists intend), but a loss -- low-precision kernels slower than float32 on the
+            # target -- counts.
             cost_low[carrier] += max(0.0, nc.low - nc.high)
         if nc.misaligned and cat[carrier] == "allow":
             misaligned[name] = nc.misaligned
@@ -324,7 +382,7 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
         if min_casts:
             # Bytes, plus one per Cast so that fewer Casts win a tie.
             cost = 1.0 + nbytes
-        elif _is_constant(p, src):
+        elif src in consts:
             # A Cast of a constant is folded by Grappler when the graph is loaded: it costs
             # nothing per step (weights of frozen graphs; variables are read every step).
             # It still costs a little, so that among equally fast colourings the cut prefers

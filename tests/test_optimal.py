@@ -118,7 +118,13 @@ def test_min_cut_is_optimal_on_small_graphs_by_brute_force(name, target):
     problem = summary.problem
     free = sum(1 for f in problem.fixed if f == FREE)
     assert 2 <= free <= 16, free
-    assert objective(problem, summary.solution) == pytest.approx(_brute_force(problem))
+    best = _brute_force(problem)
+    assert objective(problem, solve(problem)) == pytest.approx(best)
+    # The plan is that optimum, unless the Cast guard traded it for fewer Casts (an
+    # element-wise op measured slower in low precision can make the optimum split a tensor
+    # TensorFlow's colouring keeps whole).
+    if not summary.guarded:
+        assert objective(problem, summary.solution) == pytest.approx(best)
     # ... and no worse than TensorFlow's greedy colouring or float32, on the same model.
     assert summary.optimal_us <= summary.greedy_us + 1e-9
     assert summary.optimal_us <= summary.float32_us + 1e-9
@@ -261,7 +267,7 @@ def test_a_swish_is_priced_as_the_fused_kernel_grappler_makes_of_it(beta, monkey
         return {n: report["nodes"][n]["dtype"] for n in ("conv1", "sigmoid", "swish", "conv2")}
 
     assert set(plan().values()) == {"bfloat16"}
-    monkeypatch.setattr(optimal_module, "_is_swish", lambda p, name: False)
+    monkeypatch.setattr(optimal_module, "_swish_parts", lambda p, name, consts: ())
     assert set(plan().values()) == {"float32"}
     sig = node_cost("Sigmoid", [(8, 28, 28, 128)], [(8, 28, 28, 128)], 2, BF16_CPU)
     swish = node_cost("_Swish", [(8, 28, 28, 128)], [(8, 28, 28, 128)], 2, BF16_CPU)

@@ -1,0 +1,154 @@
+"""Calibrate the cost model in place: every op's time inside real models, float32 against bfloat16.
+
+Usage::
+
+    python bench/calibrate_in_place.py                                  # the default models
+    python bench/calibrate_in_place.py --items efficientnetb0/inference --rounds 15
+
+``calibrate_elementwise.py`` times one op at a time on fresh tensors; inside a model the same
+kernels behave differently (other tensors compete for the caches, Grappler fuses Conv2D with
+its bias and activation, the executor overlaps branches), and the planner ranks colourings of
+whole models.  This script runs each corpus item twice, as the float32 graph and as
+TensorFlow's own oneDNN bfloat16 rewrite (which converts every op it can), alternately for
+``--rounds`` rounds with ``RunOptions.FULL_TRACE``, and reads every node's own time from the
+step stats.  Nodes are matched by name; a node the remapper fused (Conv2D + BiasAdd + Relu is
+named after its last op) is charged to the dense op at its head.  Only nodes that ran in
+bfloat16 in the rewritten graph count.
+
+Per op (and per size band, for dense ops), it prints the summed float32 time over the cost
+model's float32 estimate for the same nodes (:func:`amp_rewrite.cost_model.node_cost`, with
+the device class given by ``--class``, its per-op tables set aside) and the summed bfloat16
+time over the summed float32 time.  Sums, not medians of per-node ratios, because the planner
+adds node times: the large nodes are the ones that matter.  These are the numbers
+:data:`amp_rewrite.cost_model.DEVICE_COSTS` keeps per op (``dense`` and ``elementwise``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import statistics
+import sys
+from dataclasses import replace
+from types import MappingProxyType
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, ".."), HERE]
+
+import tensorflow as tf  # noqa: E402
+
+import bench  # noqa: E402  (Runner: a session as users run one)
+from amp_rewrite.cost_model import DENSE_OPS, DEVICE_COSTS, node_cost  # noqa: E402
+from amp_rewrite.shape_inference import check_variable_shapes, graph_shapes  # noqa: E402
+from amp_rewrite.tensor_names import parse_graph_input  # noqa: E402
+from models import corpus  # noqa: E402
+
+DEFAULT_ITEMS = ("efficientnetb0/inference", "efficientnetb0/training", "mobilenetv2/inference",
+                 "mobilenetv2/training", "resnet50/inference", "resnet50/training",
+                 "densenet121/inference", "inceptionv3/inference")
+_LABEL_OP = re.compile(r"[^=]*= (\S+?)\(")
+_FUSED_DENSE = re.compile(r"Conv|MatMul|Depthwise")
+
+
+def _dense_head(name: str, ops: dict[str, str], first_input: dict[str, str]) -> str | None:
+    """The dense op a fused node named ``name`` starts from (``name`` itself if dense)."""
+    for _ in range(4):
+        if ops.get(name) in DENSE_OPS:
+            return name
+        name = first_input.get(name, "")
+    return None
+
+
+def node_times(graph_def, item, rounds: int) -> dict[str, tuple[list[float], list[float], int, str]]:
+    """Per node of ``graph_def``: float32 times, bfloat16 times (us, one per round), the
+    dtype enum the node produced in the bfloat16 run and the kernel that ran it there."""
+    from tf_oracle import tf_amp_rewrite
+
+    variants = {"f32": graph_def, "bf16": tf_amp_rewrite(graph_def, list(item.fetches), mode="bf16")}
+    runners = {k: bench.Runner(v, item) for k, v in variants.items()}
+    options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+    times: dict[str, dict[str, list[float]]] = {k: collections.defaultdict(list) for k in runners}
+    dtypes: dict[str, int] = {}
+    kernels: dict[str, str] = {}
+    try:
+        for _ in range(rounds):
+            for k, r in runners.items():
+                meta = tf.compat.v1.RunMetadata()
+                r.sess.run(r.fetches, r.feeds, options=options, run_metadata=meta)
+                for dev in meta.step_stats.dev_stats:
+                    for ns in dev.node_stats:
+                        times[k][ns.node_name].append(ns.op_end_rel_micros - ns.op_start_rel_micros)
+                        if k == "bf16" and ns.output:
+                            dtypes[ns.node_name] = ns.output[0].tensor_description.dtype
+                            m = _LABEL_OP.match(ns.timeline_label)
+                            kernels[ns.node_name] = m.group(1) if m else ""
+    finally:
+        for r in runners.values():
+            r.close()
+    return {n: (times["f32"][n], times["bf16"][n], dtypes.get(n, 0), kernels.get(n, ""))
+            for n in times["f32"] if n in times["bf16"]}
+
+
+def calibrate(items: list[str], cls: str, rounds: int) -> dict[tuple[str, str], list[float]]:
+    """Per (op, band): [measured float32 us, modelled float32 us, measured bfloat16 us, nodes]."""
+    bare = replace(DEVICE_COSTS[cls], elementwise=MappingProxyType({}), dense=MappingProxyType({}))
+    acc: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0])
+    for name in items:
+        item = corpus.build(name)
+        gd = item.graph_def
+        known = check_variable_shapes(gd, {k: v.shape for k, v in item.variables.items()})
+        shapes = graph_shapes(gd, known)
+        ops = {n.name: n.op for n in gd.node}
+        inputs = {n.name: [parse_graph_input(i) for i in n.input if not i.startswith("^")] for n in gd.node}
+        first = {n: ins[0].node for n, ins in inputs.items() if ins}
+        print(f"== {name}", flush=True)
+        for node, (t32, t16, dtype, kernel) in node_times(gd, item, rounds).items():
+            if dtype != tf.bfloat16.as_datatype_enum or node not in ops:
+                continue
+            head, op = node, ops[node]
+            if op not in DENSE_OPS and _FUSED_DENSE.search(kernel):
+                # The remapper's fusion, named after its last op: charge the dense op.
+                head = _dense_head(node, ops, first) or node
+                op = ops[head]
+            elif kernel == "_MklSwish":
+                op = "_Swish"  # x * sigmoid(x), fused: priced apart from a lone Sigmoid
+            ins = [shapes.get(r.node, ())[r.port] if r.port < len(shapes.get(r.node, ())) else None
+                   for r in inputs[head]]
+            outs = list(shapes.get(head, ()))
+            model = node_cost(op, ins, outs, 2, bare).high / 1e3
+            band = ""
+            if op in DENSE_OPS:
+                priced = node_cost(op, ins, outs, 2, bare)
+                band = "<20M" if priced.flops < 2e7 else ("<200M" if priced.flops < 2e8 else ">=200M")
+                band += " mis" if priced.misaligned else ""
+            a = acc[(op, band)]
+            a[0] += statistics.median(t32)
+            a[1] += model
+            a[2] += statistics.median(t16)
+            a[3] += 1
+    return acc
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--items", default=",".join(DEFAULT_ITEMS), help="corpus items, comma-separated")
+    ap.add_argument("--class", dest="cls", default="cpu-avx512-bf16", choices=sorted(DEVICE_COSTS))
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--min-us", type=float, default=300.0, help="leave out ops with less float32 time")
+    args = ap.parse_args(argv)
+    acc = calibrate(args.items.split(","), args.cls, args.rounds)
+    print(f"{'op':40s} {'flops':11s} {'nodes':>5s} {'f32 us':>8s} {'f32/model':>9s} {'bf16/f32':>8s}")
+    for (op, band), (t32, model, t16, count) in sorted(acc.items(), key=lambda kv: -kv[1][0]):
+        if t32 < args.min_us:
+            continue
+        print(f"{op:40s} {band:11s} {count:5d} {t32:8.0f} {t32 / max(model, 1e-9):9.2f} {t16 / t32:8.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
