@@ -5,7 +5,10 @@ pays.  The model is deliberately simple -- a roofline per node plus a fixed cost
 op -- because its job is to rank colourings, not to predict step times:
 
 * dense math (MatMul, BatchMatMul, Conv2D/3D and their gradients, Einsum) costs
-  ``flops / rate(dtype) + bytes / bandwidth``;
+  ``flops / rate(dtype) + bytes / bandwidth``, or, for an op whose time the device class
+  measured inside models (:attr:`DeviceCosts.dense`), that roofline scaled to the measured
+  float32 time, times the measured low-precision ratio;
+* ops that only forward or re-describe a tensor (:data:`ALIAS_OPS`) cost nothing;
 * everything else is element-wise: ``bytes / bandwidth``, times a per-op factor for ops
   whose float32 kernel is compute bound (Erfc, Softplus, Selu ...), and in low precision
   times the device's ratio for that op (:attr:`DeviceCosts.elementwise`) or its generic one;
@@ -17,8 +20,8 @@ op -- because its job is to rank colourings, not to predict step times:
   re-layout of them per call; frozen weights are laid out once.
 
 Rates are per device class (:data:`DEVICE_COSTS`).  The class for this repository's CPU was
-calibrated by timing MatMul, Conv2D, depthwise convolution, element-wise chains and Casts in
-float32 and bfloat16 (see CONTRIBUTING.md); the GPU and AMX ones follow the vendors'
+calibrated by timing every node of eight Keras models in float32 and in bfloat16, in place
+(``bench/calibrate_in_place.py``), and Casts inserted into models (see CONTRIBUTING.md); the GPU and AMX ones follow the vendors'
 published ratios (Tensor Cores 8x float32 math, AMX about 8x AVX-512 float32); a Cast on a
 GPU costs about 2 us (kernel launch; the executor's host time overlaps the device).
 Shape-aware: a matrix whose dimensions miss the device's preferred multiple loses part of
@@ -97,9 +100,8 @@ class DeviceCosts:
 #: conversions and dot products but no bf16 arithmetic, and TensorFlow's element-wise kernels
 #: are Eigen's, converting element by element: transcendental functions and most activation
 #: gradients run 1.4-5.5x slower than in float32 (GELU's Erfc in a BERT-like encoder took 861
-#: us against 122 us per step).  Ops within the noise of the generic ratio (plain arithmetic,
-#: Relu, ReluGrad) are not listed; ops faster in bfloat16 are not listed either, since the
-#: planner never counts an element-wise gain.
+#: us against 122 us per step).  The second group was measured in place, inside models; the
+#: planner counts a listed op's gain as well as its loss, and only the loss of an unlisted one.
 X86_BF16_ELEMENTWISE: Mapping[str, tuple[float, float]] = MappingProxyType({
     "Erfc": (4.2, 5.5), "Erf": (1.6, 1.7), "Tanh": (1.5, 1.65), "Sigmoid": (1.5, 2.9),
     "Exp": (1.7, 1.5), "Log": (1.8, 1.5), "Softplus": (11.8, 1.4), "Rsqrt": (1.0, 1.65),
