@@ -1,0 +1,61 @@
+"""Unit tests of the calibration tools in bench/ (their pure parts; the timings need a quiet
+machine and run by hand, see CONTRIBUTING.md)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+from graphs import graph_def, v1
+
+import corpus  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+
+# Importing the bench tools registers the benchmark's larger models with the test corpus
+# (bench/models.py); put the corpus back, so that other test files keep their own items.
+_MODELS, _INPUTS = dict(corpus.MODELS), corpus._inputs
+import calibrate_casts  # noqa: E402
+import calibrate_in_place  # noqa: E402
+
+corpus.MODELS.clear()
+corpus.MODELS.update(_MODELS)
+corpus._inputs = _INPUTS
+
+
+def test_cast_candidates_are_float32_tensors_of_the_data_path():
+    """``ShapeN`` has ``T=float`` but returns int32: a round trip through bfloat16 on it would
+    not import.  Constants (folded) and fetched tensors are not candidates either."""
+    def build():
+        x = v1.placeholder(tf.float32, (2, 8), name="x")
+        w = tf.constant(np.ones((8, 8), np.float32), name="w")
+        h = tf.nn.relu(tf.matmul(x, w, name="mm"), name="relu")
+        shape = tf.raw_ops.ShapeN(input=[h], name="shape_n")[0]
+        tf.identity(tf.reshape(tf.multiply(h, 2.0, name="double"), shape, name="reshape"), name="out")
+
+    gd = graph_def(build)
+    names = [n for _, n in calibrate_casts._candidates(gd, {"out"})]
+    assert "shape_n" not in names and "w" not in names and "out" not in names
+    assert {"mm", "relu", "double"} <= set(names)
+    wrapped = calibrate_casts.with_round_trips(gd, ["relu"])
+    tf.graph_util.import_graph_def(wrapped, name="")  # imports: the types line up
+    casts = [n for n in wrapped.node if n.op == "Cast"]
+    assert [(c.attr["SrcT"].type, c.attr["DstT"].type) for c in casts] == [
+        (tf.float32.as_datatype_enum, tf.bfloat16.as_datatype_enum),
+        (tf.bfloat16.as_datatype_enum, tf.float32.as_datatype_enum)]
+    assert len(gd.node) + 2 == len(wrapped.node)
+
+
+def test_a_fused_node_is_charged_to_the_dense_op_at_its_head():
+    """The remapper names Conv2D + BiasAdd + Relu after the Relu; the in-place calibration
+    charges its time to the convolution, and a node that is no fusion to itself."""
+    ops = {"conv": "Conv2D", "bias": "BiasAdd", "relu": "Relu", "x": "Placeholder", "add": "AddV2"}
+    first = {"conv": "x", "bias": "conv", "relu": "bias", "add": "x"}
+    assert calibrate_in_place._dense_head("relu", ops, first) == "conv"
+    assert calibrate_in_place._dense_head("conv", ops, first) == "conv"
+    assert calibrate_in_place._dense_head("add", ops, first) is None
+    assert calibrate_in_place._FUSED_DENSE.search("_MklNativeFusedConv2D")
+    assert not calibrate_in_place._FUSED_DENSE.search("_MklSwish")
