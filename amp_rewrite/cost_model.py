@@ -21,8 +21,8 @@ op -- because its job is to rank colourings, not to predict step times:
 
 Rates are per device class (:data:`DEVICE_COSTS`).  The class for this repository's CPU was
 calibrated by timing every node of eight Keras models in float32 and in bfloat16, in place
-(``bench/calibrate_in_place.py``), and Casts inserted into models (see CONTRIBUTING.md); the GPU and AMX ones follow the vendors'
-published ratios (Tensor Cores 8x float32 math, AMX about 8x AVX-512 float32); a Cast on a
+(``bench/calibrate_in_place.py``), and Casts inserted into models (see CONTRIBUTING.md); the
+GPU and AMX ones follow the vendors' published ratios (Tensor Cores 8x float32 math, AMX about 8x AVX-512 float32); a Cast on a
 GPU costs about 2 us (kernel launch; the executor's host time overlaps the device).
 Shape-aware: a matrix whose dimensions miss the device's preferred multiple loses part of
 the low-precision speed-up (:func:`alignment_efficiency`).
@@ -148,14 +148,13 @@ DEVICE_COSTS: dict[str, DeviceCosts] = {
     "cpu-amx": DeviceCosts("cpu-amx", 100.0, 800.0, 40.0, 0.55, 1.0, 4_000.0, 32, 200.0),
     # AVX512-FP16 without AMX: native fp16 FMA at twice the float32 lanes.
     "cpu-avx512-fp16": DeviceCosts("cpu-avx512-fp16", 100.0, 200.0, 40.0, 0.55, 1.0, 4_000.0, 16, 200.0),
-    # AVX512-BF16 only (this repository's benchmark machine, AMD EPYC): conv 1.5-1.8x, large
-    # MatMul ~2x, depthwise ~1.05x; a Cast of n elements, timed in a chain, ~0.36 ns/element
-    # plus ~20 us of executor overhead (inside a model: below).  The ISA has bf16 dot
-    # products and conversions but no bf16 arithmetic, so an element-wise op converts every element both ways: faster only when
-    # memory bound (fused chains over >100k elements measured 1.1-1.4x), slower on the small,
-    # cache-resident activations of training steps (ResNet50 at batch 2 ran 9% slower than
-    # float32 with its batch-norm arithmetic in bf16).  1.2 keeps that arithmetic float32
-    # unless it saves Casts.
+    # AVX512-BF16 only (this repository's benchmark machine, AMD EPYC): large MatMul ~2x
+    # (convolutions and depthwise ones are priced from X86_BF16_DENSE, measured in models);
+    # a Cast of n elements, timed in a chain, ~0.36 ns/element plus ~20 us of executor
+    # overhead (inside a model: below).  The ISA has bf16 dot products and conversions but
+    # no bf16 arithmetic, so an element-wise op converts every element both ways: slower on
+    # the small, cache-resident activations of training steps.  The generic 1.2 keeps
+    # unmeasured element-wise ops float32 unless that costs Casts.
     # A Cast inside a model costs far less than one timed in a chain of Casts, where each
     # waits for the previous one: bench/calibrate_casts.py put 128 bfloat16 round trips into
     # EfficientNetB0 and DenseNet121 and measured no fixed cost within the noise (-3 to 0 us)

@@ -346,11 +346,12 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
         ins = [out_shape(src, port) for src, port in p.inputs[name]]
         outs = list(shapes.get(name, ()))
         op = p.ops[name]
-        if name in consts or (op not in DENSE_OPS and _is_folded(p, name, consts, folded)):
+        # Nothing runs for a constant (folded when the graph is loaded), an op folded into a
+        # frozen dense op, or a swish's Mul (priced with its Sigmoid).
+        if (name in consts or name in swish_muls
+                or (op not in DENSE_OPS and _is_folded(p, name, consts, folded))):
             continue
         weights = p.inputs[name][1][0] if op in DENSE_OPS and len(p.inputs[name]) > 1 else None
-        if name in swish_muls:
-            continue  # priced with its Sigmoid
         priced = "_Swish" if name in swishes else op
         device = costs_of(name)
         nc = node_cost(priced, ins, outs, 2, device, shape_aware=shape_aware,

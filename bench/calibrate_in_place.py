@@ -120,10 +120,10 @@ def calibrate(items: list[str], cls: str, rounds: int) -> dict[tuple[str, str], 
             ins = [shapes.get(r.node, ())[r.port] if r.port < len(shapes.get(r.node, ())) else None
                    for r in inputs[head]]
             outs = list(shapes.get(head, ()))
-            model = node_cost(op, ins, outs, 2, bare).high / 1e3
+            priced = node_cost(op, ins, outs, 2, bare)
+            model = priced.high / 1e3
             band = ""
             if op in DENSE_OPS:
-                priced = node_cost(op, ins, outs, 2, bare)
                 band = "<20M" if priced.flops < 2e7 else ("<200M" if priced.flops < 2e8 else ">=200M")
                 band += " mis" if priced.misaligned else ""
             a = acc[(op, band)]
