@@ -424,7 +424,11 @@ def _rewrite_graph_def(
 
     options = DecideOptions(force_all=lvl == "UNSAFE_FORCE_ALL", preserve=frozenset(preserve),
                             tensorflow_bugs=tensorflow_bugs, planner=chosen_planner,  # type: ignore[arg-type]
-                            normalization_aware=optimal)
+                            normalization_aware=optimal,
+                            # Statistics stay float32 in every profile but TensorFlow's own
+                            # (parity), also where the lists infer Mean (optimal, in bfloat16).
+                            moments_float32=optimal or (op_lists.profile != "tensorflow"
+                                                        and "Mean" not in op_lists.deny))
     plans: dict[str, Plan] = {}
     stats: dict[str, RewriteStats] = {}
     t1 = clock()

@@ -41,7 +41,7 @@ import networkx as nx
 from . import dtypes as dt
 from . import ir
 from .errors import InvalidGraphError
-from .normalization import find_normalizations
+from .normalization import NormalizationInfo, find_normalizations
 from .op_registry import KernelSpec, OpRegistry, OpSignature
 from .targets import Target, parse_device_name
 from .type_attrs import NodeTypes, TypeAttr, get_dtype, node_types, opaque_node_types
@@ -205,6 +205,9 @@ class DecideOptions:
     #: Stop deny propagation at the apply ops of moment-based normalizations
     #: (:mod:`amp_rewrite.normalization`).
     normalization_aware: bool = False
+    #: Deny the ``Mean`` nodes of moment-based normalizations (mean and variance) even where
+    #: the lists infer ``Mean``: every profile but TensorFlow's own keeps statistics float32.
+    moments_float32: bool = False
     #: Let the cost model penalize matrices whose dimensions miss the device's multiple.
     shape_aware: bool = True
 
@@ -830,8 +833,13 @@ class _Painter:
         self.had_allow = True
 
         # Pass 2: deny propagates forward through clear/infer when it reaches deny/infer.
-        # Normalization-aware: not from a statistic into the op that applies it.
-        blocked = self._normalization_blocks() if self.options.normalization_aware else set()
+        # Normalization-aware: not from a statistic into the op that applies it.  Moments
+        # kept float32: their Mean nodes are denied like deny-list ops.
+        aware, pin = self.options.normalization_aware, self.options.moments_float32
+        info = find_normalizations(self.g, self.inputs) if aware or pin else None
+        blocked = self._normalization_blocks(info) if aware and info is not None else set()
+        moments = ({v for name in info.moments for v in tg.by_node.get(name, ()) if self.is_f32(v)}
+                   if pin and info is not None else set())
         if not force_all:
             reach: set[int] = {v for v in range(n) if cat[v] in ("deny", "infer")}
             stack = list(reach)
@@ -842,10 +850,16 @@ class _Painter:
                         reach.add(y)
                         stack.append(y)
             for r in range(n):
-                if cat[r] != "deny" or r in deny:
+                if (cat[r] != "deny" and r not in moments) or r in deny:
                     continue
                 deny.add(r)
-                reason[r] = op_reason(r, "{} is on the deny list")
+                if cat[r] == "deny":
+                    reason[r] = op_reason(r, "{} is on the deny list")
+                else:
+                    # A profile may let Mean run in low precision (its kernels accumulate in
+                    # float32), but a normalization's statistics stay float32 regardless.
+                    reason[r] = (f"{ops_l[v_node[r]]} computes a normalization's moment statistic: "
+                                 "kept float32 (normalization-aware safety)")
                 stack = [r]
                 while stack:
                     x = stack.pop()
@@ -967,10 +981,10 @@ class _Painter:
             return False  # what reads_ref_var answers for every other op
         return self.reads_ref_var(self.order[i])
 
-    def _normalization_blocks(self) -> set[tuple[int, int]]:
-        """(statistic vertex, apply vertex) pairs along which deny must not propagate."""
+    def _normalization_blocks(self, info: NormalizationInfo) -> set[tuple[int, int]]:
+        """(statistic vertex, apply vertex) pairs along which deny must not propagate.
+        Records each apply node's reason in :attr:`normalized`."""
         tg = self.tg
-        info = find_normalizations(self.g, self.inputs)
         blocked: set[tuple[int, int]] = set()
         for name, (ports, norm) in sorted(info.apply.items()):
             types = self.types.get(name)

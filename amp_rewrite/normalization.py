@@ -9,6 +9,8 @@ ops instead of ``FusedBatchNorm``::
 
 ``Mean`` is deny-listed, and TensorFlow's deny propagation then paints every ``Mul``/``Add``
 after it -- and through them the ReLUs and residual adds of the whole network -- float32.
+(Where a profile infers ``Mean`` -- the optimal profile in bfloat16, whose kernels sum in
+float32 -- the moments found here are denied all the same: ``NormalizationInfo.moments``.)
 But only the *statistics* (``mean``, ``var``, ``scale``, ``offset``: reductions and
 per-channel vectors) need float32.  The *apply* ops that combine a full-size tensor with a
 statistic (``x * scale``, ``+ offset``, ``x - mean``, and the same products in the
@@ -89,11 +91,15 @@ class NormalizationInfo:
 
     ``apply`` maps each apply node to the data input ports that carry statistics and the
     normalization it belongs to; ``stats`` are the statistic nodes (they keep float32).
+    ``moments`` are the ``Mean`` nodes of every mean/variance pair found, those of
+    normalizations left out for too few values included: a profile whose lists let ``Mean``
+    run in low precision still keeps these float32.
     """
 
     norms: tuple[Normalization, ...] = ()
     apply: Mapping[str, tuple[frozenset[int], Normalization]] = field(default_factory=dict)
     stats: frozenset[str] = frozenset()
+    moments: frozenset[str] = frozenset()
 
 
 def _resource_placeholder(g: nx.MultiDiGraph, name: str) -> bool:
@@ -177,6 +183,7 @@ def find_normalizations(
         return out
 
     norms: list[Normalization] = []
+    moments: set[str] = set()
     for m1 in sorted(n for n, op in ops.items() if op == "Mean"):
         ins = inputs(m1)
         if not ins:
@@ -205,6 +212,7 @@ def find_normalizations(
             if variance:
                 break
         if variance is not None:
+            moments.update((m1, variance))
             count = _statistic_count(shapes, x, m1)
             if count is not None and count < min_count:
                 log.debug("normalization %s/%s left float32: its statistics reduce %d values (fewer than %d)",
@@ -212,7 +220,7 @@ def find_normalizations(
                 continue
             norms.append(Normalization(x[0], m1, variance))
     if not norms:
-        return NormalizationInfo()
+        return NormalizationInfo(moments=frozenset(moments))
 
     stats: set[str] = set()
     owner: dict[str, Normalization] = {}
@@ -261,7 +269,7 @@ def find_normalizations(
             )
             if ports:
                 apply[c] = (ports, apply[a][1])
-    return NormalizationInfo(tuple(norms), apply, frozenset(stats))
+    return NormalizationInfo(tuple(norms), apply, frozenset(stats), frozenset(moments))
 
 
 def _is_mean_gradient(name: str, ops: Mapping[str, str], inputs, is_param) -> bool:

@@ -341,6 +341,13 @@ def test_optimal_profile_has_default_lists_and_optimal_planner():
     default = load_lists("default", context=CUDA)
     assert optimal.as_dict() == default.as_dict()
     assert optimal.planner == "optimal" and default.planner == "greedy"
+    # But for Mean in bfloat16, inferred as in TensorFlow's lists (its kernels sum in float32).
+    bf16, bf16_default = load_lists("optimal", context=BF16), load_lists("default", context=BF16)
+    assert "Mean" in bf16.infer and "Mean" in bf16_default.deny
+    moved = {c: set(getattr(bf16, c)) for c in CATEGORIES}
+    moved["infer"].discard("Mean")
+    moved["deny"].add("Mean")
+    assert moved == sets(bf16_default)
     assert load_lists("tensorflow", context=CUDA).planner == "greedy"
 
 

@@ -488,6 +488,62 @@ def test_a_batch_norm_over_a_few_values_keeps_its_apply_float32():
             assert report["nodes"]["relu"]["dtype"] == "float32"
 
 
+def _pool_graph(shape: tuple[int, ...], moments: bool):
+    """Conv -> [moments batch norm ->] ReLU -> global average pool (a Mean) -> MatMul."""
+    def build():
+        x = v1.placeholder(tf.float32, shape, name="x")
+        rs = np.random.RandomState(0)
+        k = tf.constant(rs.standard_normal((3, 3, 64, 64)).astype(np.float32) * 0.05)
+        w = tf.constant(rs.standard_normal((64, 64)).astype(np.float32) * 0.05)
+        c = tf.nn.conv2d(x, k, 1, "SAME", name="conv1")
+        if moments:
+            mean, var = tf.nn.moments(c, axes=[0, 1, 2], keepdims=False, name="moments")
+            c = (c - mean) * tf.math.rsqrt(var + 1e-3, name="rsqrt")
+        pooled = tf.reduce_mean(tf.nn.relu(c, name="relu"), axis=[1, 2], name="pool")
+        tf.identity(tf.matmul(pooled, w, name="head"), name="out")
+
+    return graph_def(build)
+
+
+def test_bfloat16_mean_is_inferred_by_the_optimal_lists():
+    """TensorFlow's bfloat16 Mean kernels sum in float32 and round once, so the optimal
+    profile infers Mean in bfloat16 as TensorFlow's lists do: a global average pool between
+    two allow-list ops converts.  The default profile keeps it float32, and so does float16."""
+    gd = _pool_graph((16, 16, 16, 64), moments=False)
+
+    def pool(**kw):
+        report = amp_rewrite.rewrite_graph_def(gd, target="cpu", use_env=False, **kw).report
+        return report["nodes"]["pool"]["dtype"]
+
+    assert pool(precision="bfloat16", lists="optimal", planner="greedy") == "bfloat16"
+    assert pool(precision="bfloat16", lists="tensorflow") == "bfloat16"
+    assert pool(precision="bfloat16") == "float32"
+    assert pool(precision="float16", lists="optimal", planner="greedy") == "float32"
+    res = amp_rewrite.rewrite_graph_def(gd, target="cpu", precision="bfloat16", lists="optimal",
+                                        planner="greedy", use_env=False)
+    x = np.random.RandomState(1).standard_normal((16, 16, 16, 64)).astype(np.float32)
+    (ref,) = run(gd, {"x:0": x}, ["out:0"])
+    (got,) = run(res.graph_def, {"x:0": x}, ["out:0"])
+    assert np.max(np.abs(got - ref)) / np.max(np.abs(ref)) < 5e-2
+
+
+@pytest.mark.parametrize("shape", [(16, 16, 16, 64), (2, 1, 1, 64)])
+@pytest.mark.parametrize("planner", ["greedy", "optimal"])
+def test_moments_stay_float32_where_the_lists_infer_mean(shape, planner):
+    """A normalization's moments stay float32 under the optimal lists, which infer Mean in
+    bfloat16 -- also those of a normalization over too few values, which the planner otherwise
+    leaves alone; TensorFlow's profile (parity) converts them, as TensorFlow does."""
+    gd = _pool_graph(shape, moments=True)
+    nodes = amp_rewrite.rewrite_graph_def(gd, target="cpu", precision="bfloat16", lists="optimal",
+                                          planner=planner, use_env=False).report["nodes"]
+    assert nodes["moments/mean"]["dtype"] == nodes["moments/variance"]["dtype"] == "float32"
+    assert nodes["moments/mean"]["color"] == "deny"
+    assert "moment statistic" in nodes["moments/mean"]["reason"], nodes["moments/mean"]["reason"]
+    tf_nodes = amp_rewrite.rewrite_graph_def(gd, target="cpu", precision="bfloat16", lists="tensorflow",
+                                             use_env=False).report["nodes"]
+    assert tf_nodes["moments/mean"]["dtype"] == "bfloat16"
+
+
 def test_normalization_does_not_unblock_a_deny_on_the_data_path():
     def build():
         x = v1.placeholder(tf.float32, (8, 64), name="x")
