@@ -64,7 +64,7 @@ import tensorflow as tf  # noqa: E402
 import amp_rewrite  # noqa: E402
 from amp_rewrite.autotune import session_config  # noqa: E402
 from amp_rewrite.targets import cpu_features  # noqa: E402
-from models import ALL_MODELS, QUICK_MODELS, corpus, item_names  # noqa: E402
+from models import ALL_MODELS, QUICK_MODELS, corpus, item_names, register  # noqa: E402
 from tf_oracle import (  # noqa: E402
     amp_cast_count,
     converted_type_attrs,
@@ -615,6 +615,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: bench one graph, write JSON to --one-out
     ap.add_argument("--one-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    register()
     repeats = args.repeats or (3 if args.quick else 7)
     if args.one:
         res = bench_item(args.one, repeats, args.iters, args.budget, args.numerics_batches)

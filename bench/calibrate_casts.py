@@ -40,8 +40,9 @@ sys.path.insert(0, HERE)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-import bench  # noqa: E402  (registers the bench models with the corpus)
+import bench  # noqa: E402  (Runner: a session as users run one)
 import corpus  # noqa: E402
+import models  # noqa: E402  (bench/models.py: the benchmark's larger models)
 from amp_rewrite.shape_inference import check_variable_shapes, graph_shapes  # noqa: E402
 from amp_rewrite.tensor_names import node_name  # noqa: E402
 
@@ -126,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--iters", type=int, default=10, help="steps per timing sample")
     args = ap.parse_args(argv)
+    models.register()
 
     item = corpus.build(args.graph)
     gd = item.graph_def

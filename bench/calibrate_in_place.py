@@ -46,7 +46,7 @@ import bench  # noqa: E402  (Runner: a session as users run one)
 from amp_rewrite.cost_model import DENSE_OPS, DEVICE_COSTS, node_cost  # noqa: E402
 from amp_rewrite.shape_inference import check_variable_shapes, graph_shapes  # noqa: E402
 from amp_rewrite.tensor_names import parse_graph_input  # noqa: E402
-from models import corpus  # noqa: E402
+from models import corpus, register  # noqa: E402
 
 DEFAULT_ITEMS = ("efficientnetb0/inference", "efficientnetb0/training", "mobilenetv2/inference",
                  "mobilenetv2/training", "resnet50/inference", "resnet50/training",
@@ -141,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--min-us", type=float, default=300.0, help="leave out ops with less float32 time")
     args = ap.parse_args(argv)
+    register()
     acc = calibrate(args.items.split(","), args.cls, args.rounds)
     print(f"{'op':40s} {'flops':11s} {'nodes':>5s} {'f32 us':>8s} {'f32/model':>9s} {'bf16/f32':>8s}")
     for (op, band), (t32, model, t16, count) in sorted(acc.items(), key=lambda kv: -kv[1][0]):

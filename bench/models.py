@@ -1,8 +1,8 @@
 """The benchmark corpus: the test corpus (tests/corpus.py) plus larger Keras models.
 
-Adds DenseNet121, InceptionV3, VGG16 (``weights=None``) and a BERT-like encoder to the test
-corpus' model table, so ``corpus.build("densenet121/inference")`` etc. work the same way as
-the test items (frozen inference graph, one training step with GradientTape).  Inputs are
+:func:`register` adds DenseNet121, InceptionV3, VGG16 (``weights=None``), EfficientNetB0 and a
+BERT-like encoder to the test corpus' model table, so ``corpus.build("densenet121/inference")``
+etc. work the same way as the test items (frozen inference graph, one training step with GradientTape).  Inputs are
 small (batch 2, 64x64 or 75x75 images, 32 tokens) so that a full run fits in minutes on two
 CPU cores.
 """
@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 import corpus  # noqa: E402  (tests/corpus.py: builders and runners shared with the tests)
 
-__all__ = ["corpus", "BENCH_MODELS", "QUICK_MODELS", "item_names"]
+__all__ = ["corpus", "BENCH_MODELS", "QUICK_MODELS", "ALL_MODELS", "item_names", "register"]
 
 
 def _keras():
@@ -80,14 +80,12 @@ BENCH_MODELS: dict[str, tuple[Callable, Callable]] = {
     "bert_like": (_bert_like, _adam),
     "efficientnetb0": (_efficientnetb0, _sgd),
 }
-corpus.MODELS.update(BENCH_MODELS)
-
-_orig_inputs = corpus._inputs
+_ORIG_INPUTS = corpus._inputs
 
 
 def _inputs(name, shape):
     # Token ids for the BERT-like model (fed as float, cast inside); images otherwise.
-    x, y = _orig_inputs(name, shape)
+    x, y = _ORIG_INPUTS(name, shape)
     if name == "bert_like":
         import numpy as np
 
@@ -95,7 +93,15 @@ def _inputs(name, shape):
     return x, y
 
 
-corpus._inputs = _inputs
+def register() -> None:
+    """Add the benchmark's models (and the BERT-like model's token inputs) to the test corpus.
+
+    Mutates ``corpus``'s tables; idempotent.  Each tool calls it from its entry point, not at
+    import, so that importing a tool (the unit tests do) leaves the test corpus as it is.
+    """
+    corpus.MODELS.update(BENCH_MODELS)
+    corpus._inputs = _inputs
+
 
 #: The --quick corpus: one small and one mid-size model, inference and training.
 QUICK_MODELS = ("mlp", "transformer", "mobilenetv2")

@@ -36,8 +36,9 @@ sys.path.insert(0, HERE)
 import tensorflow as tf  # noqa: E402
 
 import amp_rewrite  # noqa: E402
-import bench  # noqa: E402  (registers the bench models with the corpus)
+import bench  # noqa: E402
 import corpus  # noqa: E402
+import models  # noqa: E402  (bench/models.py: the benchmark's larger models)
 from calibrate_casts import with_round_trips  # noqa: E402
 
 
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lists", default="optimal")
     ap.add_argument("--batches", type=int, default=16)
     args = ap.parse_args(argv)
+    models.register()
 
     item = corpus.build(args.graph)
     gd, fetches = item.graph_def, list(item.fetches)

@@ -61,8 +61,9 @@ def load(name: str) -> tuple[Any, list[str] | None]:
         return synthetic_graph(int(name.split(":", 1)[1]), seed=0), None
     path = os.path.join(CACHE, name.replace("/", "__") + ".pb")
     if not os.path.exists(path):
-        from models import corpus
+        from models import corpus, register
 
+        register()
         item = corpus.build(name)
         os.makedirs(CACHE, exist_ok=True)
         with open(path + ".tmp", "wb") as f:
