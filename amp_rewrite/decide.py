@@ -859,7 +859,7 @@ class _Painter:
                     # A profile may let Mean run in low precision (its kernels accumulate in
                     # float32), but a normalization's statistics stay float32 regardless.
                     reason[r] = (f"{ops_l[v_node[r]]} computes a normalization's moment statistic: "
-                                 "kept float32 (normalization-aware safety)")
+                                 "statistics stay float32 whatever the lists say")
                 stack = [r]
                 while stack:
                     x = stack.pop()

@@ -2,9 +2,9 @@
 
 :func:`register` adds DenseNet121, InceptionV3, VGG16 (``weights=None``), EfficientNetB0 and a
 BERT-like encoder to the test corpus' model table, so ``corpus.build("densenet121/inference")``
-etc. work the same way as the test items (frozen inference graph, one training step with GradientTape).  Inputs are
-small (batch 2, 64x64 or 75x75 images, 32 tokens) so that a full run fits in minutes on two
-CPU cores.
+etc. work the same way as the test items (frozen inference graph, one training step with
+GradientTape).  Inputs are small (batch 2, 64x64 or 75x75 images, 32 tokens) so that a full
+run fits in minutes on two CPU cores.
 """
 
 from __future__ import annotations
