@@ -7,7 +7,8 @@ op -- because its job is to rank colourings, not to predict step times:
 * dense math (MatMul, BatchMatMul, Conv2D/3D and their gradients, Einsum) costs
   ``flops / rate(dtype) + bytes / bandwidth``, or, for an op whose time the device class
   measured inside models (:attr:`DeviceCosts.dense`), that roofline scaled to the measured
-  float32 time, times the measured low-precision ratio;
+  float32 time, times the measured low-precision ratio, both for ops of that size
+  (:class:`DenseBand`);
 * ops that only forward or re-describe a tensor (:data:`ALIAS_OPS`) cost nothing;
 * everything else is element-wise: ``bytes / bandwidth``, times a per-op factor for ops
   whose float32 kernel is compute bound (Erfc, Softplus, Selu ...), and in low precision
@@ -20,24 +21,25 @@ op -- because its job is to rank colourings, not to predict step times:
   re-layout of them per call; frozen weights are laid out once.
 
 Rates are per device class (:data:`DEVICE_COSTS`).  The class for this repository's CPU was
-calibrated by timing every node of eight Keras models in float32 and in bfloat16, in place
+calibrated by timing every node of Keras models in float32 and in bfloat16, in place
 (``bench/calibrate_in_place.py``), and Casts inserted into models (see CONTRIBUTING.md); the
-GPU and AMX ones follow the vendors' published ratios (Tensor Cores 8x float32 math, AMX about 8x AVX-512 float32); a Cast on a
-GPU costs about 2 us (kernel launch; the executor's host time overlaps the device).
+GPU and AMX ones follow the vendors' published ratios (Tensor Cores 8x float32 math, AMX
+about 8x AVX-512 float32); a Cast on a GPU costs about 2 us (kernel launch; the executor's host time overlaps the device).
 Shape-aware: a matrix whose dimensions miss the device's preferred multiple loses part of
 the low-precision speed-up (:func:`alignment_efficiency`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 from .shape_inference import Shape, numel
 from .targets import Device
 
-__all__ = ["DeviceCosts", "DEVICE_COSTS", "costs_for", "NodeCost", "node_cost", "cast_cost",
+__all__ = ["DeviceCosts", "DenseBand", "dense_band", "DEVICE_COSTS", "costs_for", "NodeCost", "node_cost", "cast_cost",
            "DENSE_OPS", "ALIAS_OPS", "misaligned_dims", "alignment_efficiency", "elements"]
 
 #: Dense ops whose cost is dominated by multiply-accumulates.
@@ -56,6 +58,21 @@ ALIAS_OPS = frozenset({"Identity", "IdentityN", "Snapshot", "StopGradient", "Pre
 #: Elements assumed for one unknown dimension (typically a batch) and for an unknown rank.
 UNKNOWN_DIM = 32
 UNKNOWN_TENSOR = 65536
+
+
+class DenseBand(NamedTuple):
+    """A dense op's measured behaviour for one range of sizes (multiply-add flops).
+
+    Both numbers change with size: a small convolution spends most of its time in fixed
+    costs (primitive dispatch, threads waking, in-place contention) that low precision does
+    not shrink, a large one in the math that it does.
+    """
+
+    below_flops: float  #: upper end of the range (exclusive); ``math.inf`` for the last band
+    scale: float  #: float32 time over the roofline estimate
+    #: low-precision time over float32 time, without :attr:`DeviceCosts.low_dense_overhead`
+    #: (added apart, only where the weights change every step).
+    ratio: float
 
 
 @dataclass(frozen=True)
@@ -86,11 +103,11 @@ class DeviceCosts:
     #: Fixed extra time of a dense op in low precision whose weights change every step
     #: (variables, and every filter gradient): the library re-lays them out per call (ns).
     low_dense_overhead: float = 0.0
-    #: Per dense op, measured inside models (``bench/calibrate_in_place.py``): (float32 time
-    #: over the roofline estimate, low-precision time over float32 time).  Ops not listed use
-    #: the rates above.
-    dense: Mapping[str, tuple[float, float]] = field(default_factory=lambda: MappingProxyType({}),
-                                                     hash=False)
+    #: Per dense op, measured inside models (``bench/calibrate_in_place.py``): its
+    #: :class:`DenseBand` s by size, smallest first, the last one open-ended.  Ops not listed
+    #: use the rates above.
+    dense: Mapping[str, tuple[DenseBand, ...]] = field(default_factory=lambda: MappingProxyType({}),
+                                                       hash=False)
 
 
 #: Element-wise ops in bfloat16 on x86 CPUs, measured on this repository's benchmark CPU (AMD
@@ -123,17 +140,29 @@ X86_BF16_ELEMENTWISE: Mapping[str, tuple[float, float]] = MappingProxyType({
 })
 
 #: Dense ops in bfloat16 on this repository's benchmark CPU, measured in place with
-#: ``bench/calibrate_in_place.py`` (two runs, sums over the nodes of eight Keras models at
-#: batch 2): (float32 time / roofline estimate, bfloat16 time / float32 time).  oneDNN's
-#: bfloat16 convolutions gain about 10% forward (16-27% on the largest, nothing on small
-#: ones) and 40% on the input gradient, nothing on the filter gradient, and depthwise
-#: gradients run 2.5x slower: the vendors' flop ratios overstate every one of these.
-#: Matrix dimensions that miss the multiple of 16 measured no worse here, so a measured
-#: op's ratio is not lowered for them (they are still reported).
-X86_BF16_DENSE: Mapping[str, tuple[float, float]] = MappingProxyType({
-    "Conv2D": (1.1, 0.9), "_FusedConv2D": (1.1, 0.9), "Conv2DBackpropInput": (1.95, 0.6),
-    "Conv2DBackpropFilter": (1.9, 1.05), "DepthwiseConv2dNative": (3.5, 1.0),
-    "DepthwiseConv2dNativeBackpropInput": (5.0, 2.45), "DepthwiseConv2dNativeBackpropFilter": (21.0, 2.5),
+#: ``bench/calibrate_in_place.py`` over fourteen corpus items (every convolutional model's
+#: training step and inference graph, VGG16's and DenseNet121's included, and the BERT-like
+#: encoder) at batch 2, summed per op and size band: (below flops, float32 time / roofline
+#: estimate, bfloat16 time / float32 time net of the 20 us weight re-layout).  The gain grows
+#: with size, and one number per op cannot serve both ends: a forward convolution under 20
+#: Mflop gains 15-20%, a larger one 35-45%; the filter gradient gains nothing below 200 Mflop
+#: and a third above (VGG16's); the input gradient gains 25% on the smallest and half on the
+#: largest.  Small ops run 1.5-4x their roofline time (fixed costs), large ones well inside
+#: it (oneDNN's float32 kernels beat the nominal rate).  Depthwise gradients run 2.5x slower
+#: in bfloat16 at every size.  Matrix dimensions that miss the multiple of 16 measured no
+#: worse here, so a measured op's ratio is not lowered for them (they are still reported).
+_INF = math.inf
+_X86_BF16_CONV2D = (DenseBand(5e6, 2.3, 0.8), DenseBand(2e7, 1.0, 0.86), DenseBand(2e8, 0.55, 0.64),
+                    DenseBand(_INF, 0.2, 0.57))
+X86_BF16_DENSE: Mapping[str, tuple[DenseBand, ...]] = MappingProxyType({
+    "Conv2D": _X86_BF16_CONV2D, "_FusedConv2D": _X86_BF16_CONV2D,
+    "Conv2DBackpropInput": (DenseBand(5e6, 2.9, 0.74), DenseBand(2e7, 1.45, 0.63), DenseBand(2e8, 1.05, 0.5),
+                            DenseBand(_INF, 0.4, 0.5)),
+    "Conv2DBackpropFilter": (DenseBand(5e6, 3.8, 1.0), DenseBand(2e7, 1.4, 0.97), DenseBand(2e8, 0.85, 1.0),
+                             DenseBand(_INF, 0.42, 0.66)),
+    "DepthwiseConv2dNative": (DenseBand(_INF, 3.5, 1.0),),
+    "DepthwiseConv2dNativeBackpropInput": (DenseBand(_INF, 5.0, 2.45),),
+    "DepthwiseConv2dNativeBackpropFilter": (DenseBand(_INF, 21.0, 2.5),),
 })
 
 DEVICE_COSTS: dict[str, DeviceCosts] = {
@@ -254,6 +283,14 @@ def _dense_flops(op: str, ins: Sequence[Shape], outs: Sequence[Shape]) -> tuple[
     return 0.0, ()
 
 
+def dense_band(costs: DeviceCosts, op: str, flops: float) -> DenseBand | None:
+    """The measured band of ``op`` at ``flops`` on ``costs``' device class, if it has one."""
+    for band in costs.dense.get(op, ()):
+        if flops < band.below_flops:
+            return band
+    return None
+
+
 def misaligned_dims(dims: Sequence[int], multiple: int) -> tuple[int, ...]:
     """The dimensions of ``dims`` that are not multiples of ``multiple``."""
     return tuple(d for d in dims if d % multiple)
@@ -300,14 +337,13 @@ def node_cost(
                 low_rate = max(costs.misaligned_low_flops,
                                costs.low_flops * alignment_efficiency(dims, costs.multiple))
         fixed = 0.0 if constant_weights and "BackpropFilter" not in op else costs.low_dense_overhead
-        measured = costs.dense.get(op)
-        if measured is None:
+        band = dense_band(costs, op, flops)
+        if band is None:
             return NodeCost(flops / costs.f32_flops + mem_high, flops / low_rate + mem_low + fixed, flops, bad)
         # Measured in place, over aligned and misaligned shapes alike: float32 time relative
-        # to the roofline, and the low-precision ratio.
-        scale, ratio = measured
-        high = (flops / costs.f32_flops + mem_high) * scale
-        return NodeCost(high, high * ratio + fixed, flops, bad)
+        # to the roofline, and the low-precision ratio, for ops of this size.
+        high = (flops / costs.f32_flops + mem_high) * band.scale
+        return NodeCost(high, high * band.ratio + fixed, flops, bad)
     compute, low_ratio = costs.elementwise.get(op, (1.0, costs.low_elementwise))
     high = mem_high * compute
     return NodeCost(high, high * low_ratio, 0.0)

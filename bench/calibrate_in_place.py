@@ -15,18 +15,23 @@ step stats.  Nodes are matched by name; a node the remapper fused (Conv2D + Bias
 named after its last op) is charged to the dense op at its head.  Only nodes that ran in
 bfloat16 in the rewritten graph count.
 
-Per op (and per size band, for dense ops), it prints the summed float32 time over the cost
-model's float32 estimate for the same nodes (:func:`amp_rewrite.cost_model.node_cost`, with
-the device class given by ``--class``, its per-op tables set aside) and the summed bfloat16
-time over the summed float32 time.  Sums, not medians of per-node ratios, because the planner
-adds node times: the large nodes are the ones that matter.  These are the numbers
-:data:`amp_rewrite.cost_model.DEVICE_COSTS` keeps per op (``dense`` and ``elementwise``).
+Per op (and per size band, for dense ops: a small convolution gains far less than a large
+one), it prints the summed float32 time over the cost model's float32 estimate for the same
+nodes (:func:`amp_rewrite.cost_model.node_cost`, with the device class given by ``--class``,
+its per-op tables set aside) and the summed bfloat16 time over the summed float32 time, also
+net of the class's weight re-layout (``low_dense_overhead``, which the model adds apart, to
+dense ops whose weights are not constant).  Sums, not medians of per-node ratios, because the
+planner adds node times: the large nodes are the ones that matter.  These are the numbers
+:data:`amp_rewrite.cost_model.DEVICE_COSTS` keeps per op (``dense``, whose bands and ratio
+are the "net" column, and ``elementwise``).  ``--dump`` writes every dense node's times, to
+check a table against single models.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import re
 import statistics
@@ -48,9 +53,11 @@ from amp_rewrite.shape_inference import check_variable_shapes, graph_shapes  # n
 from amp_rewrite.tensor_names import parse_graph_input  # noqa: E402
 from models import corpus, register  # noqa: E402
 
-DEFAULT_ITEMS = ("efficientnetb0/inference", "efficientnetb0/training", "mobilenetv2/inference",
-                 "mobilenetv2/training", "resnet50/inference", "resnet50/training",
-                 "densenet121/inference", "inceptionv3/inference")
+DEFAULT_ITEMS = tuple(f"{model}/{kind}" for model in ("efficientnetb0", "mobilenetv2", "resnet50",
+                                                        "densenet121", "inceptionv3", "vgg16", "bert_like")
+                      for kind in ("inference", "training"))
+#: Upper ends of the dense ops' size bands (multiply-add flops), as in ``X86_BF16_DENSE``.
+BAND_EDGES = (5e6, 2e7, 2e8)
 _LABEL_OP = re.compile(r"[^=]*= (\S+?)\(")
 _FUSED_DENSE = re.compile(r"Conv|MatMul|Depthwise")
 
@@ -62,6 +69,32 @@ def _dense_head(name: str, ops: dict[str, str], first_input: dict[str, str]) -> 
             return name
         name = first_input.get(name, "")
     return None
+
+
+def _band(flops: float) -> str:
+    """The size band of a dense op, by the bounds the cost model's ``DenseBand`` s use."""
+    for edge in BAND_EDGES:
+        if flops < edge:
+            return f"<{edge / 1e6:g}M"
+    return f">={BAND_EDGES[-1] / 1e6:g}M"
+
+
+def _constant_weights(name: str, op: str, ops: dict[str, str], inputs: dict[str, list]) -> bool:
+    """Whether dense node ``name``'s weights are a constant (a frozen graph's), laid out once.
+
+    A filter gradient computes changing weights; otherwise the filter (input 1) is followed
+    through identities to a ``Const``.
+    """
+    if "BackpropFilter" in op or len(inputs.get(name, ())) < 2:
+        return False
+    src = inputs[name][1].node
+    for _ in range(4):
+        if ops.get(src) == "Const":
+            return True
+        if ops.get(src) not in ("Identity", "Snapshot") or not inputs.get(src):
+            return False
+        src = inputs[src][0].node
+    return False
 
 
 def node_times(graph_def, item, rounds: int) -> dict[str, tuple[list[float], list[float], int, str]]:
@@ -94,10 +127,17 @@ def node_times(graph_def, item, rounds: int) -> dict[str, tuple[list[float], lis
             for n in times["f32"] if n in times["bf16"]}
 
 
-def calibrate(items: list[str], cls: str, rounds: int) -> dict[tuple[str, str], list[float]]:
-    """Per (op, band): [measured float32 us, modelled float32 us, measured bfloat16 us, nodes]."""
+def calibrate(items: list[str], cls: str, rounds: int,
+              rows: list[dict] | None = None) -> dict[tuple[str, str], list[float]]:
+    """Per (op, band): [measured float32 us, modelled float32 us, measured bfloat16 us, nodes,
+    measured bfloat16 us net of the class's ``low_dense_overhead``].
+
+    With ``rows``, also appends one dict per dense node (item, node, op, flops, modelled
+    float32 us, measured float32 and bfloat16 us, whether its weights are constant).
+    """
     bare = replace(DEVICE_COSTS[cls], elementwise=MappingProxyType({}), dense=MappingProxyType({}))
-    acc: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0])
+    overhead_us = bare.low_dense_overhead / 1e3
+    acc: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0, 0.0])
     for name in items:
         item = corpus.build(name)
         gd = item.graph_def
@@ -122,15 +162,22 @@ def calibrate(items: list[str], cls: str, rounds: int) -> dict[tuple[str, str], 
             outs = list(shapes.get(head, ()))
             priced = node_cost(op, ins, outs, 2, bare)
             model = priced.high / 1e3
-            band = ""
+            band, fixed = "", 0.0
             if op in DENSE_OPS:
-                band = "<20M" if priced.flops < 2e7 else ("<200M" if priced.flops < 2e8 else ">=200M")
-                band += " mis" if priced.misaligned else ""
+                band = _band(priced.flops) + (" mis" if priced.misaligned else "")
+                constant = _constant_weights(head, op, ops, inputs)
+                # The model adds the re-layout of changing weights apart from the ratio.
+                fixed = 0.0 if constant else overhead_us
             a = acc[(op, band)]
             a[0] += statistics.median(t32)
             a[1] += model
             a[2] += statistics.median(t16)
             a[3] += 1
+            a[4] += statistics.median(t16) - fixed
+            if rows is not None and op in DENSE_OPS:
+                rows.append({"item": name, "node": head, "op": op, "flops": priced.flops, "model_us": model,
+                             "f32_us": statistics.median(t32), "bf16_us": statistics.median(t16),
+                             "constant_weights": constant})
     return acc
 
 
@@ -140,14 +187,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--class", dest="cls", default="cpu-avx512-bf16", choices=sorted(DEVICE_COSTS))
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--min-us", type=float, default=300.0, help="leave out ops with less float32 time")
+    ap.add_argument("--dump", metavar="JSON", help="also write every dense node's times here")
     args = ap.parse_args(argv)
     register()
-    acc = calibrate(args.items.split(","), args.cls, args.rounds)
-    print(f"{'op':40s} {'flops':11s} {'nodes':>5s} {'f32 us':>8s} {'f32/model':>9s} {'bf16/f32':>8s}")
-    for (op, band), (t32, model, t16, count) in sorted(acc.items(), key=lambda kv: -kv[1][0]):
+    rows: list[dict] = []
+    acc = calibrate(args.items.split(","), args.cls, args.rounds, rows)
+    if args.dump:
+        with open(args.dump, "w") as f:
+            json.dump(rows, f, indent=0, sort_keys=True)
+    print(f"{'op':40s} {'flops':11s} {'nodes':>5s} {'f32 us':>8s} {'f32/model':>9s} {'bf16/f32':>8s} {'net':>5s}")
+    for (op, band), (t32, model, t16, count, net) in sorted(acc.items(), key=lambda kv: -kv[1][0]):
         if t32 < args.min_us:
             continue
-        print(f"{op:40s} {band:11s} {count:5d} {t32:8.0f} {t32 / max(model, 1e-9):9.2f} {t16 / t32:8.2f}")
+        print(f"{op:40s} {band:11s} {count:5d} {t32:8.0f} {t32 / max(model, 1e-9):9.2f} {t16 / t32:8.2f}"
+              f" {net / t32:5.2f}")
     return 0
 
 

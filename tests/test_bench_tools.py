@@ -60,3 +60,29 @@ def test_a_fused_node_is_charged_to_the_dense_op_at_its_head():
     assert calibrate_in_place._dense_head("add", ops, first) is None
     assert calibrate_in_place._FUSED_DENSE.search("_MklNativeFusedConv2D")
     assert not calibrate_in_place._FUSED_DENSE.search("_MklSwish")
+
+
+def test_in_place_bands_are_the_cost_models_and_frozen_weights_are_recognized():
+    """The calibration prints dense ops per the size bands the cost model keeps, and nets
+    out the weight re-layout only where the model adds it (weights that are not constant)."""
+    from amp_rewrite.cost_model import X86_BF16_DENSE
+    from amp_rewrite.tensor_names import parse_graph_input
+
+    for bands in X86_BF16_DENSE.values():
+        edges = tuple(b.below_flops for b in bands[:-1])
+        assert edges in ((), calibrate_in_place.BAND_EDGES)
+    assert [calibrate_in_place._band(f) for f in (1e6, 5e6, 1.9e8, 3e8)] == ["<5M", "<20M", "<200M", ">=200M"]
+
+    def build():
+        x = v1.placeholder(tf.float32, (2, 8, 8, 4), name="x")
+        k = tf.identity(tf.constant(np.ones((1, 1, 4, 4), np.float32)), name="k")
+        v = v1.placeholder(tf.float32, (1, 1, 4, 4), name="v")
+        tf.nn.conv2d(x, k, 1, "SAME", name="frozen")
+        tf.nn.conv2d(x, v, 1, "SAME", name="fed")
+
+    gd = graph_def(build)
+    ops = {n.name: n.op for n in gd.node}
+    inputs = {n.name: [parse_graph_input(i) for i in n.input if not i.startswith("^")] for n in gd.node}
+    assert calibrate_in_place._constant_weights("frozen", "Conv2D", ops, inputs)
+    assert not calibrate_in_place._constant_weights("fed", "Conv2D", ops, inputs)
+    assert not calibrate_in_place._constant_weights("frozen", "Conv2DBackpropFilter", ops, inputs)
