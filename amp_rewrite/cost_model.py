@@ -9,7 +9,8 @@ op -- because its job is to rank colourings, not to predict step times:
   measured inside models (:attr:`DeviceCosts.dense`), that roofline scaled to the measured
   float32 time, times the measured low-precision ratio, both for ops of that size
   (:class:`DenseBand`);
-* ops that only forward or re-describe a tensor (:data:`ALIAS_OPS`) cost nothing;
+* ops that only forward or re-describe a tensor (:data:`ALIAS_OPS`), or read only its shape
+  (:data:`METADATA_OPS`), cost nothing;
 * everything else is element-wise: ``bytes / bandwidth``, times a per-op factor for ops
   whose float32 kernel is compute bound (Erfc, Softplus, Selu ...), and in low precision
   times the device's ratio for that op (:attr:`DeviceCosts.elementwise`) or its generic one;
@@ -40,7 +41,7 @@ from .shape_inference import Shape, numel
 from .targets import Device
 
 __all__ = ["DeviceCosts", "DenseBand", "dense_band", "DEVICE_COSTS", "costs_for", "NodeCost", "node_cost", "cast_cost",
-           "DENSE_OPS", "ALIAS_OPS", "misaligned_dims", "alignment_efficiency", "elements"]
+           "DENSE_OPS", "ALIAS_OPS", "METADATA_OPS", "misaligned_dims", "alignment_efficiency", "elements"]
 
 #: Dense ops whose cost is dominated by multiply-accumulates.
 MATMUL_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
@@ -54,6 +55,10 @@ DENSE_OPS = MATMUL_OPS | CONV_OPS | DEPTHWISE_OPS
 #: either precision (pricing them as element-wise ops charged every weight's ``Identity``).
 ALIAS_OPS = frozenset({"Identity", "IdentityN", "Snapshot", "StopGradient", "PreventGradient",
                        "Reshape", "Squeeze", "ExpandDims", "EnsureShape"})
+#: Ops that read only their input's shape, never its data: free in either precision (the
+#: step stats of the DenseNet121 training step show its 88 ``ShapeN`` taking no measurable
+#: time; priced as element-wise ops they cost 1.8 ms there).
+METADATA_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 
 #: Elements assumed for one unknown dimension (typically a batch) and for an unknown rank.
 UNKNOWN_DIM = 32
@@ -320,7 +325,7 @@ def node_cost(
     ``in_shapes``/``out_shapes`` are the shapes of its float tensors (others do not change
     with the colour).  Unknown dimensions count as :data:`UNKNOWN_DIM`.
     """
-    if op in ALIAS_OPS:
+    if op in ALIAS_OPS or op in METADATA_OPS:
         return NodeCost(0.0, 0.0, 0.0)
     elems = sum(elements(s) for s in in_shapes) + sum(elements(s) for s in out_shapes)
     mem_high = elems * 4 / costs.bandwidth

@@ -217,9 +217,13 @@ def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> Re
             continue
         todo = float_attrs.get(id(nt))
         if todo is None:
+            # One pass over the outputs: a training step's IdentityN has hundreds of outputs,
+            # each with its own attr, and a scan per attr would be quadratic.
+            ports_of: dict[TypeAttr, list[int]] = {}
+            for port, out_ta in enumerate(nt.outputs):
+                ports_of.setdefault(out_ta, []).append(port)
             todo = float_attrs[id(nt)] = [
-                (ta, [port for port, out_ta in enumerate(nt.outputs) if out_ta == ta])
-                for ta in nt.attrs if get_dtype(nt.dtypes, ta) == dt.FLOAT
+                (ta, ports_of.get(ta, [])) for ta in nt.attrs if get_dtype(nt.dtypes, ta) == dt.FLOAT
             ]
         if not todo:
             continue

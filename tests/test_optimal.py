@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import amp_rewrite
-from amp_rewrite.cost_model import (DEVICE_COSTS, alignment_efficiency, cast_cost, costs_for, dense_band,
-                                     node_cost)
+from amp_rewrite.cost_model import (DEVICE_COSTS, NodeCost, alignment_efficiency, cast_cost, costs_for,
+                                     dense_band, node_cost)
 from amp_rewrite.graph_io import import_graph_def
 from amp_rewrite.normalization import find_normalizations
 from amp_rewrite.shape_inference import graph_shapes
@@ -242,6 +242,10 @@ def test_transcendental_ops_are_priced_from_measurements_on_x86_bfloat16():
     # Ops that only forward or re-describe a tensor cost nothing in either precision.
     assert node_cost("Identity", [shape], [shape], 2, BF16_CPU) == node_cost("Reshape", [shape, (2,)], [shape], 2, GPU)
     assert node_cost("Identity", [shape], [shape], 2, BF16_CPU).high == 0.0
+    # Ops that read only a shape cost nothing either (the data is never touched).
+    for op in ("Shape", "ShapeN", "Size", "Rank"):
+        assert node_cost(op, [shape], [], 2, BF16_CPU) == NodeCost(0.0, 0.0, 0.0)
+    assert node_cost("Neg", [shape], [shape], 2, BF16_CPU).high > 0.0
     on_gpu = node_cost("Erfc", [shape], [shape], 2, GPU)
     assert on_gpu.low / on_gpu.high == pytest.approx(GPU.low_elementwise)
     # AMX multiplies in tiles; bfloat16 element-wise kernels are the same as without it.
