@@ -25,7 +25,8 @@ Rates are per device class (:data:`DEVICE_COSTS`).  The class for this repositor
 calibrated by timing every node of Keras models in float32 and in bfloat16, in place
 (``bench/calibrate_in_place.py``), and Casts inserted into models (see CONTRIBUTING.md); the
 GPU and AMX ones follow the vendors' published ratios (Tensor Cores 8x float32 math, AMX
-about 8x AVX-512 float32); a Cast on a GPU costs about 2 us (kernel launch; the executor's host time overlaps the device).
+about 8x AVX-512 float32); a Cast on a GPU costs about 2 us (kernel launch; the executor's
+host time overlaps the device).
 Shape-aware: a matrix whose dimensions miss the device's preferred multiple loses part of
 the low-precision speed-up (:func:`alignment_efficiency`).
 """
@@ -40,8 +41,9 @@ from typing import Mapping, NamedTuple, Sequence
 from .shape_inference import Shape, numel
 from .targets import Device
 
-__all__ = ["DeviceCosts", "DenseBand", "dense_band", "DEVICE_COSTS", "costs_for", "NodeCost", "node_cost", "cast_cost",
-           "DENSE_OPS", "ALIAS_OPS", "METADATA_OPS", "misaligned_dims", "alignment_efficiency", "elements"]
+__all__ = ["DeviceCosts", "DenseBand", "dense_band", "DEVICE_COSTS", "costs_for", "NodeCost", "node_cost",
+           "cast_cost", "DENSE_OPS", "ALIAS_OPS", "METADATA_OPS", "misaligned_dims", "alignment_efficiency",
+           "elements"]
 
 #: Dense ops whose cost is dominated by multiply-accumulates.
 MATMUL_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
@@ -108,8 +110,8 @@ class DeviceCosts:
     #: Fixed extra time of a dense op in low precision whose weights change every step
     #: (variables, and every filter gradient): the library re-lays them out per call (ns).
     low_dense_overhead: float = 0.0
-    #: Per dense op, measured inside models (``bench/calibrate_in_place.py``): its
-    #: :class:`DenseBand` s by size, smallest first, the last one open-ended.  Ops not listed
+    #: Per dense op, measured inside models (``bench/calibrate_in_place.py``): one
+    #: :class:`DenseBand` per size range, smallest first, the last one open-ended.  Ops not listed
     #: use the rates above.
     dense: Mapping[str, tuple[DenseBand, ...]] = field(default_factory=lambda: MappingProxyType({}),
                                                        hash=False)
@@ -147,15 +149,19 @@ X86_BF16_ELEMENTWISE: Mapping[str, tuple[float, float]] = MappingProxyType({
 #: Dense ops in bfloat16 on this repository's benchmark CPU, measured in place with
 #: ``bench/calibrate_in_place.py`` over fourteen corpus items (every convolutional model's
 #: training step and inference graph, VGG16's and DenseNet121's included, and the BERT-like
-#: encoder) at batch 2, summed per op and size band: (below flops, float32 time / roofline
-#: estimate, bfloat16 time / float32 time net of the 20 us weight re-layout).  The gain grows
-#: with size, and one number per op cannot serve both ends: a forward convolution under 20
-#: Mflop gains 15-20%, a larger one 35-45%; the filter gradient gains nothing below 200 Mflop
-#: and a third above (VGG16's); the input gradient gains 25% on the smallest and half on the
-#: largest.  Small ops run 1.5-4x their roofline time (fixed costs), large ones well inside
-#: it (oneDNN's float32 kernels beat the nominal rate).  Depthwise gradients run 2.5x slower
-#: in bfloat16 at every size.  Matrix dimensions that miss the multiple of 16 measured no
-#: worse here, so a measured op's ratio is not lowered for them (they are still reported).
+#: encoder) at batch 2, in one run on 2026-11-25, summed per op and size band: (below flops,
+#: float32 time / roofline estimate, bfloat16 time / float32 time net of the 20 us weight
+#: re-layout).  The gain grows with size, and one number per op cannot serve both ends: a
+#: forward convolution under 20 Mflop gains 15-20%, a larger one 35-45%; the filter gradient
+#: gains nothing below 200 Mflop and a third above (VGG16's); the input gradient gains 25% on
+#: the smallest and half on the largest.  Small ops run 1.5-4x their roofline time (fixed
+#: costs), large ones well inside it (oneDNN's float32 kernels beat the nominal rate).
+#: Depthwise gradients run 2.5x slower in bfloat16 at every size.  Matrix dimensions that miss
+#: the multiple of 16 measured no worse here, so a measured op's ratio is not lowered for them
+#: (they are still reported).  A second run agreed within 0.06 on 9 of the 12 convolution
+#: bands; the forward convolution's varied most (0.71, 0.80 and 0.68 for the first, third and
+#: last band).  Models differ around these sums: DenseNet121's narrow 3x3x128x32
+#: convolutions gain about 10% in every direction, below their bands.
 _INF = math.inf
 _X86_BF16_CONV2D = (DenseBand(5e6, 2.3, 0.8), DenseBand(2e7, 1.0, 0.86), DenseBand(2e8, 0.55, 0.64),
                     DenseBand(_INF, 0.2, 0.57))

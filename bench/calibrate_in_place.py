@@ -72,7 +72,7 @@ def _dense_head(name: str, ops: dict[str, str], first_input: dict[str, str]) -> 
 
 
 def _band(flops: float) -> str:
-    """The size band of a dense op, by the bounds the cost model's ``DenseBand`` s use."""
+    """The size band of a dense op, by the bounds of the cost model's ``DenseBand`` entries."""
     for edge in BAND_EDGES:
         if flops < edge:
             return f"<{edge / 1e6:g}M"
@@ -195,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.dump:
         with open(args.dump, "w") as f:
             json.dump(rows, f, indent=0, sort_keys=True)
-    print(f"{'op':40s} {'flops':11s} {'nodes':>5s} {'f32 us':>8s} {'f32/model':>9s} {'bf16/f32':>8s} {'net':>5s}")
+    print(f"{'op':40s} {'flops':11s} {'nodes':>5s} {'f32 us':>8s} {'f32/model':>9s} {'bf16/f32':>8s}"
+          f" {'net':>5s}")
     for (op, band), (t32, model, t16, count, net) in sorted(acc.items(), key=lambda kv: -kv[1][0]):
         if t32 < args.min_us:
             continue
