@@ -162,18 +162,17 @@ X86_BF16_ELEMENTWISE: Mapping[str, tuple[float, float]] = MappingProxyType({
 #: bands; the forward convolution's varied most (0.71, 0.80 and 0.68 for the first, third and
 #: last band).  Models, and runs, differ around these sums: DenseNet121's narrow 3x3x128x32
 #: convolutions gained 7-12% in one profile and 9-24% in another, mostly below their bands.
-_INF = math.inf
 _X86_BF16_CONV2D = (DenseBand(5e6, 2.3, 0.8), DenseBand(2e7, 1.0, 0.86), DenseBand(2e8, 0.55, 0.64),
-                    DenseBand(_INF, 0.2, 0.57))
+                    DenseBand(math.inf, 0.2, 0.57))
 X86_BF16_DENSE: Mapping[str, tuple[DenseBand, ...]] = MappingProxyType({
     "Conv2D": _X86_BF16_CONV2D, "_FusedConv2D": _X86_BF16_CONV2D,
     "Conv2DBackpropInput": (DenseBand(5e6, 2.9, 0.74), DenseBand(2e7, 1.45, 0.63), DenseBand(2e8, 1.05, 0.5),
-                            DenseBand(_INF, 0.4, 0.5)),
+                            DenseBand(math.inf, 0.4, 0.5)),
     "Conv2DBackpropFilter": (DenseBand(5e6, 3.8, 1.0), DenseBand(2e7, 1.4, 0.97), DenseBand(2e8, 0.85, 1.0),
-                             DenseBand(_INF, 0.42, 0.66)),
-    "DepthwiseConv2dNative": (DenseBand(_INF, 3.5, 1.0),),
-    "DepthwiseConv2dNativeBackpropInput": (DenseBand(_INF, 5.0, 2.45),),
-    "DepthwiseConv2dNativeBackpropFilter": (DenseBand(_INF, 21.0, 2.5),),
+                             DenseBand(math.inf, 0.42, 0.66)),
+    "DepthwiseConv2dNative": (DenseBand(math.inf, 3.5, 1.0),),
+    "DepthwiseConv2dNativeBackpropInput": (DenseBand(math.inf, 5.0, 2.45),),
+    "DepthwiseConv2dNativeBackpropFilter": (DenseBand(math.inf, 21.0, 2.5),),
 })
 
 DEVICE_COSTS: dict[str, DeviceCosts] = {

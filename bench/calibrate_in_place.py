@@ -48,7 +48,7 @@ sys.path[:0] = [os.path.join(HERE, ".."), HERE]
 import tensorflow as tf  # noqa: E402
 
 import bench  # noqa: E402  (Runner: a session as users run one)
-from amp_rewrite.cost_model import DENSE_OPS, DEVICE_COSTS, node_cost  # noqa: E402
+from amp_rewrite.cost_model import DENSE_OPS, DEVICE_COSTS, X86_BF16_DENSE, node_cost  # noqa: E402
 from amp_rewrite.shape_inference import check_variable_shapes, graph_shapes  # noqa: E402
 from amp_rewrite.tensor_names import parse_graph_input  # noqa: E402
 from models import corpus, register  # noqa: E402
@@ -56,8 +56,8 @@ from models import corpus, register  # noqa: E402
 DEFAULT_ITEMS = tuple(f"{model}/{kind}" for model in ("efficientnetb0", "mobilenetv2", "resnet50",
                                                         "densenet121", "inceptionv3", "vgg16", "bert_like")
                       for kind in ("inference", "training"))
-#: Upper ends of the dense ops' size bands (multiply-add flops), as in ``X86_BF16_DENSE``.
-BAND_EDGES = (5e6, 2e7, 2e8)
+#: Upper ends of the dense ops' size bands (multiply-add flops): the cost model's own.
+BAND_EDGES = tuple(band.below_flops for band in X86_BF16_DENSE["Conv2D"][:-1])
 _LABEL_OP = re.compile(r"[^=]*= (\S+?)\(")
 _FUSED_DENSE = re.compile(r"Conv|MatMul|Depthwise")
 
