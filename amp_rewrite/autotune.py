@@ -50,6 +50,7 @@ __all__ = [
     "CANDIDATES",
     "Comparison",
     "DEFAULT_CANDIDATES",
+    "DEFAULT_SESSIONS",
     "ModelAutotune",
     "autotune",
     "autotune_model",
@@ -73,6 +74,8 @@ CANDIDATES: Mapping[str, Mapping[str, Any]] = {
     "min-casts": {"planner": "min-casts"},
 }
 DEFAULT_CANDIDATES: tuple[str, ...] = ("tensorflow", "greedy", "optimal")
+#: Sets of fresh sessions the rounds are spread over by default (see :func:`_tune`).
+DEFAULT_SESSIONS = 3
 FLOAT32 = "float32"
 
 #: A step: runs the graph once and returns its outputs.
@@ -110,7 +113,9 @@ class AutotuneOptions:
     signature to time (default ``serving_default``, else the first); ``max_rel_error``
     rules out candidates whose outputs differ more from float32's (max abs difference over
     max abs value, per output); a rewrite is chosen only when it beats float32 by
-    ``min_gain`` (a fraction of float32's step time); ``seed`` makes the random inputs reproducible.
+    ``min_gain`` (a fraction of float32's step time); ``seed`` makes the random inputs reproducible;
+    the rounds are spread over ``sessions`` fresh sessions (or loads) of every graph, since a
+    graph's speed also depends on the session it runs in (:func:`_tune`).
     """
 
     candidates: Sequence[str] | Mapping[str, Mapping[str, Any]] = DEFAULT_CANDIDATES
@@ -123,11 +128,12 @@ class AutotuneOptions:
     max_rel_error: float | None = None
     min_gain: float = 0.02
     seed: int = 0
+    sessions: int = DEFAULT_SESSIONS
 
     def check(self) -> None:
         """Raises :class:`AmpRewriteError` for settings that cannot be measured."""
-        if self.repeats < 1 or self.steps < 1:
-            raise AmpRewriteError("autotune needs repeats >= 1 and steps >= 1")
+        if self.repeats < 1 or self.steps < 1 or self.sessions < 1:
+            raise AmpRewriteError("autotune needs repeats >= 1, steps >= 1 and sessions >= 1")
         _check_max_repeats(self.repeats, self.max_repeats)
         if self.batch < 1:
             raise AmpRewriteError("autotune needs a batch size >= 1")
@@ -152,7 +158,8 @@ class AutotuneResult:
     candidates whose graph is the same as an earlier one's (``"float32"`` when the rewrite
     changed nothing), which were not timed separately; ``ratio_to_float32`` each candidate's
     median over rounds of its step time over float32's in the same round, ``wins`` the rounds
-    it beat float32 by ``min_gain``, and ``rounds`` the rounds timed.
+    it beat float32 by ``min_gain``, ``rounds`` the rounds timed and ``sessions`` the sets
+    of fresh sessions they were spread over.
     """
 
     choice: str
@@ -164,6 +171,7 @@ class AutotuneResult:
     ratio_to_float32: Mapping[str, float] = field(default_factory=dict)
     wins: Mapping[str, int] = field(default_factory=dict)
     rounds: int = 0
+    sessions: int = 1
 
 
 # ------------------------------------------------------------------------ measuring
@@ -271,16 +279,28 @@ def _decide(samples: Mapping[str, Sequence[float]], rel_error: Mapping[str, floa
 
 
 def _measure(steps_fns: Mapping[str, StepFn], repeats: int, steps: int, max_repeats: int,
-             settled: Callable[[Mapping[str, Sequence[float]], int], bool]) -> dict[str, list[float]]:
+             settled: Callable[[Mapping[str, Sequence[float]], int], bool], *,
+             renew: Callable[[], Mapping[str, StepFn]] | None = None,
+             per_session: int = 0) -> dict[str, list[float]]:
     """Per-round seconds per step of each step function (each the median of ``steps``
     steps), sampled round-robin so that drift on a shared machine hits every candidate alike.
     ``repeats`` rounds, then more, up to ``max_repeats``, until ``settled(samples,
     rounds_left)``: a rewrite that looks faster but is not yet beyond chance earns more
-    rounds, not a verdict."""
-    samples: dict[str, list[float]] = {n: [] for n in steps_fns}
+    rounds, not a verdict.
+
+    With ``renew``, every ``per_session`` rounds the step functions are replaced by
+    ``renew()``'s (fresh sessions; see :func:`_tune`).  A name it no longer returns could not
+    run again: its samples are dropped, so it loses.
+    """
+    fns = dict(steps_fns)
+    samples: dict[str, list[float]] = {n: [] for n in fns}
     rounds = 0
     while True:
-        for name, step in steps_fns.items():
+        if renew is not None and per_session > 0 and rounds and rounds % per_session == 0:
+            fns = dict(renew())
+            for gone in [n for n in samples if n not in fns]:
+                del samples[gone]
+        for name, step in fns.items():
             times = []
             for _ in range(steps):
                 t = time.perf_counter()
@@ -330,11 +350,13 @@ class Tuning:
     ratio: dict[str, float]
     wins: dict[str, int]
     rounds: int
+    sessions: int = 1
 
 
 def _tune(makers: Mapping[str, Callable[[], tuple[StepFn, Callable[[], None]]]], *, repeats: int,
           steps: int, max_rel_error: float | None, min_gain: float,
-          same_as: Mapping[str, str] | None = None, max_repeats: int | None = None) -> Tuning:
+          same_as: Mapping[str, str] | None = None, max_repeats: int | None = None,
+          sessions: int = 1) -> Tuning:
     """Build every runner (float32 first), compare outputs, time, choose (:func:`_decide`).
 
     ``makers`` maps a name to a function returning ``(step, close)``, float32 first, then
@@ -344,14 +366,31 @@ def _tune(makers: Mapping[str, Callable[[], tuple[StepFn, Callable[[], None]]]],
     noise pick between them), it gets that one's numbers, and the earlier one is chosen in
     its place.  ``repeats`` rounds are timed, and more up to ``max_repeats`` (default
     :func:`default_max_repeats`) while the choice is not settled.
+
+    The rounds are spread over ``sessions`` sets of fresh runners (``ceil(repeats /
+    sessions)`` rounds each; rounds beyond ``repeats`` open more sets).  A graph's speed
+    depends on the session it runs in, not only on the graph: DenseNet121's training step,
+    the same graph in four sessions of one process, ran 87-102 ms per step, each session
+    steadily (measured 2026-11-25; where its buffers land, presumably).  Paired rounds cannot
+    cancel that, since it follows a session for its whole life; several sessions average it.
     """
+    if sessions < 1:
+        raise AmpRewriteError("autotune needs sessions >= 1")
     same_as = dict(same_as or {})
     limit = max(repeats, max_repeats if max_repeats is not None else default_max_repeats(repeats))
     runners: dict[str, tuple[StepFn, Callable[[], None]]] = {}
     outputs: dict[str, Sequence[Any]] = {}
-    try:
+    opened = 0
+
+    def open_all() -> None:
+        """Opens a runner per graph into ``runners`` and runs each once: the first set's
+        outputs are kept for the error check, and the run is the warm-up (kernels,
+        Grappler, oneDNN primitives) every set needs before it is timed."""
+        nonlocal opened
+        first = opened == 0
+        opened += 1
         for name, make in makers.items():
-            if name in same_as:
+            if name in same_as or (not first and name not in runners):
                 continue
             try:
                 runner = make()
@@ -362,10 +401,11 @@ def _tune(makers: Mapping[str, Callable[[], tuple[StepFn, Callable[[], None]]]],
                     raise AmpRewriteError(f"the original graph does not run with these inputs: "
                                           f"{_first_line(exc)}") from None
                 log.warning("autotune: candidate %s cannot run here: %s", name, _first_line(exc))
+                runners.pop(name, None)
                 continue
             runners[name] = runner
             try:
-                outputs[name] = runner[0]()  # also the warm-up: kernels, Grappler, oneDNN primitives
+                out = runner[0]()
             except Exception as exc:  # noqa: BLE001
                 if name == FLOAT32:
                     raise AmpRewriteError(f"the original graph does not run with these inputs: "
@@ -373,9 +413,22 @@ def _tune(makers: Mapping[str, Callable[[], tuple[StepFn, Callable[[], None]]]],
                 log.warning("autotune: candidate %s cannot run here: %s", name, _first_line(exc))
                 del runners[name]
                 runner[1]()
+                continue
+            if first:
+                outputs[name] = out
+
+    def renew() -> dict[str, StepFn]:
+        for _, close in runners.values():
+            close()
+        open_all()
+        return {n: r[0] for n, r in runners.items()}
+
+    try:
+        open_all()
         errors = {n: relative_error(outputs[n], outputs[FLOAT32]) for n in runners if n != FLOAT32}
         samples = _measure({n: r[0] for n, r in runners.items()}, repeats, steps, limit,
-                           lambda s, left: _decide(s, errors, max_rel_error, min_gain, rounds_left=left)[1])
+                           lambda s, left: _decide(s, errors, max_rel_error, min_gain, rounds_left=left)[1],
+                           renew=renew, per_session=math.ceil(repeats / sessions) if sessions > 1 else 0)
     finally:
         for _, close in runners.values():
             close()
@@ -395,12 +448,12 @@ def _tune(makers: Mapping[str, Callable[[], tuple[StepFn, Callable[[], None]]]],
             ratio[name] = 1.0 if source == FLOAT32 else comps[source].ratio
             wins[name] = 0 if source == FLOAT32 else comps[source].wins
     rounds = len(samples[FLOAT32])
-    log.info("autotune: %s -> %s after %d rounds", ", ".join(
+    log.info("autotune: %s -> %s after %d rounds in %d sets of sessions", ", ".join(
         f"{n} {ms:.2f} ms" + (f" (x{ratio[n]:.3f} of float32, faster in {wins[n]}/{rounds} rounds, "
                               f"rel. error {rel_error[n]:.1e})" if n in rel_error else "")
         + (f" (same graph as {same_as[n]})" if n in same_as else "")
-        for n, ms in step_ms.items()), choice, rounds)
-    return Tuning(choice, step_ms, rel_error, ratio, wins, rounds)
+        for n, ms in step_ms.items()), choice, rounds, opened)
+    return Tuning(choice, step_ms, rel_error, ratio, wins, rounds, opened)
 
 
 def _check_max_repeats(repeats: int, max_repeats: int | None) -> None:
@@ -459,6 +512,7 @@ def autotune(
     min_gain: float = 0.02,
     runner: Callable[[Any], tuple[StepFn, Callable[[], None]]] | None = None,
     max_repeats: int | None = None,
+    sessions: int = DEFAULT_SESSIONS,
     **rewrite_options: Any,
 ) -> AutotuneResult:
     """Rewrite ``graph_def`` once per candidate, time each and float32, return the fastest.
@@ -470,14 +524,16 @@ def autotune(
     is chosen only if it beats float32 by ``min_gain`` (2% by default) in the median of the
     per-round ratios *and* in enough rounds to rule out chance (a one-sided sign test at 5%;
     :func:`_decide`); while a rewrite looks faster but is not proven, more rounds are timed,
-    up to ``max_repeats`` (default :func:`default_max_repeats`).  Other options go to
+    up to ``max_repeats`` (default :func:`default_max_repeats`).  The rounds are spread over
+    ``sessions`` fresh runners per graph (``runner`` is called once per set), since a graph's
+    speed also depends on the session it runs in (:func:`_tune`).  Other options go to
     :func:`~amp_rewrite.api.rewrite_graph_def`, under each candidate's.
 
     Raises :class:`AmpRewriteError` for bad settings or when the original graph cannot run.
     ``graph_def`` is not modified.
     """
-    if repeats < 1 or steps < 1:
-        raise AmpRewriteError("autotune needs repeats >= 1 and steps >= 1")
+    if repeats < 1 or steps < 1 or sessions < 1:
+        raise AmpRewriteError("autotune needs repeats >= 1, steps >= 1 and sessions >= 1")
     _check_max_repeats(repeats, max_repeats)
     if not 0 <= min_gain < 1:
         raise AmpRewriteError("autotune's min_gain must be in [0, 1)")
@@ -492,10 +548,11 @@ def autotune(
         for n, r in results.items()}})
     make = runner if runner is not None else (lambda gd: _graph_runner(gd, feeds or {}, fetches))
     t = _tune({n: (lambda gd=gd: make(gd)) for n, gd in graphs.items()}, repeats=repeats, steps=steps,
-              max_rel_error=max_rel_error, min_gain=min_gain, same_as=same_as, max_repeats=max_repeats)
+              max_rel_error=max_rel_error, min_gain=min_gain, same_as=same_as, max_repeats=max_repeats,
+              sessions=sessions)
     chosen = results.get(t.choice)
     return AutotuneResult(t.choice, graph_def if chosen is None else chosen.graph_def, chosen, t.step_ms,
-                          t.rel_error, same_as, t.ratio, t.wins, t.rounds)
+                          t.rel_error, same_as, t.ratio, t.wins, t.rounds, t.sessions)
 
 
 # ------------------------------------------------------------------------ model files
@@ -517,6 +574,7 @@ class ModelAutotune:
     ratio_to_float32: Mapping[str, float] = field(default_factory=dict)
     wins: Mapping[str, int] = field(default_factory=dict)
     rounds: int = 0
+    sessions: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready, for the report."""
@@ -526,6 +584,7 @@ class ModelAutotune:
             "ratio_to_float32": {k: round(v, 4) for k, v in self.ratio_to_float32.items()},
             "faster_rounds": dict(self.wins),
             "rounds": self.rounds,
+            "sessions": self.sessions,
             "rel_error": dict(self.rel_error),
             "same_graph_as": dict(self.same_as),
             "signature": self.signature,
@@ -659,7 +718,8 @@ def autotune_model(model: Any, opts: AutotuneOptions, *, tags: Sequence[str] | N
         graphs = {FLOAT32: model.message, **{n: r.message for n, r in rewrites.items()}}
         makers = {n: (lambda gd=gd: _graph_runner(gd, feeds, fetches)) for n, gd in graphs.items()}
         tuned = _tune(makers, repeats=opts.repeats, steps=opts.steps, max_rel_error=opts.max_rel_error,
-                      min_gain=opts.min_gain, same_as=same_as, max_repeats=opts.max_repeats)
+                      min_gain=opts.min_gain, same_as=same_as, max_repeats=opts.max_repeats,
+                      sessions=opts.sessions)
         inputs = {k.rsplit(":", 1)[0]: tuple(v.shape) for k, v in feeds.items()}
         signature = None
     else:
@@ -673,8 +733,9 @@ def autotune_model(model: Any, opts: AutotuneOptions, *, tags: Sequence[str] | N
                     staging.commit()
             makers = {n: (lambda p=p: _saved_model_runner(p, tags, key, values)) for n, p in paths.items()}
             tuned = _tune(makers, repeats=opts.repeats, steps=opts.steps, max_rel_error=opts.max_rel_error,
-                          min_gain=opts.min_gain, same_as=same_as, max_repeats=opts.max_repeats)
+                          min_gain=opts.min_gain, same_as=same_as, max_repeats=opts.max_repeats,
+                          sessions=opts.sessions)
         inputs = {k: tuple(v.shape) for k, v in values.items()}
         signature = key
     return ModelAutotune(tuned.choice, rewrites.get(tuned.choice), tuned.step_ms, tuned.rel_error, inputs,
-                         signature, options, same_as, tuned.ratio, tuned.wins, tuned.rounds)
+                         signature, options, same_as, tuned.ratio, tuned.wins, tuned.rounds, tuned.sessions)

@@ -126,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--autotune-max-repeats", type=int, metavar="N",
                       help="most rounds, timed while a rewrite looks faster but not yet beyond chance "
                            "(default: 3x --autotune-repeats, at least 10)")
+    tune.add_argument("--autotune-sessions", type=int, metavar="N",
+                      help="fresh loads of every model the rounds are spread over: a model's speed also "
+                           "depends on the session it runs in (default: 3)")
     tune.add_argument("--autotune-min-gain", type=float, default=0.02, metavar="F",
                       help="keep float32 unless a rewrite is faster by at least this fraction (default: 0.02)")
     tune.add_argument("--autotune-max-error", type=float, metavar="E",
@@ -170,7 +173,7 @@ def _autotune_options(args: argparse.Namespace) -> Any:
     ``--autotune``).  Raises :class:`AmpRewriteError` for a malformed ``--autotune-shape``."""
     tuning_flags = (args.autotune_shape or args.autotune_signature or args.autotune_max_error is not None
                     or args.autotune_batch != 1 or args.autotune_repeats != 5 or args.autotune_min_gain != 0.02
-                    or args.autotune_max_repeats is not None)
+                    or args.autotune_max_repeats is not None or args.autotune_sessions is not None)
     if not args.autotune:
         if tuning_flags:
             raise AmpRewriteError("the --autotune-* options need --autotune")
@@ -190,6 +193,7 @@ def _autotune_options(args: argparse.Namespace) -> Any:
         candidates=tuple(_ops([args.autotune_candidates])), repeats=args.autotune_repeats,
         max_repeats=args.autotune_max_repeats, batch=args.autotune_batch, shapes=shapes, signature=args.autotune_signature,
         max_rel_error=args.autotune_max_error, min_gain=args.autotune_min_gain,
+        **({} if args.autotune_sessions is None else {"sessions": args.autotune_sessions}),
     )
 
 

@@ -249,30 +249,48 @@ class Runner:
 
 
 def interleaved_step_times(graphs: dict[str, Any], item, repeats: int, iters: int,
-                           budget_s: float = 0.0, max_repeats: int = 41) -> tuple[dict[str, float], int]:
+                           budget_s: float = 0.0, max_repeats: int = 41,
+                           sessions: int = 3) -> tuple[dict[str, float], int]:
     """Median seconds per step for each graph, measured round-robin, and the number of rounds.
 
     At least ``repeats`` rounds; fast graphs get more (up to ``max_repeats``), enough to fill
     about ``budget_s`` seconds, because their medians are the noisiest: a 10 ms step is hit
-    harder by one descheduling than a 200 ms one.
+    harder by one descheduling than a 200 ms one.  The first round's length sets the count.
+
+    The rounds are spread over ``sessions`` sets of fresh sessions: a graph's speed depends
+    on the session it runs in, for that session's whole life (DenseNet121's training step ran
+    87-102 ms per step in four sessions of one process), which rounds within one session
+    cannot average out.
     """
-    runners = {}
-    for name, gd in graphs.items():
-        try:
-            runners[name] = Runner(gd, item)
-        except Exception as exc:  # noqa: BLE001 - a rewrite that cannot run is a result
-            print(f"    {name}: cannot run here: {str(exc).splitlines()[0][:120]}", flush=True)
-    samples: dict[str, list[float]] = {n: [] for n in runners}
-    rounds, t0 = 0, time.perf_counter()
-    while rounds < repeats or (rounds < max_repeats and time.perf_counter() - t0 < budget_s):
-        for name, r in runners.items():
-            samples[name].append(median([r.step() for _ in range(iters)]))
-        rounds += 1
-    for r in runners.values():
-        r.close()
-    runners.clear()
-    gc.collect()  # sessions and graphs hold reference cycles; a big training graph is GBs
-    return {n: median(s) for n, s in samples.items()}, rounds
+    names = list(graphs)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    failed: set[str] = set()
+    rounds, total, per_session = 0, repeats, repeats
+    while rounds < total:
+        runners = {}
+        for name in names:
+            if name in failed:
+                continue
+            try:
+                runners[name] = Runner(graphs[name], item)
+            except Exception as exc:  # noqa: BLE001 - a rewrite that cannot run is a result
+                print(f"    {name}: cannot run here: {str(exc).splitlines()[0][:120]}", flush=True)
+                failed.add(name)
+        t0, start = time.perf_counter(), rounds
+        while rounds < total and rounds - start < per_session:
+            for name, r in runners.items():
+                samples[name].append(median([r.step() for _ in range(iters)]))
+            rounds += 1
+            if rounds == 1:
+                # One round's length decides how many rounds fill the budget.
+                per_round = time.perf_counter() - t0
+                total = min(max_repeats, max(repeats, int(budget_s / max(per_round, 1e-9)) + 1))
+                per_session = math.ceil(total / sessions)
+        for r in runners.values():
+            r.close()
+        runners.clear()
+        gc.collect()  # sessions and graphs hold reference cycles; a big training graph is GBs
+    return {n: median(v) for n, v in samples.items() if n not in failed}, rounds
 
 
 def input_batches(item, count: int) -> list[dict[str, np.ndarray]]:
@@ -389,7 +407,7 @@ def rel_error(got: list[np.ndarray] | None, ref: list[np.ndarray]) -> float | No
 
 
 def bench_item(name: str, repeats: int, iters: int, budget_s: float = 0.0,
-               numerics_batches: int = 16) -> dict[str, Any]:
+               numerics_batches: int = 16, sessions: int = 3) -> dict[str, Any]:
     t0 = time.perf_counter()
     item = corpus.build(name)
     gd = item.graph_def
@@ -456,11 +474,12 @@ def bench_item(name: str, repeats: int, iters: int, budget_s: float = 0.0,
         return (lambda: r.sess.run(r.fetches, r.feeds)), r.close
 
     tuned = amp_rewrite.autotune(gd, fetches=fetches, runner=runner, target=opt_target, precision="bfloat16",
-                                 use_env=False, repeats=max(3, repeats), steps=iters, variable_shapes=vs)
+                                 use_env=False, repeats=max(3, repeats), steps=iters, variable_shapes=vs,
+                                 sessions=sessions)
     res["autotune_bf16"] = {"choice": tuned.choice, "step_ms": dict(tuned.step_ms),
                             "rel_error": dict(tuned.rel_error), "same_as": dict(tuned.same_as),
                             "ratio_to_float32": dict(tuned.ratio_to_float32), "faster_rounds": dict(tuned.wins),
-                            "rounds": tuned.rounds}
+                            "rounds": tuned.rounds, "sessions": tuned.sessions}
     variants = {
         "float32": gd,
         # A/A control: float32 again, in its own session, timed in the same rounds.  How far
@@ -480,7 +499,8 @@ def bench_item(name: str, repeats: int, iters: int, budget_s: float = 0.0,
     f32_bytes = gd.SerializeToString(deterministic=True)
     res["same_as_float32"] = sorted(k for k, v in variants.items() if k not in ("float32", "float32_again")
                                     and v.SerializeToString(deterministic=True) == f32_bytes)
-    res["step_s"], res["step_rounds"] = interleaved_step_times(variants, item, repeats, iters, budget_s)
+    res["step_s"], res["step_rounds"] = interleaved_step_times(variants, item, repeats, iters, budget_s,
+                                                                sessions=sessions)
     base = res["step_s"].get("float32")
     res["speedup_vs_fp32"] = {k: base / v for k, v in res["step_s"].items() if base and v}
 
@@ -590,7 +610,7 @@ def _bench_in_child(name: str, repeats: int, args: argparse.Namespace) -> dict[s
         out = os.path.join(tmp, "item.json")
         cmd = [sys.executable, os.path.abspath(__file__), "--one", name, "--one-out", out,
                "--repeats", str(repeats), "--iters", str(args.iters), "--budget", str(args.budget),
-               "--numerics-batches", str(args.numerics_batches)]
+               "--numerics-batches", str(args.numerics_batches), "--sessions", str(args.sessions)]
         proc = subprocess.run(cmd)
         if proc.returncode != 0 or not os.path.exists(out):
             raise SystemExit(f"benchmark of {name} failed (exit code {proc.returncode})")
@@ -606,6 +626,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=5, help="steps per timing sample")
     ap.add_argument("--budget", type=float, default=30.0,
                     help="seconds of step timing per graph: fast graphs get more rounds than --repeats")
+    ap.add_argument("--sessions", type=int, default=3,
+                    help="sets of fresh sessions each graph's timing rounds are spread over (and autotune's)")
     ap.add_argument("--numerics-batches", type=int, default=16,
                     help="input batches the output errors are measured on (medians are reported)")
     ap.add_argument("--sizes", help="scaling sizes, comma-separated")
@@ -618,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
     register()
     repeats = args.repeats or (3 if args.quick else 7)
     if args.one:
-        res = bench_item(args.one, repeats, args.iters, args.budget, args.numerics_batches)
+        res = bench_item(args.one, repeats, args.iters, args.budget, args.numerics_batches, args.sessions)
         with open(args.one_out, "w") as f:
             json.dump(res, f, default=str)
         return 0
@@ -634,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[str, Any] = {"machine": machine_info(), "repeats": repeats, "iters": args.iters,
                                "budget_s": args.budget, "quick": args.quick,
-                               "numerics_batches": args.numerics_batches}
+                               "numerics_batches": args.numerics_batches, "sessions": args.sessions}
     print(json.dumps(results["machine"]), flush=True)
     if not args.scaling_only:
         results["graphs"] = []

@@ -203,6 +203,8 @@ def write_report(results: dict[str, Any], out: str) -> None:
         f"variants interleaved round-robin, at least {results['repeats']} rounds"
         + (f" and more for fast graphs, to fill about {results['budget_s']:.0f} s per graph (up to 41)"
            if results.get("budget_s") else "")
+        + (f", spread over {results['sessions']} sets of fresh sessions (a graph's speed also depends on "
+           "the session it runs in)" if results.get("sessions", 1) > 1 else "")
         + f"; {results['iters']} steps per sample; medians. Produced by `python bench/bench.py"
         f"{' --quick' if results.get('quick') else ''}`; raw numbers in `results.json`.",
         "",

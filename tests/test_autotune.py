@@ -20,6 +20,7 @@ from amp_rewrite.autotune import (
     Comparison,
     _decide,
     _measure,
+    _tune,
     candidate_options,
     default_max_repeats,
     relative_error,
@@ -163,6 +164,39 @@ def test_measure_times_more_rounds_until_settled_and_stops_at_the_limit():
 # ------------------------------------------------------------------ library: GraphDefs
 
 
+def test_measure_renews_the_sessions_every_few_rounds_and_drops_what_cannot_run_again():
+    fns = {"float32": lambda: [], "optimal": lambda: []}
+    renewed = []
+
+    def renew():
+        renewed.append(True)
+        return fns
+
+    samples = _measure(fns, 5, 1, 5, lambda s, left: True, renew=renew, per_session=2)
+    assert len(renewed) == 2 and [len(v) for v in samples.values()] == [5, 5]  # renewed after 2 and 4
+    samples = _measure(fns, 5, 1, 5, lambda s, left: True, renew=lambda: {"float32": fns["float32"]},
+                       per_session=2)
+    assert list(samples) == ["float32"] and len(samples["float32"]) == 5
+
+
+def test_tune_spreads_the_rounds_over_fresh_sessions_and_closes_every_one():
+    made, closed = [], []
+
+    def maker(name):
+        def make():
+            made.append(name)
+            return (lambda: [np.ones(2, np.float32)]), (lambda: closed.append(name))
+        return make
+
+    tuned = _tune({"float32": maker("float32"), "optimal": maker("optimal")}, repeats=6, steps=1,
+                  max_rel_error=None, min_gain=0.02, max_repeats=6, sessions=3)
+    assert tuned.rounds == 6 and tuned.sessions == 3
+    assert made == ["float32", "optimal"] * 3 and sorted(closed) == sorted(made)
+    with pytest.raises(amp_rewrite.AmpRewriteError, match="sessions"):
+        _tune({"float32": maker("float32")}, repeats=1, steps=1, max_rel_error=None, min_gain=0.02,
+              sessions=0)
+
+
 def test_autotune_times_the_candidates_and_returns_the_fastest():
     gd = _mlp_graph()
     before = gd.SerializeToString(deterministic=True)
@@ -217,7 +251,9 @@ def test_autotune_accepts_named_option_sets_and_a_custom_runner():
     assert got.same_as == {"no-matmul": "float32"}
     assert got.step_ms["no-matmul"] == got.step_ms["float32"] and got.rel_error["no-matmul"] == 0.0
     assert got.choice != "no-matmul"
-    assert len(built) == 2 and built[0] is gd and built[1] is not gd
+    # One runner per graph and set of sessions, float32 first.
+    assert len(built) == 2 * got.sessions and got.sessions >= 1
+    assert all(b is gd for b in built[::2]) and all(b is not gd for b in built[1::2])
 
 
 def test_autotune_refuses_bad_settings():
@@ -243,6 +279,10 @@ def test_autotune_refuses_bad_settings():
         candidate_options({"float32": {}})
     with pytest.raises(amp_rewrite.AmpRewriteError, match="batch"):
         AutotuneOptions(batch=0).check()
+    with pytest.raises(amp_rewrite.AmpRewriteError, match="sessions"):
+        AutotuneOptions(sessions=0).check()
+    with pytest.raises(amp_rewrite.AmpRewriteError, match="sessions"):
+        amp_rewrite.autotune(gd, feeds={}, fetches=["out"], sessions=0)
 
 
 def test_relative_error_flags_wrong_shapes_and_non_finite_outputs():
@@ -261,9 +301,12 @@ def test_cli_autotune_writes_the_fastest_saved_model(saved, tmp_path):
     before = (saved / "saved_model.pb").read_bytes()
     out, report_file = tmp_path / "out", tmp_path / "r.json"
     assert main(["rewrite", str(saved), str(out), *CPU_BF16, "--autotune", "--autotune-batch", "32",
-                 "--autotune-repeats", "2", "--report", str(report_file), "-q"]) == 0
+                 "--autotune-repeats", "2", "--autotune-sessions", "2", "--report", str(report_file),
+                 "-q"]) == 0
     report = json.loads(report_file.read_text())
     tuned = report["autotune"]
+    # Two rounds, a set of fresh loads each; more rounds (while unsettled) open more sets.
+    assert tuned["sessions"] == tuned["rounds"] >= 2
     assert tuned["signature"] == "serving_default" and tuned["inputs"] == {"x": [32, 64]}
     assert set(tuned["step_ms"]) == {"float32", "tensorflow", "greedy", "optimal"}
     _check_choice(tuned)
@@ -321,6 +364,7 @@ def _one_error_line(capsys) -> str:
     (["--autotune-candidates", "fastest"], "unknown autotune candidate"),
     (["--autotune-shape", "x"], "bad --autotune-shape"),
     (["--autotune-batch", "0"], "batch size"),
+    (["--autotune-sessions", "0"], "sessions >= 1"),
     (["--loss-scale", "dynamic"], "cannot go with --loss-scale"),
 ])
 def test_cli_autotune_refuses_bad_options_before_writing(saved, tmp_path, capsys, monkeypatch, extra, message):

@@ -16,6 +16,7 @@ import corpus  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
 
 _MODELS, _INPUTS = dict(corpus.MODELS), corpus._inputs
+import bench  # noqa: E402
 import calibrate_casts  # noqa: E402
 import calibrate_in_place  # noqa: E402
 
@@ -86,3 +87,34 @@ def test_in_place_bands_are_the_cost_models_and_frozen_weights_are_recognized():
     assert calibrate_in_place._constant_weights("frozen", "Conv2D", ops, inputs)
     assert not calibrate_in_place._constant_weights("fed", "Conv2D", ops, inputs)
     assert not calibrate_in_place._constant_weights("frozen", "Conv2DBackpropFilter", ops, inputs)
+
+
+def test_step_timing_spreads_its_rounds_over_fresh_sessions(monkeypatch):
+    """A graph's speed follows the session it runs in, so the benchmark's rounds are spread
+    over several sets of fresh sessions; every session is closed, and a graph that cannot
+    run has no timing rather than a partial one."""
+    opened, closed = [], []
+
+    class FakeRunner:
+        def __init__(self, graph, item):
+            if graph == "broken" and len(opened) > 2:
+                raise RuntimeError("no kernel for this op\nmore detail")
+            opened.append(graph)
+            self.graph = graph
+
+        def step(self):
+            return {"slow": 2.0, "fast": 1.0, "broken": 1.5}[self.graph]
+
+        def close(self):
+            closed.append(self.graph)
+
+    monkeypatch.setattr(bench, "Runner", FakeRunner)
+    med, rounds = bench.interleaved_step_times({"a": "slow", "b": "fast"}, None, repeats=7, iters=2,
+                                               sessions=3)
+    assert rounds == 7 and med == {"a": 2.0, "b": 1.0}
+    assert opened == ["slow", "fast"] * 3 and sorted(closed) == sorted(opened)  # 3 + 3 + 1 rounds
+
+    opened.clear()
+    med, rounds = bench.interleaved_step_times({"a": "slow", "c": "broken"}, None, repeats=4, iters=1,
+                                               sessions=2)
+    assert rounds == 4 and med == {"a": 2.0}  # "broken" ran in the first set only: no timing
