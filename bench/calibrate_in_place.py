@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import os
 import re
 import statistics
@@ -97,38 +98,47 @@ def _constant_weights(name: str, op: str, ops: dict[str, str], inputs: dict[str,
     return False
 
 
-def node_times(graph_def, item, rounds: int) -> dict[str, tuple[list[float], list[float], int, str]]:
+def node_times(graph_def, item, rounds: int,
+               sessions: int = 3) -> dict[str, tuple[list[float], list[float], int, str]]:
     """Per node of ``graph_def``: float32 times, bfloat16 times (us, one per round), the
-    dtype enum the node produced in the bfloat16 run and the kernel that ran it there."""
+    dtype enum the node produced in the bfloat16 run and the kernel that ran it there.
+
+    The rounds are spread over ``sessions`` pairs of fresh sessions: a session's speed stays
+    with it for its whole life (see ``bench.interleaved_step_times``), so one pair would put
+    that pair's luck into every node's ratio."""
     from tf_oracle import tf_amp_rewrite
 
     variants = {"f32": graph_def, "bf16": tf_amp_rewrite(graph_def, list(item.fetches), mode="bf16")}
-    runners = {k: bench.Runner(v, item) for k, v in variants.items()}
     options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
-    times: dict[str, dict[str, list[float]]] = {k: collections.defaultdict(list) for k in runners}
+    times: dict[str, dict[str, list[float]]] = {k: collections.defaultdict(list) for k in variants}
     dtypes: dict[str, int] = {}
     kernels: dict[str, str] = {}
-    try:
-        for _ in range(rounds):
-            for k, r in runners.items():
-                meta = tf.compat.v1.RunMetadata()
-                r.sess.run(r.fetches, r.feeds, options=options, run_metadata=meta)
-                for dev in meta.step_stats.dev_stats:
-                    for ns in dev.node_stats:
-                        times[k][ns.node_name].append(ns.op_end_rel_micros - ns.op_start_rel_micros)
-                        if k == "bf16" and ns.output:
-                            dtypes[ns.node_name] = ns.output[0].tensor_description.dtype
-                            m = _LABEL_OP.match(ns.timeline_label)
-                            kernels[ns.node_name] = m.group(1) if m else ""
-    finally:
-        for r in runners.values():
-            r.close()
+    per_session = math.ceil(rounds / max(sessions, 1))
+    done = 0
+    while done < rounds:
+        runners = {k: bench.Runner(v, item) for k, v in variants.items()}
+        try:
+            for _ in range(min(per_session, rounds - done)):
+                for k, r in runners.items():
+                    meta = tf.compat.v1.RunMetadata()
+                    r.sess.run(r.fetches, r.feeds, options=options, run_metadata=meta)
+                    for dev in meta.step_stats.dev_stats:
+                        for ns in dev.node_stats:
+                            times[k][ns.node_name].append(ns.op_end_rel_micros - ns.op_start_rel_micros)
+                            if k == "bf16" and ns.output:
+                                dtypes[ns.node_name] = ns.output[0].tensor_description.dtype
+                                m = _LABEL_OP.match(ns.timeline_label)
+                                kernels[ns.node_name] = m.group(1) if m else ""
+                done += 1
+        finally:
+            for r in runners.values():
+                r.close()
     return {n: (times["f32"][n], times["bf16"][n], dtypes.get(n, 0), kernels.get(n, ""))
             for n in times["f32"] if n in times["bf16"]}
 
 
 def calibrate(items: list[str], cls: str, rounds: int,
-              rows: list[dict] | None = None) -> dict[tuple[str, str], list[float]]:
+              rows: list[dict] | None = None, sessions: int = 3) -> dict[tuple[str, str], list[float]]:
     """Per (op, band): [measured float32 us, modelled float32 us, measured bfloat16 us, nodes,
     measured bfloat16 us net of the class's ``low_dense_overhead``].
 
@@ -147,7 +157,7 @@ def calibrate(items: list[str], cls: str, rounds: int,
         inputs = {n.name: [parse_graph_input(i) for i in n.input if not i.startswith("^")] for n in gd.node}
         first = {n: ins[0].node for n, ins in inputs.items() if ins}
         print(f"== {name}", flush=True)
-        for node, (t32, t16, dtype, kernel) in node_times(gd, item, rounds).items():
+        for node, (t32, t16, dtype, kernel) in node_times(gd, item, rounds, sessions).items():
             if dtype != tf.bfloat16.as_datatype_enum or node not in ops:
                 continue
             head, op = node, ops[node]
@@ -186,12 +196,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--items", default=",".join(DEFAULT_ITEMS), help="corpus items, comma-separated")
     ap.add_argument("--class", dest="cls", default="cpu-avx512-bf16", choices=sorted(DEVICE_COSTS))
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--sessions", type=int, default=3, help="pairs of fresh sessions the rounds are spread over")
     ap.add_argument("--min-us", type=float, default=300.0, help="leave out ops with less float32 time")
     ap.add_argument("--dump", metavar="JSON", help="also write every dense node's times here")
     args = ap.parse_args(argv)
     register()
     rows: list[dict] = []
-    acc = calibrate(args.items.split(","), args.cls, args.rounds, rows)
+    acc = calibrate(args.items.split(","), args.cls, args.rounds, rows, args.sessions)
     if args.dump:
         with open(args.dump, "w") as f:
             json.dump(rows, f, indent=0, sort_keys=True)
