@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 import corpus  # noqa: E402  (tests/corpus.py: builders and runners shared with the tests)
 
-__all__ = ["corpus", "BENCH_MODELS", "QUICK_MODELS", "ALL_MODELS", "item_names", "register"]
+__all__ = ["corpus", "BENCH_MODELS", "QUICK_MODELS", "ALL_MODELS", "item_names", "register", "resized"]
 
 
 def _keras():
@@ -27,24 +27,28 @@ def _keras():
     return keras
 
 
-def _densenet121():
-    keras = _keras()
-    return keras.applications.DenseNet121(weights=None, input_shape=(64, 64, 3), classes=10), (64, 64, 3), False
+def _application(cls: str, side: int):
+    """A ``keras.applications`` model with random weights, 10 classes, ``side x side`` RGB input."""
+    shape = (side, side, 3)
+    return getattr(_keras().applications, cls)(weights=None, input_shape=shape, classes=10), shape, False
 
 
-def _inceptionv3():
-    keras = _keras()
-    return keras.applications.InceptionV3(weights=None, input_shape=(75, 75, 3), classes=10), (75, 75, 3), False
+def _densenet121(side: int = 64):
+    return _application("DenseNet121", side)
 
 
-def _vgg16():
-    keras = _keras()
-    return keras.applications.VGG16(weights=None, input_shape=(64, 64, 3), classes=10), (64, 64, 3), False
+def _inceptionv3(side: int = 75):
+    # 75 is InceptionV3's smallest input: its last blocks then have 1x1 feature maps, so at
+    # batch 2 their batch norms reduce two values per channel (see ``resized``).
+    return _application("InceptionV3", side)
 
 
-def _efficientnetb0():
-    keras = _keras()
-    return keras.applications.EfficientNetB0(weights=None, input_shape=(64, 64, 3), classes=10), (64, 64, 3), False
+def _vgg16(side: int = 64):
+    return _application("VGG16", side)
+
+
+def _efficientnetb0(side: int = 64):
+    return _application("EfficientNetB0", side)
 
 
 def _bert_like():
@@ -80,6 +84,7 @@ BENCH_MODELS: dict[str, tuple[Callable, Callable]] = {
     "bert_like": (_bert_like, _adam),
     "efficientnetb0": (_efficientnetb0, _sgd),
 }
+_IMAGE_MODELS = frozenset({"densenet121", "inceptionv3", "vgg16", "efficientnetb0"})
 _ORIG_INPUTS = corpus._inputs
 
 
@@ -91,6 +96,22 @@ def _inputs(name, shape):
 
         x = np.random.default_rng(0).integers(0, 1000, size=x.shape).astype(np.float32)
     return x, y
+
+
+def resized(model: str, side: int) -> str:
+    """Registers the image model ``model`` of :data:`BENCH_MODELS` at a ``side x side`` input
+    as the corpus model ``"{model}@{side}"`` (calls :func:`register`) and returns that name.
+
+    For checks off the benchmark's sizes, e.g. InceptionV3's training loss at batch 2: at 75x75
+    its last batch norms normalize two values per channel, whose outputs are the sign of their
+    difference, so the loss jumps with any rounding upstream; at 150x150 they reduce 18.
+    Raises ``KeyError`` for a model that takes no images."""
+    if model not in _IMAGE_MODELS:
+        raise KeyError(f"{model!r} is not one of the resizable image models: {', '.join(sorted(_IMAGE_MODELS))}")
+    register()
+    name = f"{model}@{side}"
+    corpus.MODELS[name] = (lambda: BENCH_MODELS[model][0](side), BENCH_MODELS[model][1])
+    return name
 
 
 def register() -> None:

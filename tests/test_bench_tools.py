@@ -118,3 +118,20 @@ def test_step_timing_spreads_its_rounds_over_fresh_sessions(monkeypatch):
     med, rounds = bench.interleaved_step_times({"a": "slow", "c": "broken"}, None, repeats=4, iters=1,
                                                sessions=2)
     assert rounds == 4 and med == {"a": 2.0}  # "broken" ran in the first set only: no timing
+
+
+def test_resized_registers_an_image_model_at_another_input_size(monkeypatch):
+    import models
+
+    monkeypatch.setattr(corpus, "MODELS", dict(corpus.MODELS))
+    monkeypatch.setattr(corpus, "_inputs", corpus._inputs)
+    name = models.resized("vgg16", 32)
+    assert name == "vgg16@32" and f"{name}/training" in corpus.corpus_names()
+    model, shape, _ = corpus.MODELS[name][0]()
+    assert shape == (32, 32, 3) and tuple(model.input_shape) == (None, 32, 32, 3)
+    try:
+        models.resized("bert_like", 32)
+    except KeyError as exc:
+        assert "not one of the resizable image models" in exc.args[0]
+    else:
+        raise AssertionError("a model without image input was resized")
