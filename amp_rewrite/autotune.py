@@ -316,6 +316,14 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
 
 
+def _cannot_run(name: str, exc: BaseException) -> None:
+    """A graph failed to build or run: float32 failing is the caller's error (bad feeds),
+    raised as :class:`AmpRewriteError`; a candidate failing is logged and loses."""
+    if name == FLOAT32:
+        raise AmpRewriteError(f"the original graph does not run with these inputs: {_first_line(exc)}") from None
+    log.warning("autotune: candidate %s cannot run here: %s", name, _first_line(exc))
+
+
 def _same_as(keys: Mapping[str, bytes | None]) -> dict[str, str]:
     """Candidates whose graph is the same as an earlier one's (float32 first): ``None`` as a
     key means "unchanged", i.e. float32's graph.  Returns ``{later: earlier}``."""
@@ -368,7 +376,7 @@ def _tune(makers: Mapping[str, Callable[[], tuple[StepFn, Callable[[], None]]]],
     :func:`default_max_repeats`) while the choice is not settled.
 
     The rounds are spread over ``sessions`` sets of fresh runners (``ceil(repeats /
-    sessions)`` rounds each; rounds beyond ``repeats`` open more sets).  A graph's speed
+    sessions)`` rounds each; with more than one set, rounds beyond ``repeats`` open more).  A graph's speed
     depends on the session it runs in, not only on the graph: DenseNet121's training step,
     the same graph in four sessions of one process, ran 87-102 ms per step, each session
     steadily (measured 2026-11-25; where its buffers land, presumably).  Paired rounds cannot
@@ -397,20 +405,14 @@ def _tune(makers: Mapping[str, Callable[[], tuple[StepFn, Callable[[], None]]]],
             except AmpRewriteError:
                 raise
             except Exception as exc:  # noqa: BLE001 - a candidate that cannot run loses
-                if name == FLOAT32:
-                    raise AmpRewriteError(f"the original graph does not run with these inputs: "
-                                          f"{_first_line(exc)}") from None
-                log.warning("autotune: candidate %s cannot run here: %s", name, _first_line(exc))
+                _cannot_run(name, exc)
                 runners.pop(name, None)
                 continue
             runners[name] = runner
             try:
                 out = runner[0]()
             except Exception as exc:  # noqa: BLE001
-                if name == FLOAT32:
-                    raise AmpRewriteError(f"the original graph does not run with these inputs: "
-                                          f"{_first_line(exc)}") from None
-                log.warning("autotune: candidate %s cannot run here: %s", name, _first_line(exc))
+                _cannot_run(name, exc)
                 del runners[name]
                 runner[1]()
                 continue

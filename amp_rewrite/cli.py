@@ -178,7 +178,7 @@ def _autotune_options(args: argparse.Namespace) -> Any:
         if tuning_flags:
             raise AmpRewriteError("the --autotune-* options need --autotune")
         return None
-    from .autotune import AutotuneOptions
+    from .autotune import DEFAULT_SESSIONS, AutotuneOptions
 
     shapes = {}
     for item in args.autotune_shape:
@@ -193,7 +193,7 @@ def _autotune_options(args: argparse.Namespace) -> Any:
         candidates=tuple(_ops([args.autotune_candidates])), repeats=args.autotune_repeats,
         max_repeats=args.autotune_max_repeats, batch=args.autotune_batch, shapes=shapes, signature=args.autotune_signature,
         max_rel_error=args.autotune_max_error, min_gain=args.autotune_min_gain,
-        **({} if args.autotune_sessions is None else {"sessions": args.autotune_sessions}),
+        sessions=DEFAULT_SESSIONS if args.autotune_sessions is None else args.autotune_sessions,
     )
 
 
