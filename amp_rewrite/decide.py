@@ -365,6 +365,8 @@ class _Painter:
         self.unknown_ops: dict[str, int] = {}
         self.placement: Any = None
         self.normalized: dict[str, str] = {}
+        #: What :func:`find_normalizations` found (pass 2), for the optimal planner.
+        self.norm_info: NormalizationInfo | None = None
         self.had_allow = False  # pass 1 painted something (the planner may undo it all)
         self._ops: dict[str, str] | None = None
         self._processed: dict[str, bool] | None = None
@@ -836,7 +838,7 @@ class _Painter:
         # Normalization-aware: not from a statistic into the op that applies it.  Moments
         # kept float32: their Mean nodes are denied like deny-list ops.
         aware, pin = self.options.normalization_aware, self.options.moments_float32
-        info = find_normalizations(self.g, self.inputs) if aware or pin else None
+        info = self.norm_info = find_normalizations(self.g, self.inputs) if aware or pin else None
         blocked = self._normalization_blocks(info) if aware and info is not None else set()
         moments = ({v for name in info.moments for v in tg.by_node.get(name, ()) if self.is_f32(v)}
                    if pin and info is not None else set())

@@ -39,6 +39,11 @@ stay float32, as TensorFlow keeps them.  Where a reduced dimension is unknown (a
 training GraphDef whose weights carry no shapes) the count cannot be known, and the
 normalization counts as before.
 
+Fewer values still make the normalization itself *fragile*, whatever precision its apply
+runs in: over two values it outputs the sign of their difference, so rounding anywhere
+upstream can flip it.  :func:`upstream_of_fragile` finds what feeds such a normalization;
+the optimal planner keeps it float32.
+
 :func:`find_normalizations` returns those apply nodes and, for each, the input ports that
 carry statistics; the decision stage then stops deny propagation along exactly those
 inputs.  Pure: the graph is only read.
@@ -57,10 +62,14 @@ from .shape_inference import Shape, numel
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MIN_STATISTIC_COUNT", "Normalization", "NormalizationInfo", "find_normalizations"]
+__all__ = ["MIN_STATISTIC_COUNT", "MAX_FRAGILE_COUNT", "Normalization", "NormalizationInfo",
+           "find_normalizations", "upstream_of_fragile"]
 
 #: Fewest values a statistic must reduce for its normalization to run its apply in low precision.
 MIN_STATISTIC_COUNT = 16
+#: Most values a fragile normalization reduces: everything upstream of one stays float32 under
+#: the optimal planner (:func:`upstream_of_fragile`).
+MAX_FRAGILE_COUNT = 3
 
 #: Ops that compute statistics from statistics and parameters (per-channel vectors).
 _STAT_OPS = frozenset({
@@ -93,13 +102,15 @@ class NormalizationInfo:
     normalization it belongs to; ``stats`` are the statistic nodes (they keep float32).
     ``moments`` are the ``Mean`` nodes of every mean/variance pair found, those of
     normalizations left out for too few values included: a profile whose lists let ``Mean``
-    run in low precision still keeps these float32.
+    run in low precision still keeps these float32.  ``small`` are the normalizations left
+    out, each with the number of values its statistics reduce, ordered by ``mean``.
     """
 
     norms: tuple[Normalization, ...] = ()
     apply: Mapping[str, tuple[frozenset[int], Normalization]] = field(default_factory=dict)
     stats: frozenset[str] = frozenset()
     moments: frozenset[str] = frozenset()
+    small: tuple[tuple[Normalization, int], ...] = ()
 
 
 def _resource_placeholder(g: nx.MultiDiGraph, name: str) -> bool:
@@ -183,6 +194,7 @@ def find_normalizations(
         return out
 
     norms: list[Normalization] = []
+    small: list[tuple[Normalization, int]] = []
     moments: set[str] = set()
     for m1 in sorted(n for n, op in ops.items() if op == "Mean"):
         ins = inputs(m1)
@@ -217,10 +229,11 @@ def find_normalizations(
             if count is not None and count < min_count:
                 log.debug("normalization %s/%s left float32: its statistics reduce %d values (fewer than %d)",
                           m1, variance, count, min_count)
+                small.append((Normalization(x[0], m1, variance), count))
                 continue
             norms.append(Normalization(x[0], m1, variance))
     if not norms:
-        return NormalizationInfo(moments=frozenset(moments))
+        return NormalizationInfo(moments=frozenset(moments), small=tuple(small))
 
     stats: set[str] = set()
     owner: dict[str, Normalization] = {}
@@ -269,7 +282,7 @@ def find_normalizations(
             )
             if ports:
                 apply[c] = (ports, apply[a][1])
-    return NormalizationInfo(tuple(norms), apply, frozenset(stats), frozenset(moments))
+    return NormalizationInfo(tuple(norms), apply, frozenset(stats), frozenset(moments), tuple(small))
 
 
 def _is_mean_gradient(name: str, ops: Mapping[str, str], inputs, is_param) -> bool:
@@ -280,3 +293,36 @@ def _is_mean_gradient(name: str, ops: Mapping[str, str], inputs, is_param) -> bo
     if len(ins) != 2 or not is_param(ins[1][0]) and ops[ins[1][0]] not in ("Cast", "Prod", "Maximum"):
         return False
     return ops[ins[0][0]] in ("Tile", "BroadcastTo")
+
+
+def upstream_of_fragile(g: nx.MultiDiGraph, info: NormalizationInfo) -> dict[str, tuple[Normalization, int]]:
+    """Every node whose value a fragile normalization normalizes -- one whose statistics
+    reduce from 2 to :data:`MAX_FRAGILE_COUNT` values (:attr:`NormalizationInfo.small`) --:
+    the normalized tensor's producer and all its data ancestors, each mapped to the first such
+    normalization (in ``info.small``'s order) that it feeds, with its count.  Control edges
+    carry no value and are not followed.  Pure.
+
+    Why these matter: ``(x - mean) / std`` over ``n`` values has sensitivity ``1 / std`` to
+    ``x``, unbounded when the ``n`` values lie close together.  Over two values it outputs the
+    sign of their difference, +-1, so any rounding upstream can flip it and the step's loss
+    with it.  For a rounding ``e`` relative to the values' spread, the chance that a channel's
+    output jumps is about ``e ** (n - 1)``: linear in ``e`` for two values, quadratic for three
+    (with bfloat16's ``e`` of a few 1e-3, a step of ten thousands of channels still sees
+    jumps), and negligible from four on.  One value normalizes to the offset, whatever the
+    rounding.  The InceptionV3 training step at batch 2 and 75x75 (1x1 maps in its last
+    blocks) had 2.2 times the loss error of TensorFlow's float16 rewrite (0.133 against 0.060,
+    median of 16 batches) from two float16 convolutions in its stem alone.
+    """
+    owner: dict[str, tuple[Normalization, int]] = {}
+    for norm, count in info.small:
+        if not 2 <= count <= MAX_FRAGILE_COUNT or norm.source in owner or norm.source not in g:
+            continue
+        owner[norm.source] = (norm, count)
+        stack = [norm.source]
+        while stack:
+            x = stack.pop()
+            for src, _, d in g.in_edges(x, data=True):
+                if d["src_port"] >= 0 and src not in owner:
+                    owner[src] = (norm, count)
+                    stack.append(src)
+    return owner

@@ -13,7 +13,11 @@ Vertices whose colour TensorFlow ties to others (TensorList clusters, loop back 
 decided together, as one unit, where the greedy passes put the whole group in low precision
 (float32 for all of it is always valid), and keep the greedy decision otherwise (always,
 under ``goal="min-casts"``, which converts what TensorFlow converts).  Existing
-Casts are re-matched after the cut.  This module mutates the painter it is given (its
+Casts are re-matched after the cut.
+
+Under ``goal="optimal"``, everything upstream of a normalization whose statistics reduce
+two or three values (:func:`amp_rewrite.normalization.upstream_of_fragile`) stays float32:
+rounding what feeds it can flip the signs it outputs, so no estimated gain is worth it.  TensorFlow's rewrite does not know this; ``min-casts`` follows it.  This module mutates the painter it is given (its
 ``allow`` set and reasons) and nothing else.
 """
 
@@ -28,6 +32,7 @@ import networkx as nx
 
 from . import ir
 from .cost_model import DENSE_OPS, DeviceCosts, cast_cost, costs_for, elements, node_cost
+from .normalization import upstream_of_fragile
 from .placement import FREE, HIGH, LOW, PlacementProblem, objective, solve
 from .shape_inference import Shape
 from .type_attrs import TypeAttr
@@ -61,6 +66,10 @@ class PlacementSummary:
     #: The best colouring's estimated gain over float32 was below :data:`MIN_ESTIMATED_GAIN`,
     #: so every free vertex stays float32.
     below_margin: bool = False
+    #: Fragile normalizations (:func:`amp_rewrite.normalization.upstream_of_fragile`) with free
+    #: vertices upstream, and those vertices, kept float32 for that reason.
+    fragile_normalizations: int = 0
+    upstream_float32: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         # Under "min-casts" the three figures are kilobytes moved by Casts, not microseconds.
@@ -72,6 +81,8 @@ class PlacementSummary:
             "free_vertices": self.free_vertices,
             "guarded": self.guarded,
             "below_margin": self.below_margin,
+            "fragile_normalizations": self.fragile_normalizations,
+            "upstream_float32": self.upstream_float32,
             "to_low": self.to_low,
             "to_high": self.to_high,
             "misaligned": {k: list(v) for k, v in sorted(self.misaligned.items())},
@@ -84,6 +95,29 @@ class PlacementSummary:
 #: faster ran 10% slower than float32, while every graph estimated at least 3.3% faster ran
 #: faster (by 1-35%).  "Never slower than float32" is worth more than a gain that small.
 MIN_ESTIMATED_GAIN = 0.03
+
+
+def _spread_freedom(tg: Any, cat: list[str], elig: list[bool], free_groups: list[list[int]]) -> list[bool]:
+    """Free vertices: the eligible ones connected, through eligible vertices, to an eligible
+    allow-list vertex (TensorFlow never converts an infer op that no allow op reaches, and
+    neither do we), and the members of ``free_groups``."""
+    n = len(elig)
+    free = [False] * n
+    for r in range(n):
+        if not elig[r] or cat[r] != "allow" or free[r]:
+            continue
+        free[r] = True
+        stack = [r]
+        while stack:
+            x = stack.pop()
+            for y in tg.fanin[x] + tg.fanout[x]:
+                if elig[y] and not free[y]:
+                    free[y] = True
+                    stack.append(y)
+    for g in free_groups:
+        for v in g:
+            free[v] = True
+    return free
 
 
 def _tied_groups(p: "_Painter", clusters: list[list[str]]) -> list[list[int]]:
@@ -285,29 +319,34 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
     for g in free_groups:
         for v in g:
             elig[v] = True
-    # Infer/clear vertices are free only when connected (through eligible vertices) to an
-    # allow-list vertex: TensorFlow never converts an infer op that no allow op reaches, and
-    # neither do we.
-    free = [False] * n
-    for r in range(n):
-        if not elig[r] or cat[r] != "allow" or free[r]:
-            continue
-        free[r] = True
-        stack = [r]
-        while stack:
-            x = stack.pop()
-            for y in tg.fanin[x] + tg.fanout[x]:
-                if elig[y] and not free[y]:
-                    free[y] = True
-                    stack.append(y)
-    for g in free_groups:
-        for v in g:
-            free[v] = True
+    free = _spread_freedom(tg, cat, elig, free_groups)
+    # Upstream of a fragile normalization nothing is free: it stays float32 (a tied group as a
+    # whole, if any member is upstream), and so does a vertex that reached an allow-list op
+    # only through such vertices -- float32 is valid for every free vertex.
+    info = p.norm_info
+    fragile = upstream_of_fragile(p.g, info) if info is not None and info.small and not min_casts else {}
+    held: dict[int, tuple[str, int] | None] = {}
+    if fragile:
+        for v in range(n):
+            got = fragile.get(tg.node[v])
+            if free[v] and got is not None:
+                held[v] = (got[0].mean, got[1])
+        for g in free_groups:
+            hit = next((held[v] for v in g if v in held), None)
+            if hit is not None:
+                held.update((v, hit) for v in g)
+        if held:
+            for v in held:
+                elig[v] = False
+            was_free = free
+            free_groups = [g for g in free_groups if g[0] not in held]
+            free = _spread_freedom(tg, cat, elig, free_groups)
+            held.update((v, None) for v in range(n) if was_free[v] and not free[v] and v not in held)
     # Vertices the cut does not decide keep the greedy colour (other tied groups, and whatever
     # the passes painted outside the free set), except existing Casts, which are matched to
     # their consumers again afterwards.
     fixed = [FREE if free[v] else (
-        LOW if v in greedy and p.is_f32(v) and p.ops[tg.node[v]] != "Cast" else HIGH)
+        LOW if v in greedy and p.is_f32(v) and p.ops[tg.node[v]] != "Cast" and v not in held else HIGH)
         for v in range(n)]
     if min_casts:
         fixed = [LOW if f == FREE and cat[v] == "allow" else f for v, f in enumerate(fixed)]
@@ -431,7 +470,15 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
     for v in range(n):
         if not p.is_f32(v):
             continue
-        if low[v]:
+        if v in held:
+            why = held[v]
+            p.reason[v] = (
+                f"{cat[v]} op kept float32: upstream of normalization {why[0]!r}, whose statistics "
+                f"reduce only {why[1]} values, so rounding here can flip its outputs' signs"
+                if why is not None else
+                f"{cat[v]} op kept float32: it reaches allow-list ops only through ops kept float32 "
+                "upstream of a fragile normalization")
+        elif low[v]:
             new_allow.add(v)
             if v not in greedy:
                 to_low += 1
@@ -457,6 +504,7 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
     summary = PlacementSummary(
         summary_costs[0] / 1e3, summary_costs[1] / 1e3, summary_costs[2] / 1e3,
         sum(free), to_low, to_high, misaligned, problem, tuple(low), goal, guarded, below_margin,
+        len({norm for norm, _ in fragile.values()}), len(held),
     )
     log.debug("optimal placement: %s", summary.as_dict())
     for name, dims in sorted(misaligned.items()):

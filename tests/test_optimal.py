@@ -19,7 +19,7 @@ import amp_rewrite
 from amp_rewrite.cost_model import (DEVICE_COSTS, NodeCost, alignment_efficiency, cast_cost, costs_for,
                                      dense_band, node_cost)
 from amp_rewrite.graph_io import import_graph_def
-from amp_rewrite.normalization import find_normalizations
+from amp_rewrite.normalization import find_normalizations, upstream_of_fragile
 from amp_rewrite.shape_inference import graph_shapes
 from amp_rewrite.op_registry import default_registry
 from amp_rewrite.placement import FREE, HIGH, LOW, PlacementProblem, objective, solve
@@ -516,6 +516,63 @@ def test_a_batch_norm_over_a_few_values_keeps_its_apply_float32():
         if not low:
             assert report["nodes"]["bn_out"]["dtype"] == "float32"
             assert report["nodes"]["relu"]["dtype"] == "float32"
+
+
+def _fragile_graph(batch: int):
+    """Conv on 16x16 maps -> pooled to 1x1 -> moments batch norm -> ReLU -> conv: the
+    statistics reduce ``batch`` values.  A control dependency hangs off the output."""
+    def build():
+        x = v1.placeholder(tf.float32, (batch, 16, 16, 64), name="x")
+        rs = np.random.RandomState(0)
+        k = tf.constant(rs.standard_normal((3, 3, 64, 64)).astype(np.float32) * 0.05)
+        k1 = tf.constant(rs.standard_normal((1, 1, 64, 64)).astype(np.float32) * 0.05)
+        c = tf.nn.conv2d(x, k, 1, "SAME", name="conv0")
+        p = tf.nn.avg_pool2d(c, 16, 16, "VALID", name="pool")
+        mean, var = tf.nn.moments(p, axes=[0, 1, 2], keepdims=False, name="moments")
+        y = tf.multiply(p - mean, tf.math.rsqrt(var + 1e-3), name="normed")
+        r = tf.nn.relu(y, name="relu")
+        with tf.control_dependencies([tf.no_op(name="side")]):
+            tf.identity(tf.nn.conv2d(r, k1, 1, "SAME", name="conv1"), name="out")
+
+    return graph_def(build)
+
+
+def test_upstream_of_a_fragile_normalization_follows_data_edges_only():
+    for batch, fragile in ((1, False), (2, True), (3, True), (4, False)):
+        gd = _fragile_graph(batch)
+        g = import_graph_def(gd, default_registry()).graph
+        g.graph["shapes"] = graph_shapes(gd)
+        info = find_normalizations(g)
+        assert [count for _, count in info.small] == [batch], batch
+        up = upstream_of_fragile(g, info)
+        if not fragile:
+            assert up == {}, batch
+            continue
+        assert {"pool", "conv0", "x"} <= set(up), batch
+        assert {norm.mean for norm, _ in up.values()} == {"moments/mean"}
+        assert not {"side", "relu", "conv1", "normed", "out"} & set(up), batch
+
+
+def test_nothing_upstream_of_a_fragile_normalization_runs_in_low_precision():
+    """Batch 2 on a 1x1 map: the normalization outputs the sign of two values' difference,
+    so the optimal planner keeps what feeds it float32 (the greedy passes and TensorFlow's
+    rewrite convert the convolution); at batch 4 the same convolution converts."""
+    two = amp_rewrite.rewrite_graph_def(_fragile_graph(2), target="gpu:8.0", lists="optimal", use_env=False)
+    node = two.report["nodes"]["conv0"]
+    assert node["dtype"] == "float32"
+    assert "upstream of normalization 'moments/mean'" in node["reason"], node["reason"]
+    assert "only 2 values" in node["reason"]
+    placement = two.report["placement"]
+    assert placement["fragile_normalizations"] == 1 and placement["upstream_float32"] >= 1
+    greedy = amp_rewrite.rewrite_graph_def(_fragile_graph(2), target="gpu:8.0", use_env=False)
+    assert greedy.report["nodes"]["conv0"]["dtype"] == "float16"
+    four = amp_rewrite.rewrite_graph_def(_fragile_graph(4), target="gpu:8.0", lists="optimal", use_env=False)
+    assert four.report["nodes"]["conv0"]["dtype"] == "float16"
+    assert four.report["placement"]["fragile_normalizations"] == 0
+    # min-casts converts what TensorFlow converts.
+    mc = amp_rewrite.rewrite_graph_def(_fragile_graph(2), target="gpu:8.0", lists="optimal",
+                                       planner="min-casts", use_env=False)
+    assert mc.report["nodes"]["conv0"]["dtype"] == "float16"
 
 
 def _pool_graph(shape: tuple[int, ...], moments: bool):
