@@ -112,6 +112,12 @@ class NormalizationInfo:
     moments: frozenset[str] = frozenset()
     small: tuple[tuple[Normalization, int], ...] = ()
 
+    @property
+    def fragile(self) -> tuple[tuple[Normalization, int], ...]:
+        """The small normalizations over 2 to :data:`MAX_FRAGILE_COUNT` values
+        (:func:`upstream_of_fragile` says why they matter)."""
+        return tuple((norm, count) for norm, count in self.small if 2 <= count <= MAX_FRAGILE_COUNT)
+
 
 def _resource_placeholder(g: nx.MultiDiGraph, name: str) -> bool:
     data = g._node[name]
@@ -299,7 +305,7 @@ def upstream_of_fragile(g: nx.MultiDiGraph, info: NormalizationInfo) -> dict[str
     """Every node whose value a fragile normalization normalizes -- one whose statistics
     reduce from 2 to :data:`MAX_FRAGILE_COUNT` values (:attr:`NormalizationInfo.small`) --:
     the normalized tensor's producer and all its data ancestors, each mapped to the first such
-    normalization (in ``info.small``'s order) that it feeds, with its count.  Control edges
+    normalization (in ``info.fragile``'s order) that it feeds, with its count.  Control edges
     carry no value and are not followed.  Pure.
 
     Why these matter: ``(x - mean) / std`` over ``n`` values has sensitivity ``1 / std`` to
@@ -314,8 +320,8 @@ def upstream_of_fragile(g: nx.MultiDiGraph, info: NormalizationInfo) -> dict[str
     median of 16 batches) from two float16 convolutions in its stem alone.
     """
     owner: dict[str, tuple[Normalization, int]] = {}
-    for norm, count in info.small:
-        if not 2 <= count <= MAX_FRAGILE_COUNT or norm.source in owner or norm.source not in g:
+    for norm, count in info.fragile:
+        if norm.source in owner or norm.source not in g:
             continue
         owner[norm.source] = (norm, count)
         stack = [norm.source]

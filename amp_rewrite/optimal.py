@@ -17,8 +17,10 @@ Casts are re-matched after the cut.
 
 Under ``goal="optimal"``, everything upstream of a normalization whose statistics reduce
 two or three values (:func:`amp_rewrite.normalization.upstream_of_fragile`) stays float32:
-rounding what feeds it can flip the signs it outputs, so no estimated gain is worth it.  TensorFlow's rewrite does not know this; ``min-casts`` follows it.  This module mutates the painter it is given (its
-``allow`` set and reasons) and nothing else.
+rounding what feeds it can flip the signs it outputs, so no estimated gain is worth it.
+TensorFlow's rewrite does not know this, and ``min-casts`` follows TensorFlow.
+
+This module mutates the painter it is given (its ``allow`` set and reasons) and nothing else.
 """
 
 from __future__ import annotations
@@ -66,8 +68,9 @@ class PlacementSummary:
     #: The best colouring's estimated gain over float32 was below :data:`MIN_ESTIMATED_GAIN`,
     #: so every free vertex stays float32.
     below_margin: bool = False
-    #: Fragile normalizations (:func:`amp_rewrite.normalization.upstream_of_fragile`) with free
-    #: vertices upstream, and those vertices, kept float32 for that reason.
+    #: Fragile normalizations found (:func:`amp_rewrite.normalization.upstream_of_fragile`), and
+    #: the free vertices kept float32 because they feed one (or reach allow-list ops only
+    #: through vertices that do).
     fragile_normalizations: int = 0
     upstream_float32: int = 0
 
@@ -324,7 +327,8 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
     # whole, if any member is upstream), and so does a vertex that reached an allow-list op
     # only through such vertices -- float32 is valid for every free vertex.
     info = p.norm_info
-    fragile = upstream_of_fragile(p.g, info) if info is not None and info.small and not min_casts else {}
+    fragile_norms = info.fragile if info is not None and not min_casts else ()
+    fragile = upstream_of_fragile(p.g, info) if fragile_norms else {}
     held: dict[int, tuple[str, int] | None] = {}
     if fragile:
         for v in range(n):
@@ -504,7 +508,7 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
     summary = PlacementSummary(
         summary_costs[0] / 1e3, summary_costs[1] / 1e3, summary_costs[2] / 1e3,
         sum(free), to_low, to_high, misaligned, problem, tuple(low), goal, guarded, below_margin,
-        len({norm for norm, _ in fragile.values()}), len(held),
+        len(fragile_norms), len(held),
     )
     log.debug("optimal placement: %s", summary.as_dict())
     for name, dims in sorted(misaligned.items()):
