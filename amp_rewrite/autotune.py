@@ -132,9 +132,7 @@ class AutotuneOptions:
 
     def check(self) -> None:
         """Raises :class:`AmpRewriteError` for settings that cannot be measured."""
-        if self.repeats < 1 or self.steps < 1 or self.sessions < 1:
-            raise AmpRewriteError("autotune needs repeats >= 1, steps >= 1 and sessions >= 1")
-        _check_max_repeats(self.repeats, self.max_repeats)
+        _check_rounds(self.repeats, self.steps, self.sessions, self.max_repeats)
         if self.batch < 1:
             raise AmpRewriteError("autotune needs a batch size >= 1")
         if not 0 <= self.min_gain < 1:
@@ -382,8 +380,7 @@ def _tune(makers: Mapping[str, Callable[[], tuple[StepFn, Callable[[], None]]]],
     steadily (measured 2026-11-25; where its buffers land, presumably).  Paired rounds cannot
     cancel that, since it follows a session for its whole life; several sessions average it.
     """
-    if sessions < 1:
-        raise AmpRewriteError("autotune needs sessions >= 1")
+    _check_rounds(repeats, steps, sessions, max_repeats)
     same_as = dict(same_as or {})
     limit = max(repeats, max_repeats if max_repeats is not None else default_max_repeats(repeats))
     runners: dict[str, tuple[StepFn, Callable[[], None]]] = {}
@@ -458,7 +455,11 @@ def _tune(makers: Mapping[str, Callable[[], tuple[StepFn, Callable[[], None]]]],
     return Tuning(choice, step_ms, rel_error, ratio, wins, rounds, opened)
 
 
-def _check_max_repeats(repeats: int, max_repeats: int | None) -> None:
+def _check_rounds(repeats: int, steps: int, sessions: int, max_repeats: int | None) -> None:
+    """Raises :class:`AmpRewriteError` for counts of rounds, steps or sessions that cannot be
+    measured (every entry point checks them before any rewrite or timing starts)."""
+    if repeats < 1 or steps < 1 or sessions < 1:
+        raise AmpRewriteError("autotune needs repeats >= 1, steps >= 1 and sessions >= 1")
     if max_repeats is not None and max_repeats < max(repeats, MIN_PROOF_ROUNDS):
         raise AmpRewriteError(
             f"autotune's max_repeats must be at least repeats and at least {MIN_PROOF_ROUNDS}: in "
@@ -534,9 +535,7 @@ def autotune(
     Raises :class:`AmpRewriteError` for bad settings or when the original graph cannot run.
     ``graph_def`` is not modified.
     """
-    if repeats < 1 or steps < 1 or sessions < 1:
-        raise AmpRewriteError("autotune needs repeats >= 1, steps >= 1 and sessions >= 1")
-    _check_max_repeats(repeats, max_repeats)
+    _check_rounds(repeats, steps, sessions, max_repeats)
     if not 0 <= min_gain < 1:
         raise AmpRewriteError("autotune's min_gain must be in [0, 1)")
     if runner is None and feeds is None:
