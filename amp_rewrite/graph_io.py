@@ -31,6 +31,9 @@ __all__ = [
     "import_graph_def",
     "export_graph_def",
     "reachable_functions",
+    "check_call_graph",
+    "check_binary_readable",
+    "MAX_CALL_DEPTH",
 ]
 
 log = logging.getLogger(__name__)
@@ -66,10 +69,27 @@ def parse_graph_def(data: bytes, *, path: str | None = None) -> Any:
         gd.ParseFromString(data)
     except (DecodeError, ValueError, RuntimeError) as exc:
         raise GraphFormatError(f"not a GraphDef (protobuf could not parse it: {exc})", path=path) from None
+    except RecursionError:
+        raise GraphFormatError("not a GraphDef: messages are nested too deeply", path=path) from None
     if data and not gd.node and not gd.library.function:
         # Random bytes sometimes parse as an empty message made of unknown fields.
         raise GraphFormatError("not a GraphDef (no nodes and no functions found)", path=path)
     return gd
+
+
+def check_binary_readable(message: Any, *, path: str | None = None) -> None:
+    """Raise :class:`GraphFormatError` if ``message`` (parsed from text) could not be read
+    back from its binary form: the text parser accepts deeper nesting (``func`` attrs inside
+    ``func`` attrs) than the binary decoder TensorFlow and this package use, so such a graph
+    would fail later, or be written as an output nothing can read."""
+    from google.protobuf.message import DecodeError
+
+    try:
+        type(message).FromString(message.SerializeToString())
+    except (DecodeError, RecursionError, ValueError, RuntimeError) as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise GraphFormatError(f"messages are nested too deeply to be read in binary form ({detail})",
+                               path=path) from None
 
 
 def load_graph_def(path: str | os.PathLike[str]) -> Any:
@@ -88,6 +108,10 @@ def load_graph_def(path: str | os.PathLike[str]) -> Any:
             text_format.Parse(data.decode("utf-8"), gd)
         except (text_format.ParseError, UnicodeDecodeError) as exc:
             raise GraphFormatError(f"not a text GraphDef: {exc}", path=p) from None
+        except RecursionError:
+            # The text parser recurses into nested messages (``func`` attrs in ``func`` attrs).
+            raise GraphFormatError("not a text GraphDef: messages are nested too deeply", path=p) from None
+        check_binary_readable(gd, path=p)
         return gd
     return parse_graph_def(data, path=p)
 
@@ -350,6 +374,7 @@ def import_graph_def(graph_def: Any, registry: OpRegistry) -> ImportedGraph:
     parametrized (their signature has type attributes, which Grappler does not optimize
     either), are listed in ``skipped_functions`` and left as they are.
     """
+    check_call_graph(graph_def)
     signatures: dict[str, OpSignature] = {}
     for fdef in graph_def.library.function:
         signatures[fdef.signature.name] = signature_from_opdef(fdef.signature)
@@ -405,6 +430,60 @@ def _calls_closure(graph_def: Any, start: set[str]) -> set[str]:
             seen.add(callee)
             todo.append(callee)
     return seen
+
+
+#: The longest chain of nested function calls accepted.  TensorFlow's own runtime and shape
+#: inference walk call chains recursively in C++; real models nest a few levels (a Keras
+#: layer's call inside a While body inside a signature), so this is far above any of them and
+#: far below a stack overflow.
+MAX_CALL_DEPTH = 256
+
+
+def check_call_graph(graph_def: Any) -> None:
+    """Raise :class:`InvalidGraphError` if the function library calls itself (a function
+    calling itself, or functions calling each other in a cycle) or if a chain of nested calls
+    is deeper than :data:`MAX_CALL_DEPTH`.
+
+    TensorFlow has no recursion in graphs (a recursive call never terminates as dataflow),
+    and its C++ shape inference and function instantiation overflow the stack on such
+    libraries, killing the process.  Checked before anything hands the graph to TensorFlow.
+    Iterative (Kahn's algorithm over the call graph); reads ``graph_def`` only.
+    """
+    fdefs = list(graph_def.library.function)
+    if not fdefs:
+        return
+    names = {f.signature.name for f in fdefs}
+    callees = {f.signature.name: _called_functions(f.node_def, names) for f in fdefs}
+    # Longest chain of calls below each function, computed from the callees up: a function is
+    # done once everything it calls is.
+    pending = {name: len(callees[name]) for name in names}
+    called_by: dict[str, list[str]] = {name: [] for name in names}
+    for name, called in callees.items():
+        for callee in called:
+            called_by[callee].append(name)
+    depth = dict.fromkeys(names, 1)
+    ready = [name for name, k in pending.items() if k == 0]
+    done = 0
+    while ready:
+        name = ready.pop()
+        done += 1
+        for caller in called_by[name]:
+            depth[caller] = max(depth[caller], depth[name] + 1)
+            pending[caller] -= 1
+            if pending[caller] == 0:
+                ready.append(caller)
+    if done < len(names):
+        cyclic = sorted(name for name, k in pending.items() if k > 0)
+        shown = ", ".join(repr(n) for n in cyclic[:3]) + (" ..." if len(cyclic) > 3 else "")
+        raise InvalidGraphError(
+            f"the function library is recursive ({len(cyclic)} function(s) call themselves, "
+            f"directly or through others: {shown}); TensorFlow graphs cannot recurse")
+    deepest = max(depth.values())
+    if deepest > MAX_CALL_DEPTH:
+        top = min((n for n in names if depth[n] == deepest))
+        raise InvalidGraphError(
+            f"function calls nest {deepest} deep (from {top!r}); at most {MAX_CALL_DEPTH} "
+            "levels are accepted")
 
 
 def reachable_functions(graph_def: Any) -> set[str]:

@@ -319,6 +319,9 @@ def _read_toml(source: Traversable | Path, location: str) -> dict[str, Any]:
         raise ListError(f"cannot read list file: {exc}", path=location) from exc
     except tomllib.TOMLDecodeError as exc:
         raise ListError(f"invalid TOML: {exc}", path=location) from exc
+    except RecursionError:
+        # tomllib parses nested arrays and tables recursively; a list file is flat.
+        raise ListError("invalid list file: values are nested too deeply", path=location) from None
 
 
 def _looks_like_path(ref: str) -> bool:

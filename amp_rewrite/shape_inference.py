@@ -5,7 +5,8 @@ The result maps each node to one shape per output port; a shape is a tuple of di
 ``None`` for an unknown dimension, or ``None`` as a whole when even the rank is unknown.
 
 TensorFlow's own shape functions are the reference, so the main graph is imported into a
-scratch ``tf.Graph`` (which runs them).  A graph TensorFlow cannot import (custom ops, a
+scratch ``tf.Graph`` (which runs them) -- as an inert copy, in which no kernel of the input
+can run and no function body is entered (:mod:`amp_rewrite.inert_graph`).  A graph TensorFlow cannot import (custom ops, a
 broken function library) falls back to the ``_output_shapes`` attributes some exporters
 write, and then to "unknown": the planner then uses a default size per tensor, so missing
 shapes cost quality, never correctness.
@@ -26,6 +27,8 @@ from typing import Any, Mapping, Sequence
 
 from . import dtypes as dt
 from .errors import AmpRewriteError, InvalidGraphError
+from .inert_graph import inert_graph_def, placeholder_sources
+from .op_registry import OpRegistry, default_registry
 from .tensor_names import node_name
 
 __all__ = ["Shape", "check_variable_shapes", "graph_shapes", "function_shapes", "numel"]
@@ -195,52 +198,148 @@ def _variable_handles(graph_def: Any, variable_shapes: Mapping[str, Shape]) -> d
     return input_map
 
 
-def graph_shapes(graph_def: Any, variable_shapes: Mapping[str, Shape] | None = None
-                 ) -> dict[str, tuple[Shape, ...]]:
+def _placeholder_hints(scratch: Any, copy: Any) -> dict[tuple[str, int], Shape]:
+    """Shapes, from a first import of ``copy``, of the tensors its shapeless placeholders
+    stand for (only those now known)."""
+    hints: dict[tuple[str, int], Shape] = {}
+    for (src, port) in placeholder_sources(copy).values():
+        try:
+            op = scratch.get_operation_by_name(src)
+        except (KeyError, ValueError):
+            continue
+        if port < len(op.outputs):
+            shape = _from_tensor_shape(op.outputs[port].shape)
+            if shape is not None:
+                hints[(src, port)] = shape
+    return hints
+
+
+def _read_shapes(graph: Any, wanted: set[str], skip: set[str] = frozenset()) -> dict[str, tuple[Shape, ...]]:
+    return {
+        op.name: tuple(_from_tensor_shape(t.shape) for t in op.outputs)
+        for op in graph.get_operations() if op.name in wanted and op.name not in skip
+    }
+
+
+def graph_shapes(graph_def: Any, variable_shapes: Mapping[str, Shape] | None = None,
+                 registry: OpRegistry | None = None) -> dict[str, tuple[Shape, ...]]:
     """Static output shapes of every node of ``graph_def``'s main graph.  Pure.
 
-    ``variable_shapes`` (from :func:`check_variable_shapes`) gives the shapes of the values
-    behind resource placeholders, which the GraphDef does not record.  Assumes TensorFlow is
-    importable.  Never raises for a graph TensorFlow rejects: the nodes then get the shapes
-    of their ``_output_shapes`` attribute, or none at all.
+    TensorFlow imports an inert copy (:func:`~amp_rewrite.inert_graph.inert_graph_def`): no
+    kernel of the input runs and no function body is entered; the nodes cut from that copy
+    get their ``_output_shapes`` attribute or no shape.  ``variable_shapes`` (from
+    :func:`check_variable_shapes`) gives the shapes of the values behind resource
+    placeholders, which the GraphDef does not record.  Assumes TensorFlow is importable and
+    the call graph was validated (:func:`amp_rewrite.graph_io.check_call_graph`).  Never
+    raises for a graph TensorFlow rejects: the nodes then get the shapes of their
+    ``_output_shapes`` attribute, or none at all.
     """
     import tensorflow as tf
 
-    try:
+    registry = registry or default_registry()
+    inert = inert_graph_def(graph_def, registry)
+    recorded = _attr_shapes(graph_def.node)
+    if inert is None:
+        log.info("static shapes unavailable (an op feeding a shape is unknown); using "
+                 "_output_shapes attributes where present")
+        return recorded
+    copy, cut = inert
+
+    def scratch_import(message: Any) -> Any:
         scratch = tf.Graph()
         with scratch.as_default():
             input_map = _variable_handles(graph_def, variable_shapes) if variable_shapes else {}
-            tf.graph_util.import_graph_def(graph_def, input_map=input_map or None, name="")
-        handles = {t.op.name for t in input_map.values()}
-        shapes = {
-            op.name: tuple(_from_tensor_shape(t.shape) for t in op.outputs)
-            for op in scratch.get_operations() if op.name not in handles
-        }
-        return _forward_loop_shapes(graph_def.node, shapes)
+            tf.graph_util.import_graph_def(message, input_map=input_map or None, name="")
+        return scratch
+
+    try:
+        scratch = scratch_import(copy)
+        hints = _placeholder_hints(scratch, copy)
+        if hints:
+            # The first import told the shapes of what the placeholders stand for (shape
+            # plumbing, which never depends on anything severed); import once more with them.
+            # A shape function may want the value behind a shape it is now given (an
+            # element_shape operand): then the first import's shapes stand.
+            again = inert_graph_def(graph_def, registry, hints)
+            try:
+                if again is not None:
+                    scratch = scratch_import(again[0])
+            except Exception as exc:  # noqa: BLE001 - the first import's shapes stand
+                log.debug("second shape import failed (%s); keeping the first", exc)
+        wanted = {nd.name for nd in graph_def.node} - cut
+        shapes = _read_shapes(scratch, wanted)
     except Exception as exc:  # noqa: BLE001 - any failure only means "shapes unknown"
         log.info("static shapes unavailable (TensorFlow cannot import the graph: %s); "
                  "using _output_shapes attributes where present", str(exc).splitlines()[0][:200])
-        return _attr_shapes(graph_def.node)
+        return recorded
+    for name in cut:
+        if name in recorded:
+            shapes[name] = recorded[name]
+    return _forward_loop_shapes(graph_def.node, shapes)
 
 
-def function_shapes(fdef: Any) -> dict[str, tuple[Shape, ...]]:
+def _function_input_shapes(fdef: Any) -> list[Any] | None:
+    """The argument shapes TensorFlow's ``function_def_to_graph`` would use: the
+    ``_input_shapes`` attribute, with none for a resource argument that has handle data."""
+    attr = fdef.attr.get("_input_shapes", None)
+    if attr is None:
+        return None
+    from tensorflow.core.framework import types_pb2
+
+    return [None if arg.type == types_pb2.DT_RESOURCE and arg.handle_data else shape
+            for shape, arg in zip(attr.list.shape, fdef.signature.input_arg)]
+
+
+def function_shapes(fdef: Any, registry: OpRegistry | None = None) -> dict[str, tuple[Shape, ...]]:
     """Static output shapes of the nodes of one FunctionDef body (argument shapes from its
-    ``_input_shapes`` attribute or argument attributes).  Pure; never raises: a body
-    TensorFlow cannot build gets its ``_output_shapes`` attributes or nothing.
+    ``_input_shapes`` attribute or argument attributes).  Like :func:`graph_shapes`, the
+    body TensorFlow imports is an inert copy: nothing of it runs, and no call is entered.
+    Pure; never raises: a body TensorFlow cannot build gets its ``_output_shapes``
+    attributes or nothing.
     """
-    from tensorflow.python.framework.function_def_to_graph import function_def_to_graph
+    from tensorflow.python.framework import importer
+    from tensorflow.python.framework.func_graph import FuncGraph
+    from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
 
+    registry = registry or default_registry()
+    recorded = _attr_shapes(fdef.node_def)
     try:
-        fg = function_def_to_graph(fdef)
-        shapes = {
-            op.name: tuple(_from_tensor_shape(t.shape) for t in op.outputs)
-            for op in fg.get_operations()
-        }
-        return shapes
+        scratch = FuncGraph(fdef.signature.name)
+        with scratch.as_default():
+            # Flattens ``node:out_arg:i`` references into ports and adds one Placeholder
+            # per argument; pure Python, runs nothing.
+            graph_def, _ = function_def_to_graph_def(fdef, _function_input_shapes(fdef))
+            inert = inert_graph_def(graph_def, registry)
+            if inert is None:
+                return recorded
+            copy, cut = inert
+            importer.import_graph_def_for_function(copy, name="")
+        hints = _placeholder_hints(scratch, copy)
+        if hints and (again := inert_graph_def(graph_def, registry, hints)) is not None:
+            second = FuncGraph(fdef.signature.name)
+            try:
+                with second.as_default():
+                    importer.import_graph_def_for_function(again[0], name="")
+                scratch = second
+            except Exception as exc:  # noqa: BLE001 - the first import's shapes stand
+                log.debug("second shape import of %s failed (%s); keeping the first",
+                          fdef.signature.name, exc)
+        # The arguments are Placeholders named after them; their shapes are read too.
+        wanted = {nd.name for nd in fdef.node_def} | {a.name for a in fdef.signature.input_arg}
+        shapes = _read_shapes(scratch, wanted - cut)
     except Exception as exc:  # noqa: BLE001 - any failure only means "shapes unknown"
         log.debug("no static shapes for function %s: %s", fdef.signature.name,
                   str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
-        return _attr_shapes(fdef.node_def)
+        return recorded
+    # Exporters' recorded shapes win, as in TensorFlow's function_def_to_graph (they may be
+    # more specific than what the body's own shape functions can tell).
+    for name, outs in recorded.items():
+        if name in shapes:
+            shapes[name] = tuple(r if r is not None else s for r, s in zip(outs, shapes[name])) \
+                + shapes[name][len(outs):]
+        else:
+            shapes[name] = outs
+    return shapes
 
 
 def numel(shape: Shape, default: int) -> int:

@@ -21,7 +21,8 @@ from . import dtypes as dt
 from .errors import InvalidGraphError
 from .op_registry import ArgSpec, OpSignature
 
-__all__ = ["TypeAttr", "NodeTypes", "node_types", "opaque_node_types", "output_arg_ranges", "get_dtype"]
+__all__ = ["TypeAttr", "NodeTypes", "node_types", "opaque_node_types", "output_arg_ranges",
+           "output_dtypes", "get_dtype"]
 
 
 class TypeAttr(NamedTuple):
@@ -138,6 +139,24 @@ def output_arg_ranges(
         ranges[arg.name] = (start, n)
         start += n
     return ranges
+
+
+def output_dtypes(
+    sig: OpSignature | None,
+    types: Mapping[str, int | tuple[int, ...]],
+    ints: Mapping[str, int],
+) -> list[int] | None:
+    """The dtype of each flat output port of a node of op ``sig`` with these type and int
+    attrs (OpDef defaults filled in); ``None`` for an unknown op or a missing type attr.
+    Pure."""
+    if sig is None:
+        return None
+    full_types, full_ints = _with_defaults(sig, types, ints)
+    try:
+        ports = [ta for arg in sig.outputs for ta in _arg_ports(arg, full_types, full_ints, sig.name)]
+    except InvalidGraphError:
+        return None
+    return [get_dtype(full_types, ta) for ta in ports]
 
 
 def node_types(
