@@ -18,6 +18,7 @@ It takes well under 30 seconds on two CPU cores, most of it importing TensorFlow
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import statistics
@@ -28,6 +29,8 @@ from typing import Any, Callable, TextIO
 
 import numpy as np
 
+from .errors import AmpRewriteError
+from .staging import Staging, check_replaceable, check_writable
 from .targets import CPU_FEATURES, Target
 
 __all__ = ["best_precision", "build_demo_model", "time_side_by_side", "run_demo"]
@@ -148,13 +151,39 @@ def _example_nodes(report: dict[str, Any]) -> list[str]:
     return [found[c] for c in ("allow", "deny") if c in found]
 
 
-def run_demo(out: TextIO, target: str = "auto", precision: str = "auto", save: str | None = None) -> int:
+def _check_save(save: str, overwrite: bool) -> None:
+    """Refuse ``--save DIR`` before any work: ``DIR`` must be a directory or not exist yet,
+    and ``DIR/float32`` and ``DIR/rewritten`` are replaced only with ``overwrite`` (as
+    :func:`~amp_rewrite.staging.check_replaceable` says; a device or FIFO never).  Reads
+    the file system only."""
+    if os.path.lexists(save) and not os.path.isdir(save):
+        raise AmpRewriteError(f"--save {save} is not a directory; it names the directory to keep both models in")
+    for name in ("float32", "rewritten"):
+        path = os.path.join(save, name)
+        check_writable(path)
+        check_replaceable(path, overwrite=overwrite, what="--save")
+        if os.path.lexists(path) and not os.path.isdir(path):
+            raise AmpRewriteError(f"--save {path} exists and is not a directory")
+
+
+def _copy_tree(source: str, dest: str) -> None:
+    shutil.copytree(source, dest, symlinks=True, dirs_exist_ok=True)
+
+
+def run_demo(out: TextIO, target: str = "auto", precision: str = "auto", save: str | None = None,
+             overwrite: bool = False) -> int:
     """Run the demo, writing to ``out``.  Returns 0 (a process exit code).
 
-    ``save`` keeps the two SavedModels in that directory (``float32/`` and ``rewritten/``);
-    otherwise they go to a temporary directory that is removed at the end.
+    The models are built and rewritten in a temporary directory that is removed at the end.
+    ``save`` keeps both SavedModels in that directory too (``float32/`` and
+    ``rewritten/``), staged and renamed into place together once both are written, so a
+    failure leaves neither.  ``save`` must be a directory or not exist yet, and an existing
+    ``float32`` or ``rewritten`` there (other than an empty directory) is replaced only with
+    ``overwrite``; both are checked before any work.  Raises :class:`AmpRewriteError`.
     """
     start = time.perf_counter()
+    if save is not None:
+        _check_save(save, overwrite)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
@@ -162,12 +191,17 @@ def run_demo(out: TextIO, target: str = "auto", precision: str = "auto", save: s
 
     tgt, chosen, target_arg, notes = _choose(target, precision)
     model = build_demo_model()
-    workdir = save or tempfile.mkdtemp(prefix="amp-rewrite-demo-")
+    workdir = tempfile.mkdtemp(prefix="amp-rewrite-demo-")
     src, dst = os.path.join(workdir, "float32"), os.path.join(workdir, "rewritten")
     try:
         model.export(src, verbose=False)
-        report = rewrite_saved_model(src, dst, target=tgt, precision=chosen, use_env=False,  # type: ignore[arg-type]
-                                     overwrite=save is not None)
+        report = rewrite_saved_model(src, dst, target=tgt, precision=chosen, use_env=False)  # type: ignore[arg-type]
+        if save is not None:
+            with Staging() as staging:
+                for name, path in (("float32", src), ("rewritten", dst)):
+                    staging.add_tree(os.path.join(save, name), functools.partial(_copy_tree, path),
+                                     replace=overwrite)
+                staging.commit()
         before = tf.saved_model.load(src).signatures["serving_default"]
         after = tf.saved_model.load(dst).signatures["serving_default"]
         key = next(iter(before.structured_input_signature[1]))
@@ -179,8 +213,7 @@ def run_demo(out: TextIO, target: str = "auto", precision: str = "auto", save: s
             "rewritten": lambda: next(iter(after(**{key: batch}).values())).numpy(),
         })
     finally:
-        if save is None:
-            shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
 
     diff = float(np.max(np.abs(got.astype(np.float64) - ref)))
     scale = float(np.max(np.abs(ref))) or 1.0
@@ -213,8 +246,9 @@ def run_demo(out: TextIO, target: str = "auto", precision: str = "auto", save: s
     w(f"\nStep times are medians of {_ROUNDS} interleaved calls on this machine. Gains depend on the\n"
       "hardware: CPUs with AMX and GPUs with Tensor Cores gain most.\n")
     if save is not None:
-        w(f"\nSaved both models in {workdir}. Ask why a node got its type:\n")
+        w(f"\nSaved both models in {save}. Ask why a node got its type:\n")
         for node in _example_nodes(report):
-            w(f"  amp-rewrite explain {src} {node} --target {target_arg} --precision {chosen}\n")
+            w(f"  amp-rewrite explain {os.path.join(save, 'float32')} {node} --target {target_arg} "
+              f"--precision {chosen}\n")
     w(f"(built, saved, rewritten, loaded and timed in {time.perf_counter() - start:.1f} s)\n")
     return 0

@@ -34,15 +34,17 @@ import logging
 import os
 import re
 import shutil
+import stat
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping, Sequence
 
 from .api import Precision, RewriteResult, resolve_lists, resolve_target, rewrite_graph_def
 from .errors import AmpRewriteError, GraphFormatError, InvalidGraphError
-from .graph_io import load_graph_def, reachable_functions
+from .graph_io import check_binary_readable, load_graph_def, reachable_functions
 from .lists import OpLists
 from .progress import Progress
-from .staging import Staging, check_distinct_outputs, check_output, check_writable, is_within
+from .staging import (Staging, check_distinct_outputs, check_not_input, check_output, check_replaceable,
+                      check_writable, is_within, special_kind)
 from .targets import Target
 from .tensor_names import parse_graph_input
 
@@ -56,6 +58,7 @@ __all__ = [
     "load_model",
     "rewrite_model",
     "rewrite_saved_model",
+    "mark_for_xla",
     "stage_model",
     "model_format",
     "dump_files",
@@ -119,12 +122,97 @@ def model_format(path: str | os.PathLike[str]) -> tuple[ModelFormat, bool]:
     return "graph_def", False
 
 
-def _read(path: str) -> bytes:
+#: The most bytes read from one model file: protobuf cannot parse a message over 2 GiB.
+MAX_FILE_BYTES = 2**31 - 1
+
+
+def _check_input_file(path: str) -> None:
+    """Refuse ``path`` unless it is (or a symbolic link leads to) a regular file of at most
+    :data:`MAX_FILE_BYTES`: ``/dev/zero`` would be read until memory runs out, and a FIFO
+    would block forever.  Looks at ``stat`` only; opens nothing."""
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        st = os.stat(path)
     except OSError as exc:
         raise GraphFormatError(f"cannot read file: {exc.strerror}", path=path) from None
+    _check_file_stat(st, path)
+
+
+def _check_file_stat(st: os.stat_result, path: str) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        kind = "directory" if stat.S_ISDIR(st.st_mode) else special_kind(path) or "special file"
+        raise GraphFormatError(f"not a regular file (a {kind}); a model is read from a file or a "
+                               "SavedModel directory", path=path)
+    if st.st_size > MAX_FILE_BYTES:
+        raise GraphFormatError(f"{st.st_size:,} bytes, over protobuf's 2 GiB limit for one message", path=path)
+
+
+def _read(path: str) -> bytes:
+    """The bytes of the regular file ``path`` (see :func:`_check_input_file`).  Opened
+    without blocking (a FIFO put there meanwhile is refused, not waited on) and checked with
+    ``fstat`` before reading, so what is read is the file that was checked."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise GraphFormatError(f"cannot read file: {exc.strerror}", path=path) from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        _check_file_stat(st, path)
+        try:
+            # One byte more than fstat said, to notice a file that grows while it is read.
+            data = f.read(st.st_size + 1)
+        except OSError as exc:
+            raise GraphFormatError(f"cannot read file: {exc.strerror}", path=path) from None
+    if len(data) > st.st_size:
+        raise GraphFormatError("the file grew while it was read", path=path)
+    return data
+
+
+def _saved_model_size(root: str) -> int:
+    """The bytes held by the regular files of the SavedModel directory ``root``, after
+    checking that a copy of it (the output is one) can neither leak nor run forever.
+
+    Refuses, naming the path: a device, FIFO or socket (copying ``/dev/zero`` fills the
+    disk, a FIFO blocks); a symbolic link that leads outside ``root`` (``assets/x ->
+    /etc/shadow``, a link to ``/``) or to anything but a file or directory; and an absolute
+    link, which the copy would keep pointing into the input.  A relative link inside the
+    model is fine: it is copied as a link, so it leads to the copy's own file.  Reads the
+    file system only (``lstat``, ``readlink``); follows no link while walking.
+    """
+    top = os.path.realpath(root)
+    total = 0
+    for parent, dirs, files in os.walk(root, onerror=_raise_walk_error):
+        for name in dirs + files:
+            path = os.path.join(parent, name)
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                if os.path.isabs(os.readlink(path)):
+                    raise GraphFormatError("an absolute symbolic link in the SavedModel; the copy would "
+                                           "still point into the input (make it relative)", path=path)
+                # Both the link's text and where it really leads must stay inside: a link
+                # out and back in (``../../elsewhere/model/x``) would, in the copy, lead
+                # back into the input.
+                depth = len(os.path.relpath(parent, root).split(os.sep)) if parent != root else 0
+                for part in os.readlink(path).split(os.sep):
+                    depth += -1 if part == ".." else 0 if part in ("", ".") else 1
+                    if depth < 0:
+                        break
+                if depth < 0 or not is_within(path, top):
+                    raise GraphFormatError("a symbolic link that leads outside the SavedModel directory",
+                                           path=path)
+                kind = special_kind(path)
+                if kind:
+                    raise GraphFormatError(f"a symbolic link to a {kind}; a SavedModel holds only files "
+                                           "and directories", path=path)
+            elif stat.S_ISREG(st.st_mode):
+                total += st.st_size
+            elif not stat.S_ISDIR(st.st_mode):
+                raise GraphFormatError(f"a {special_kind(path) or 'special file'} in the SavedModel; it holds "
+                                       "only files and directories", path=path)
+    return total
+
+
+def _raise_walk_error(exc: OSError) -> None:
+    raise GraphFormatError(f"cannot read directory: {exc.strerror}", path=exc.filename) from None
 
 
 def _parse(cls: Any, data: bytes, text: bool, what: str, path: str) -> Any:
@@ -141,6 +229,12 @@ def _parse(cls: Any, data: bytes, text: bool, what: str, path: str) -> Any:
     except (DecodeError, text_format.ParseError, UnicodeDecodeError, ValueError, RuntimeError) as exc:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise GraphFormatError(f"corrupt {what} (protobuf could not parse it: {detail})", path=path) from None
+    except RecursionError:
+        # The text parser recurses into nested messages (``func`` attrs inside ``func``
+        # attrs); the binary parser stops at its own depth limit with a DecodeError.
+        raise GraphFormatError(f"corrupt {what}: messages are nested too deeply", path=path) from None
+    if text:
+        check_binary_readable(msg, path=path)
     return msg
 
 
@@ -148,7 +242,9 @@ def load_model(path: str | os.PathLike[str]) -> ModelFile:
     """Read a SavedModel directory, a MetaGraphDef or a frozen GraphDef.
 
     Raises :class:`GraphFormatError` for a missing path, a directory that is not a SavedModel,
-    a chunked (``.cpb``) SavedModel, and files protobuf cannot parse.
+    a chunked (``.cpb``) SavedModel, a SavedModel :func:`_saved_model_size` refuses, a file
+    that is not a regular file (a device, FIFO or socket, or a link to one) or is over 2 GiB,
+    and files protobuf cannot parse.  Opens no file before checking what it is.
     """
     from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
@@ -157,14 +253,16 @@ def load_model(path: str | os.PathLike[str]) -> ModelFile:
         raise GraphFormatError("no such file or directory", path=p)
     if os.path.isdir(p):
         pb, pbtxt = os.path.join(p, SAVED_MODEL_PB), os.path.join(p, SAVED_MODEL_PBTXT)
-        if os.path.isfile(pb):
+        # lexists: a saved_model.pb that is no regular file is refused by name in _read.
+        if os.path.lexists(pb):
             source, text = pb, False
-        elif os.path.isfile(pbtxt):
+        elif os.path.lexists(pbtxt):
             source, text = pbtxt, True
         elif os.path.exists(os.path.join(p, "saved_model.cpb")):
             raise GraphFormatError("chunked SavedModels (saved_model.cpb, over 2 GiB) are not supported", path=p)
         else:
             raise GraphFormatError("a directory, but not a SavedModel (it has no saved_model.pb)", path=p)
+        _saved_model_size(p)  # before reading anything: links out of the model, FIFOs, devices
         sm = _parse(saved_model_pb2.SavedModel, _read(source), text, os.path.basename(source), p)
         if not sm.meta_graphs:
             raise GraphFormatError(f"corrupt {os.path.basename(source)}: it holds no MetaGraphDef", path=p)
@@ -182,6 +280,7 @@ def load_model(path: str | os.PathLike[str]) -> ModelFile:
         if not mg.graph_def.node:
             raise GraphFormatError("not a MetaGraphDef (it holds no graph)", path=p)
         return ModelFile(p, "meta_graph", text, mg)
+    _check_input_file(p)  # load_graph_def would read a FIFO or /dev/zero without end
     return ModelFile(p, "graph_def", text, load_graph_def(p))
 
 
@@ -436,6 +535,7 @@ def rewrite_model(
     use_env: bool = True,
     planner: str | None = None,
     progress: Progress | None = None,
+    compiled: bool = False,
 ) -> ModelRewrite:
     """Rewrite every selected graph of ``model`` in memory.  ``model`` is not modified.
 
@@ -460,7 +560,7 @@ def rewrite_model(
     options: dict[str, Any] = dict(
         target=tgt, precision=precision, lists=lists, lists_file=lists_file, add=add, remove=remove,
         level=level, tensorflow_bugs=tensorflow_bugs, use_env=use_env, functions="all",
-        planner=planner,
+        planner=planner, compiled=compiled,
     )
     if model.format == "graph_def":
         if tags is not None:
@@ -561,6 +661,66 @@ def _update_output_dtypes(meta: Any, result: RewriteResult) -> None:
                     info.dtype = new
 
 
+#: FunctionDef attributes ``tf.function(jit_compile=True)`` sets: compile with XLA, and never
+#: inline the function into an uncompiled caller (which would drop the compilation).
+_XLA_ATTRS = ("_XlaMustCompile", "_noinline")
+
+
+def mark_for_xla(rewrite: ModelRewrite, signatures: Sequence[str] | None = None) -> dict[str, list[str]]:
+    """Mark the functions a rewritten TF2 SavedModel serves for XLA compilation.
+
+    In every rewritten MetaGraphDef of ``rewrite``, the function each signature's outputs
+    come from (the main graph's ``StatefulPartitionedCall``/``PartitionedCall`` into the
+    library) gets ``_XlaMustCompile=true`` and ``_noinline=true``, as
+    ``tf.function(jit_compile=True)`` sets them; so do the concrete functions of the object
+    graph's ``tf.function`` endpoints (``model.export``'s ``serve``), unless ``signatures``
+    restricts the marking to those signatures.  Functions they call are compiled as part of
+    them.  Signatures whose key starts with ``__`` (``__saved_model_init_op``) are not
+    served.  Mutates ``rewrite.message`` (the new message, never the input's) and returns,
+    per graph label, the marked function names, sorted.
+
+    Assumes the rewrite kept function names (it does).  XLA compiles a marked function when
+    it is first called: one with an op XLA has no kernel for fails then, not here.
+
+    Raises
+    ------
+    AmpRewriteError
+        If a rewritten MetaGraphDef has no such function (a TF1-style graph, whose
+        signatures name main-graph tensors run by a Session).
+    """
+    message = rewrite.message
+    metas = list(message.meta_graphs) if rewrite.source.format == "saved_model" else [message]
+    out: dict[str, list[str]] = {}
+    for graph in rewrite.graphs:
+        meta = metas[graph.index if graph.index is not None else 0]
+        nodes = {n.name: n for n in meta.graph_def.node}
+        names: set[str] = set()
+        for key, sig in meta.signature_def.items():
+            if key.startswith("__") or (signatures and key not in signatures):
+                continue
+            for info in sig.outputs.values():
+                for tensor in _tensor_names(info):
+                    node = nodes.get(_node_of(tensor) or "")
+                    if node is not None and node.op in ("StatefulPartitionedCall", "PartitionedCall"):
+                        names.add(node.attr["f"].func.name)
+        if not signatures and meta.HasField("object_graph_def"):
+            for obj in meta.object_graph_def.nodes:
+                if obj.WhichOneof("kind") == "function":
+                    names.update(obj.function.concrete_functions)
+        library = {f.signature.name: f for f in meta.graph_def.library.function}
+        names &= set(library)
+        if not names:
+            raise AmpRewriteError(
+                f"--xla: {graph.label} has no signature function to compile (its signatures name "
+                "main-graph tensors, run by a TF1 Session); XLA marking needs a TF2 SavedModel")
+        for name in sorted(names):
+            for attr in _XLA_ATTRS:
+                library[name].attr[attr].b = True
+        out[graph.label] = sorted(names)
+    log.info("marked for XLA: %s", "; ".join(f"{k}: {', '.join(v)}" for k, v in out.items()))
+    return out
+
+
 def _model_report(model: ModelFile, graphs: Sequence[GraphRewrite], message: Any = None) -> dict[str, Any]:
     """The JSON-ready report of a model: totals over its graphs and one core report each."""
     entries = []
@@ -605,8 +765,10 @@ def _fingerprint(directory: str, old: bytes | None) -> bytes | None:
     its singleprint).  A stale one would say the rewritten model is the original, so it is
     recomputed the way ``tf.saved_model.save`` does.  TensorFlow puts a random UUID in it;
     here the UUID is derived from the old UUID and the new checksum, so the same input and
-    options give the same bytes.  Returns ``None`` (and the file is dropped) if TensorFlow
-    cannot fingerprint the directory.
+    options give the same bytes.  When ``saved_model.pb`` is unchanged (its checksum is the
+    old one) the model is the same, and so is its UUID: rewriting a rewritten model again
+    then gives the same bytes, not a new identity on every pass.  Returns ``None`` (and the
+    file is dropped) if TensorFlow cannot fingerprint the directory.
     """
     from tensorflow.core.protobuf import fingerprint_pb2
     from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
@@ -616,22 +778,37 @@ def _fingerprint(directory: str, old: bytes | None) -> bytes | None:
     except Exception as exc:  # noqa: BLE001 - pybind raises its own exception types
         log.warning("fingerprint.pb dropped: TensorFlow could not fingerprint the output (%s)", exc)
         return None
-    old_uuid = ""
+    old_fp = fingerprint_pb2.FingerprintDef()
     if old:
         try:
-            old_uuid = fingerprint_pb2.FingerprintDef.FromString(old).uuid
+            old_fp = fingerprint_pb2.FingerprintDef.FromString(old)
         except Exception:  # noqa: BLE001
-            old_uuid = ""
-    digest = hashlib.sha256(f"{old_uuid}:{fp.saved_model_checksum}".encode()).digest()
-    fp.uuid = str(int.from_bytes(digest[:16], "big"))
+            old_fp = fingerprint_pb2.FingerprintDef()
+    if old_fp.uuid and old_fp.saved_model_checksum == fp.saved_model_checksum:
+        fp.uuid = old_fp.uuid
+    else:
+        digest = hashlib.sha256(f"{old_fp.uuid}:{fp.saved_model_checksum}".encode()).digest()
+        fp.uuid = str(int.from_bytes(digest[:16], "big"))
     return fp.SerializeToString(deterministic=True)
 
 
+def _copy_regular(source: str, dest: str) -> None:
+    """``shutil.copy2`` for regular files only: a FIFO or device put into the model since
+    :func:`_saved_model_size` checked it would block the copy or never end it."""
+    if not stat.S_ISREG(os.lstat(source).st_mode):
+        raise GraphFormatError("not a regular file; a SavedModel holds only files and directories", path=source)
+    shutil.copy2(source, dest)
+
+
 def _fill_saved_model(src: str, message: Any, text: bool) -> Callable[[str], None]:
+    """The ``fill`` for :meth:`Staging.add_tree`: a copy of the SavedModel ``src`` (checked
+    by :func:`_saved_model_size`) with ``message`` as its ``saved_model.pb`` (``.pbtxt``
+    if ``text``) and a new ``fingerprint.pb``.  Writes only into the directory it is given."""
     def fill(tmp: str) -> None:
         skip = {SAVED_MODEL_PB, SAVED_MODEL_PBTXT, FINGERPRINT_PB}
-        # Copy everything else: variables/, assets/, assets.extra/, and unknown files.
-        shutil.copytree(src, tmp, dirs_exist_ok=True,
+        # Copy everything else: variables/, assets/, assets.extra/, and unknown files.  Links
+        # are copied as links, never followed (they stay inside the model, relative).
+        shutil.copytree(src, tmp, symlinks=True, dirs_exist_ok=True, copy_function=_copy_regular,
                         ignore=lambda d, names: [n for n in names if d == src and n in skip])
         name = SAVED_MODEL_PBTXT if text else SAVED_MODEL_PB
         with open(os.path.join(tmp, name), "wb") as f:
@@ -649,19 +826,38 @@ def _fill_saved_model(src: str, message: Any, text: bool) -> Callable[[str], Non
 
 def stage_model(staging: Staging, rewrite: ModelRewrite, dst: str | os.PathLike[str], *,
                 overwrite: bool = False) -> None:
-    """Stage the rewritten model at ``dst`` in the input's form.  Writes only temporaries."""
+    """Stage the rewritten model at ``dst`` in the input's form.  Writes only temporaries.
+
+    Without ``overwrite`` an existing ``dst`` (other than an empty directory) is refused,
+    now or, if it appears while the command runs, at commit.  A SavedModel's directory is
+    checked (:func:`_saved_model_size`), and its size against the free space, before
+    anything is copied.
+    """
     src = rewrite.source
     out = os.fspath(dst)
     check_output(src.path, out, overwrite=overwrite)
     if src.format == "saved_model":
         if os.path.lexists(out) and not os.path.isdir(out):
             raise AmpRewriteError(f"OUTPUT {out} is a file, but the output is a SavedModel directory")
-        staging.add_tree(out, _fill_saved_model(src.path, rewrite.message, src.text), replace=True)
+        size = _saved_model_size(src.path)
+        where = os.path.dirname(os.path.abspath(out))
+        while not os.path.isdir(where):
+            where = os.path.dirname(where)
+        free = shutil.disk_usage(where).free
+        if size > free:
+            raise AmpRewriteError(f"OUTPUT {out}: the copy of the model needs {size / 1e6:,.0f} MB and "
+                                  f"only {free / 1e6:,.0f} MB are free there")
+        staging.add_tree(out, _fill_saved_model(src.path, rewrite.message, src.text), replace=overwrite)
         return
     if os.path.isdir(out):
         raise AmpRewriteError(f"OUTPUT {out} is a directory, but the output is a single file")
     _, text = model_format(out)
-    staging.add_file(out, _serialize(rewrite.message, text))
+    staging.add_file(out, _serialize(rewrite.message, text), replace=overwrite)
+
+
+#: How the files :func:`dump_files` writes begin: a --dump-dir holding such files would have
+#: them replaced by the next run.
+_DUMP_PREFIXES = ("graphdef_preop_", "graphdef_AutoMixedPrecision_", "paintbuckets_AutoMixedPrecision_")
 
 
 def _safe_label(label: str) -> str:
@@ -740,6 +936,7 @@ def rewrite_saved_model(
     tensorflow_bugs: bool = False,
     use_env: bool = True,
     planner: str | None = None,
+    xla: bool = False,
     autotune: "AutotuneOptions | None" = None,
     overwrite: bool = False,
     report_file: str | os.PathLike[str] | None = None,
@@ -767,10 +964,22 @@ def rewrite_saved_model(
     ``autotune`` section (times, output errors, the choice).  The drawing and dump outputs
     describe one rewrite and are not available with it.
 
+    ``xla`` (``--xla``) marks the functions of a TF2 SavedModel that its signatures call, and
+    its ``tf.function`` endpoints (``serve``), for XLA compilation (:func:`mark_for_xla`), so
+    ``tf.saved_model.load`` runs them under XLA; the rewrite is planned for it
+    (``compiled=True``).  The report's ``xla`` section names the marked functions.  Not with
+    ``autotune``, which times the models as they are, nor for a TF1 graph or a frozen
+    GraphDef, which have no such functions.
+
     Everything is written atomically and together: on any error (or Ctrl-C) no output,
     extra or not, is left behind.  ``src`` is never modified; ``dst`` equal to or inside
     ``src``, or an existing non-empty ``dst`` without ``overwrite``, is refused before any
-    work.  Raises :class:`AmpRewriteError` (or a subclass) with a one-line message.
+    work.  So are an existing ``report_file`` or ``graph_file`` without ``overwrite``, a
+    ``dump_dir`` holding dumps without it, any output that is a device, FIFO or socket
+    (even with it), and any output that would replace an input (``src``, ``lists_file``,
+    ``lists`` when it is a file).  A file of ``dump_dir`` or ``tensorboard_dir`` that
+    exists is replaced only with ``overwrite``.  Raises :class:`AmpRewriteError` (or a
+    subclass) with a one-line message.
 
     The report is JSON-ready: ``input``, ``output``, ``format``, the settings, totals over
     every rewritten graph (``total_nodes``, ``converted_nodes``, ``casts_to_low``...,
@@ -791,9 +1000,30 @@ def rewrite_saved_model(
             raise AmpRewriteError(f"{what} is the same as INPUT; the input is never modified")
         if extra is not None:
             check_writable(os.fspath(extra))
-    check_distinct_outputs([(os.path.abspath(os.fspath(path)), what, is_dir) for path, what, is_dir in (
+    # Extra files follow OUTPUT's rule.  --dump-dir and --tensorboard are directories written
+    # into, not replaced: their files are checked one by one when staged (an existing one
+    # needs overwrite), and a dump directory holding an earlier run's dumps, whose names
+    # every run repeats, is refused here already.
+    for extra, what in ((report_file, "--report"), (graph_file, "--graph")):
+        if extra is not None:
+            check_replaceable(os.fspath(extra), overwrite=overwrite, what=what)
+    if dump_dir is not None and not overwrite and os.path.isdir(dump_dir):
+        dumps = sorted(n for n in os.listdir(dump_dir) if n.startswith(_DUMP_PREFIXES))
+        if dumps:
+            raise AmpRewriteError(f"--dump-dir {os.fspath(dump_dir)} holds dumps already ({dumps[0]}...); "
+                                  "pass --overwrite to replace them")
+    outputs = [(os.path.abspath(os.fspath(path)), what, is_dir) for path, what, is_dir in (
         (dst_s, "OUTPUT", os.path.isdir(src_s)), (report_file, "--report", False), (graph_file, "--graph", False),
-        (dump_dir, "--dump-dir", True), (tensorboard_dir, "--tensorboard", True)) if path is not None])
+        (dump_dir, "--dump-dir", True), (tensorboard_dir, "--tensorboard", True)) if path is not None]
+    # Every file read is protected, even with overwrite: INPUT, and the list files.
+    inputs = [(src_s, "INPUT")]
+    if lists_file is not None:
+        inputs.append((os.fspath(lists_file), "--lists-file"))
+    if os.path.isfile(os.fspath(lists)):
+        inputs.append((os.fspath(lists), "--lists"))
+    # Only OUTPUT is replaced as a whole; the extra directories are written into.
+    check_not_input([(p, w, d and w == "OUTPUT") for p, w, d in outputs], inputs)
+    check_distinct_outputs(outputs)
     if graph_file is not None:
         from .draw import graph_format
 
@@ -803,12 +1033,20 @@ def rewrite_saved_model(
             raise AmpRewriteError("--autotune writes the fastest model and its report; --graph, "
                                   "--tensorboard and --dump-dir describe a single rewrite and cannot go with it")
         autotune.check()
+    if xla and autotune is not None:
+        raise AmpRewriteError("--xla cannot go with --autotune: autotune times the candidates "
+                              "without XLA, so its choice would not hold for the compiled model")
     model = load_model(src_s)
+    if xla and model.format != "saved_model":
+        raise AmpRewriteError(f"--xla marks a TF2 SavedModel's functions for XLA; INPUT is a "
+                              f"{model.format.replace('_', ' ')}, which has none")
     options: dict[str, Any] = dict(
         target=target, precision=precision, lists=lists, lists_file=lists_file, add=add,
         remove=remove, level=level, exclude=exclude, fetches=fetches, signatures=signatures,
         keep_io_types=keep_io_types, tensorflow_bugs=tensorflow_bugs, use_env=use_env, planner=planner,
     )
+    if xla:
+        options["compiled"] = True  # plan for XLA's fusion (cost_model.node_cost)
     tuned = None
     if autotune is None:
         rewrite = rewrite_model(model, tags=tags, progress=progress, **options)
@@ -821,27 +1059,30 @@ def rewrite_saved_model(
         rewrite = tuned.rewrite if tuned.rewrite is not None else _unchanged(
             model, rewrite_model(model, tags=tags, **options), _float32_kept(tuned, autotune))
     report = dict(rewrite.report)
+    if xla:
+        report["xla"] = {"compiled_functions": mark_for_xla(rewrite, signatures)}
     if tuned is not None:
         report["autotune"] = tuned.as_dict()
     report["output"] = os.path.abspath(dst_s)
     if progress:
         progress.stage("writing the output")
-    with Staging() as staging:
+    with Staging(protect=[path for path, _ in inputs]) as staging:
+        # OUTPUT is staged first, so the commit moves it last (see Staging.commit).
         stage_model(staging, rewrite, dst_s, overwrite=overwrite)
         if report_file is not None:
-            staging.add_file(report_file, json.dumps(report, indent=1).encode("utf-8") + b"\n")
+            staging.add_file(report_file, json.dumps(report, indent=1).encode("utf-8") + b"\n", replace=overwrite)
         if dump_dir is not None:
             for name, data in dump_files(rewrite).items():
-                staging.add_file(os.path.join(os.fspath(dump_dir), name), data)
+                staging.add_file(os.path.join(os.fspath(dump_dir), name), data, replace=overwrite)
         if graph_file is not None:
             from .draw import render_file
 
-            staging.add_file(graph_file, render_file(rewrite, graph_file))
+            staging.add_file(graph_file, render_file(rewrite, graph_file), replace=overwrite)
         if tensorboard_dir is not None:
             from .draw import tensorboard_files
 
             for rel, data in tensorboard_files(rewrite).items():
-                staging.add_file(os.path.join(os.fspath(tensorboard_dir), rel), data)
+                staging.add_file(os.path.join(os.fspath(tensorboard_dir), rel), data, replace=overwrite)
         staging.commit()
     log.info("wrote %s: %s", dst_s, summary_line(report))
     return report
