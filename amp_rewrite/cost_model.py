@@ -21,6 +21,27 @@ op -- because its job is to rank colourings, not to predict step times:
   filter gradient) also pays the class's :attr:`DeviceCosts.low_dense_overhead`, the library's
   re-layout of them per call; frozen weights are laid out once.
 
+Under XLA (``compiled=True``: ``jit_compile=True``, ``amp-rewrite rewrite --xla``) the graph
+is not run op by op.  XLA fuses every element-wise op and every Cast into a neighbouring
+kernel (a loop fusion, or the prologue/epilogue of a GEMM or convolution), so they launch
+nothing, and a tensor passed between two fused ops never reaches memory.  The model keeps
+only what a fused op still moves, one consistent rule for both kinds:
+
+* an element-wise op costs the bytes of its *output* once (written at the fusion's boundary,
+  or, when fused into its consumer, the bytes that consumer would otherwise read), in the
+  precision it runs in, plus the arithmetic part of its float32 time (the per-op compute
+  factor of :attr:`DeviceCosts.elementwise` above 1, which XLA does in float32 registers in
+  either precision, so it does not change with the colour).  The class's measured low/float32
+  ratios are those of TensorFlow's own kernels and do not apply to XLA's generated code;
+* a Cast costs no fixed time (no launch, no executor overhead) and writes one extra copy of
+  its tensor in the low-precision type: ``elements * low_bytes / bandwidth``.  (Its read is
+  shared with the fused producer or replaces the consumer's read of the float32 tensor.)
+
+Dense ops are priced as without XLA: XLA calls the same GEMM/convolution libraries.  This
+makes converting cheap and memory traffic what remains, which is what XLA's fusion does; the
+model deliberately ignores fusions XLA may fail to form (a fusion's size limits, ops it
+cannot fuse), so it leans towards converting under XLA.
+
 Rates are per device class (:data:`DEVICE_COSTS`).  The class for this repository's CPU was
 calibrated by timing every node of Keras models in float32 and in bfloat16, in place
 (``bench/calibrate_in_place.py``), and Casts inserted into models (see CONTRIBUTING.md); the
@@ -333,14 +354,25 @@ def node_cost(
     *,
     shape_aware: bool = True,
     constant_weights: bool = False,
+    compiled: bool = False,
 ) -> NodeCost:
     """Estimated time of one node (float32 and low precision).  Pure.
 
     ``in_shapes``/``out_shapes`` are the shapes of its float tensors (others do not change
-    with the colour).  Unknown dimensions count as :data:`UNKNOWN_DIM`.
+    with the colour).  Unknown dimensions count as :data:`UNKNOWN_DIM`.  ``compiled``: the
+    graph runs under XLA, and an element-wise op is priced as fused (module docstring);
+    dense ops are priced the same either way.
     """
     if op in ALIAS_OPS or op in METADATA_OPS:
         return NodeCost(0.0, 0.0, 0.0)
+    if compiled and op not in DENSE_OPS:
+        # Fused: only the output's bytes move, once; the arithmetic beyond the memory-bound
+        # time (the compute factor) is done in float32 registers in either precision.
+        compute, _ = costs.elementwise.get(op, (1.0, costs.low_elementwise))
+        out_elems = sum(elements(s) for s in out_shapes)
+        arithmetic = (compute - 1.0) * out_elems * 4 / costs.bandwidth
+        return NodeCost(out_elems * 4 / costs.bandwidth + arithmetic,
+                        out_elems * low_bytes / costs.bandwidth + arithmetic, 0.0)
     elems = sum(elements(s) for s in in_shapes) + sum(elements(s) for s in out_shapes)
     mem_high = elems * 4 / costs.bandwidth
     mem_low = elems * low_bytes / costs.bandwidth
@@ -368,8 +400,14 @@ def node_cost(
     return NodeCost(high, high * low_ratio, 0.0)
 
 
-def cast_cost(shape: Shape, low_bytes: int, costs: DeviceCosts) -> float:
-    """Estimated time of one Cast between float32 and low precision (ns).  Pure."""
+def cast_cost(shape: Shape, low_bytes: int, costs: DeviceCosts, *, compiled: bool = False) -> float:
+    """Estimated time of one Cast between float32 and low precision (ns).  Pure.
+
+    ``compiled``: under XLA the Cast is fused into its producer or consumer, so it costs no
+    fixed time, only writing the low-precision copy once (module docstring).
+    """
+    if compiled:
+        return elements(shape) * low_bytes / costs.bandwidth
     if costs.cast_in_place is not None and _dims(shape) is not None:
         fixed, per_element = costs.cast_in_place
         return fixed + elements(shape) * per_element

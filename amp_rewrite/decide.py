@@ -210,6 +210,9 @@ class DecideOptions:
     moments_float32: bool = False
     #: Let the cost model penalize matrices whose dimensions miss the device's multiple.
     shape_aware: bool = True
+    #: The graph runs under XLA: the cost model prices Casts and element-wise ops as fused
+    #: (:func:`amp_rewrite.cost_model.node_cost`).  Only the cost-aware planners read it.
+    compiled: bool = False
 
 
 @dataclass(frozen=True)
@@ -974,7 +977,7 @@ class _Painter:
             from .optimal import place_optimally  # deferred: imports the cost model
 
             self.placement = place_optimally(self, clusters, self.options.shape_aware,
-                                             goal=self.options.planner)
+                                             goal=self.options.planner, compiled=self.options.compiled)
 
     def _reads_ref_var_at(self, i: int) -> bool:
         """:meth:`reads_ref_var` for the node at position ``i`` of ``order``."""

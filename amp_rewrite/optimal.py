@@ -227,26 +227,45 @@ def _is_folded(p: "_Painter", name: str, consts: frozenset[str], memo: dict[str,
     the dense op with constant weights before it (through other such ops, each the only
     consumer of its input).  Such a node costs nothing at run time in either precision:
     pricing it as a kernel, as the model prices other element-wise ops, charged every
-    batch norm of a frozen model as if it ran and kept its convolutions float32.  Pure
-    (``memo`` caches answers)."""
-    got = memo.get(name)
-    if got is not None:
-        return got
-    memo[name] = False
-    op, ins = p.ops[name], p.inputs[name]
-    src = None
-    if op in _FOLDABLE_AFFINE and len(ins) == 2:
-        variable = [i for i in ins if i[0] not in consts]
-        src = variable[0][0] if len(variable) == 1 else None
-    elif op in _FUSABLE_ACTIVATIONS and len(ins) == 1:
-        src = ins[0][0]
-    folded = False
-    if src is not None and sum(1 for _ in p.g.successors(src)) == 1:
+    batch norm of a frozen model as if it ran and kept its convolutions float32.
+
+    Mutates only ``memo``, the cache of answers (node name -> folded), which it fills for
+    every node it walks through.  Iterative: the walk follows a chain of single-input ops
+    upstream, and a chain of 100,000 Relus is a valid graph, so recursing once per node
+    would overflow Python's stack.  A node met again on the walk (a cycle, which only a
+    malformed loop could make) counts as not folded.
+    """
+    path: list[str] = []
+    x = name
+    while True:
+        got = memo.get(x)
+        if got is not None:
+            # Answered before, or on the current walk (a cycle): seeded False below.
+            answer = got
+            break
+        # Seed False before following the input, so that a cycle ends the walk unfolded.
+        memo[x] = False
+        path.append(x)
+        op, ins = p.ops[x], p.inputs[x]
+        src = None
+        if op in _FOLDABLE_AFFINE and len(ins) == 2:
+            variable = [i for i in ins if i[0] not in consts]
+            src = variable[0][0] if len(variable) == 1 else None
+        elif op in _FUSABLE_ACTIVATIONS and len(ins) == 1:
+            src = ins[0][0]
+        if src is None or sum(1 for _ in p.g.successors(src)) != 1:
+            answer = False
+            break
         src_ins = p.inputs[src]
-        folded = ((p.ops[src] in _FORWARD_DENSE and len(src_ins) > 1 and src_ins[1][0] in consts)
-                  or _is_folded(p, src, consts, memo))
-    memo[name] = folded
-    return folded
+        if p.ops[src] in _FORWARD_DENSE and len(src_ins) > 1 and src_ins[1][0] in consts:
+            answer = True
+            break
+        # Otherwise ``x`` is folded exactly when its single-consumer input ``src`` is.
+        x = src
+    # Every node on the path is folded exactly when the last one is.
+    for y in path:
+        memo[y] = answer
+    return answer
 
 
 def _swish_parts(p: "_Painter", name: str, consts: frozenset[str]) -> tuple[str, ...]:
@@ -272,13 +291,14 @@ def _swish_parts(p: "_Painter", name: str, consts: frozenset[str]) -> tuple[str,
 
 
 def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
-                    goal: str = "optimal") -> PlacementSummary:
+                    goal: str = "optimal", compiled: bool = False) -> PlacementSummary:
     """Replace the greedy colouring of ``p``'s free vertices by an optimal one.  Mutates ``p``.
 
     ``goal="optimal"`` minimizes the estimated time (allow-list ops may stay float32
     where converting loses); ``"min-casts"`` ties allow-list ops to low precision, as
     TensorFlow does, and minimizes the bytes moved by Casts (plus one byte per Cast, so that
-    fewer Casts win a tie).
+    fewer Casts win a tie).  ``compiled``: the graph runs under XLA, and the cost model prices
+    Casts and element-wise ops as fused (:func:`amp_rewrite.cost_model.node_cost`).
     """
     min_casts = goal == "min-casts"
     tg = p.tg
@@ -398,7 +418,7 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
         priced = "_Swish" if name in swishes else op
         device = costs_of(name)
         nc = node_cost(priced, ins, outs, 2, device, shape_aware=shape_aware,
-                       constant_weights=weights is not None and weights in consts)
+                       constant_weights=weights is not None and weights in consts, compiled=compiled)
         if op in DENSE_OPS or priced in device.elementwise:
             # Dense ops, and element-wise ops whose time on this device class was measured.
             cost_high[carrier] += nc.high
@@ -445,7 +465,7 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
             # the one with fewer Cast nodes.
             cost = 0.01 * c.op_overhead
         else:
-            cost = cast_cost(out_shape(src, sp), 2, c)
+            cost = cast_cost(out_shape(src, sp), 2, c, compiled=compiled)
         tensors.append((tuple(ms), cost))
     for g in free_groups:
         if len(g) > 1:

@@ -321,17 +321,30 @@ def _rewritten_train_function(model: Any, options: Mapping[str, Any]) -> Any:
 
     Mirrors ``keras.src.backend.tensorflow.trainer.TensorFlowTrainer._make_function`` (Keras
     3.15).  ``steps_per_execution`` steps run as a Python loop over the rewritten step.
+
+    XLA as Keras decides it: ``model.jit_compile`` is the value ``model.compile`` resolved
+    (Keras's own ``_resolve_auto_jit_compile`` for ``"auto"``: XLA when a non-CPU device is
+    present, no distribution strategy is set and every layer supports it; its setter turns an
+    unsupported ``True`` into ``False``).  When it is true the rewritten step is compiled with
+    XLA (:class:`~amp_rewrite.training.tf_function.Function` with ``jit_compile=True``, which
+    falls back, with one WARNING, where XLA cannot compile the rewritten graph).  Only the
+    train step is rewritten; Keras's own predict and test functions honour ``jit_compile``
+    themselves.
     """
     from keras.src.backend.tensorflow.trainer import reduce_per_replica
 
     step_function = model.train_step
+    # The resolved value (a bool); the property resolves a model compiled before Keras
+    # resolved "auto" eagerly, exactly as Keras's own train function would.
+    jit_compile = bool(model.jit_compile)
+    log.debug("amp_rewrite: Keras train step of %s: jit_compile=%s", model.name, jit_compile)
 
     def one_step_on_data(data: Any) -> Any:
         outputs = model.distribute_strategy.run(step_function, args=(data,))
         return reduce_per_replica(outputs, model.distribute_strategy, reduction="auto")
 
     one_step = Function(one_step_on_data, autograph=False, reduce_retracing=True,
-                        rewrite_options=options)
+                        jit_compile=jit_compile, rewrite_options=options)
 
     def run_step(data: Any) -> Any:
         # Keras's _autoconvert_optionals: a missing element (an empty Optional) becomes None.

@@ -17,12 +17,25 @@ How it works, for each concrete function (one per input signature, as ``tf.funct
 Functions in the rewritten library are renamed (suffix ``_amp<N>``) because the originals
 stay registered with the eager context under their names with their float32 bodies.
 
+XLA (``jit_compile=True``): the runner is a ``tf.function(jit_compile=True)``, so its
+FunctionDef carries ``_XlaMustCompile`` and TensorFlow compiles the rewritten graph, Casts
+included, with XLA when it runs; the traced function is traced in XLA's context too (as
+``tf.function`` does), so control flow is built the way XLA needs it.  Before the first
+compiled call of each concrete function the runner's graph is lowered to HLO once
+(``experimental_get_compiler_ir``), which runs nothing: where XLA cannot compile it (an op
+without an XLA kernel, such as a ``tf.py_function`` or a string op) the function logs one
+WARNING with XLA's reason and runs without XLA, with the same results.  The check needs
+argument values, so it happens at the first eager call: called only from inside another
+``tf.function``, a graph XLA cannot compile fails with TensorFlow's error instead.  The rewrite is
+planned for compiled execution (``compiled=True``, :mod:`amp_rewrite.cost_model`) unless the
+rewrite options say otherwise.
+
 Assumptions and limits: the function is not differentiated from outside (a ``GradientTape``
 around a call sees no gradient); deferred captures (``capture_call_time_value``) are evaluated
 at each call and passed in as arguments; non-tensor Python arguments are part of the trace
-key, as in ``tf.function``; ``jit_compile`` and the ``experimental_*`` options of
-``tf.function`` are not offered.  The renamed library functions are registered with the eager
-context and stay there for the life of the process.
+key, as in ``tf.function``; the ``experimental_*`` options of ``tf.function`` are not offered.
+The renamed library functions are registered with the eager context and stay there for the
+life of the process.
 """
 
 from __future__ import annotations
@@ -30,12 +43,13 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import re
 import threading
 import weakref
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import AmpRewriteError
-from ._common import check_rewrite_options, rewrite_trace
+from ._common import check_rewrite_options, rewrite_trace, warn_once
 
 __all__ = ["function", "Function", "rename_functions"]
 
@@ -118,10 +132,38 @@ def captured_variable_shapes(graph: Any) -> dict[str, list[int | None]]:
     return out
 
 
-class _Runner:
-    """Runs one rewritten concrete function; built once per concrete function."""
+def xla_failure_reason(exc: BaseException) -> str:
+    """XLA's reason for not compiling a graph, on one line, from the error TensorFlow raised.
 
-    def __init__(self, concrete: Any, options: Mapping[str, Any]) -> None:
+    TensorFlow's message ("Detected unsupported operations when trying to compile graph ...
+    on XLA_CPU_JIT: EagerPyFunc (No registered 'EagerPyFunc' OpKernel ...") spans lines and
+    ends with a traceback of where the op was created; the first line names the op.  Pure.
+    """
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    first = re.sub(r"^Failed getting HLO text:\s*'?", "", first)
+    # The node's own name in {{node X}} repeats the op; the graph's attrs are noise.
+    first = re.sub(r"(\s*compatible with node)?\s*\{\{node [^}]*\}\}", "", first)
+    first = re.sub(r"\[_XlaMustCompile=[^\]]*\]", "", first)
+    return first if len(first) <= 300 else first[:297] + "..."
+
+
+def _identifier(name: str) -> str:
+    """``name`` as a Python identifier (a runner's name, which names XLA's HLO module)."""
+    return re.sub(r"\W", "_", name) or "step"
+
+
+class _Runner:
+    """Runs one rewritten concrete function; built once per concrete function.
+
+    ``jit_compile`` is ``tf.function``'s: ``True`` compiles the rewritten graph with XLA
+    (checked once, before the first call; ``owner`` is warned, once, if XLA cannot compile
+    it and the runner falls back to running it without XLA), ``False`` forbids it, ``None``
+    leaves it to TensorFlow (not compiled, except inside an XLA-compiled caller).
+    """
+
+    def __init__(self, concrete: Any, options: Mapping[str, Any], *, jit_compile: bool | None = None,
+                 name: str = "step", owner: object = None) -> None:
         import tensorflow as tf
 
         from ..api import rewrite_graph_def
@@ -160,6 +202,15 @@ class _Runner:
         for fdef in self.graph_def.library.function:
             ctx.add_function_def(fdef)
         self._import_name = "amp_rewrite"
+        # The placeholders the runner maps to its arguments and captures are not imported:
+        # nothing reads them once mapped, and XLA, which compiles every node of a function,
+        # has no kernel for a Placeholder.  import_graph_def remaps the edges that name them.
+        mapped = {t.split(":")[0] for t in self._arg_names + self._capture_names}
+        self._import_def = type(self.graph_def)()
+        self._import_def.CopyFrom(self.graph_def)
+        kept = [n for n in self._import_def.node if not (n.name in mapped and n.op == "Placeholder")]
+        del self._import_def.node[:]
+        self._import_def.node.extend(kept)
 
         def run(*flat_args: Any) -> list[Any]:
             input_map = dict(zip(self._arg_names, flat_args))
@@ -167,13 +218,52 @@ class _Runner:
                 # tf.identity of the outer value captures it in this graph: for a variable
                 # handle that is the variable itself, so updates land on the model's variables.
                 input_map[name] = tf.identity(value)
+            # An output that is an input (returned unchanged) is the mapped value itself.
+            imported = [n for n in self._output_names if n not in input_map]
             returned = tf.graph_util.import_graph_def(
-                self.graph_def, input_map=input_map,
-                return_elements=self._output_names or None, name=self._import_name,
+                self._import_def, input_map=input_map,
+                return_elements=imported or None, name=self._import_name,
             )
-            return list(returned or [])
+            by_name = dict(zip(imported, returned or []))
+            return [input_map[n] if n in input_map else by_name[n] for n in self._output_names]
 
-        self._run = tf.function(run, autograph=False)
+        # The runner's name names its FunctionDef and XLA's HLO module (a_inference_<name>_N),
+        # so a profile or an XLA dump shows which rewritten step it is.
+        run.__name__ = run.__qualname__ = f"amp_rewrite_{_identifier(name)}"
+        self._python_run = run
+        self._owner = owner if owner is not None else self
+        self._name = name
+        #: ``jit_compile`` as asked, and whether the runner compiles with XLA now (``False``
+        #: after a fallback).
+        self.jit_compile = jit_compile
+        self.xla_compiled = jit_compile is True
+        #: Why XLA could not compile the graph (after a fallback), else ``None``.
+        self.xla_fallback_reason: str | None = None
+        self._checked = jit_compile is not True
+        self._run = tf.function(run, autograph=False, jit_compile=jit_compile)
+
+    def _check_xla(self, args: Sequence[Any]) -> None:
+        """Lower the runner to HLO once for ``args``; fall back to no XLA if that fails.
+
+        Lowering runs no op (no variable changes), so a failure here leaves nothing half
+        done; it is where XLA rejects ops it has no kernel for.  Mutates the runner.
+        """
+        import tensorflow as tf
+
+        self._checked = True
+        try:
+            self._run.experimental_get_compiler_ir(*args)(stage="hlo")
+        except (ValueError, tf.errors.OpError) as exc:
+            # experimental_get_compiler_ir wraps XLA's error in a ValueError; the arguments
+            # are the ones the trace already accepted, so nothing else raises it here.
+            reason = xla_failure_reason(exc)
+            self.xla_fallback_reason = reason
+            self.xla_compiled = False
+            warn_once(self._owner, "xla-fallback", (
+                f"amp_rewrite: XLA cannot compile the rewritten {self._name!r} ({reason}); it runs "
+                "without XLA (jit_compile=True was asked for), with the same results"
+            ))
+            self._run = tf.function(self._python_run, autograph=False)
 
     def executed_graphs(self) -> list[Any]:
         """The runner's traced graphs: what TensorFlow actually executes for this function."""
@@ -185,6 +275,11 @@ class _Runner:
 
         deferred = tf.nest.flatten([capture() for capture in self._deferred],
                                    expand_composites=True)
+        # The check needs values: called while another function is traced, the compiled runner
+        # is used unchecked (XLA's error, if any, surfaces when that function runs) and the
+        # check waits for the first eager call.
+        if not self._checked and tf.executing_eagerly():
+            self._check_xla([*flat_args, *deferred])
         values = self._run(*flat_args, *deferred)
         flat_structure = tf.nest.flatten(self._structured_outputs, expand_composites=True)
         it = iter(values)
@@ -225,9 +320,13 @@ class Function:
         input_signature: Sequence[Any] | None = None,
         autograph: bool = True,
         reduce_retracing: bool = False,
+        jit_compile: bool | None = None,
         rewrite_options: Mapping[str, Any] | None = None,
     ) -> None:
         import tensorflow as tf
+
+        if jit_compile not in (None, True, False):
+            raise AmpRewriteError(f"jit_compile must be None, True or False, not {jit_compile!r}")
 
         self._python_function = python_function
         # Explicit options win; without any, a step uses the options its loss-scaled
@@ -235,15 +334,19 @@ class Function:
         self._explicit = dict(rewrite_options or {})
         self._options = check_rewrite_options(self._explicit)
         self._traced_options: dict[str, list[dict[str, Any]]] = {}
+        self._jit_compile = jit_compile
+        # Traced with jit_compile too: tf.function then traces in XLA's context, where control
+        # flow (while loops, TensorArrays) is built the way XLA needs it.  This function is
+        # only traced, never run: the runner runs the rewritten graph.
         self._tf_function = tf.function(
             python_function, input_signature=input_signature, autograph=autograph,
-            reduce_retracing=reduce_retracing,
+            reduce_retracing=reduce_retracing, jit_compile=jit_compile,
         )
         self._runners: dict[str, _Runner] = {}
         self._lock = threading.Lock()
         self._bound: weakref.WeakKeyDictionary[Any, Function] = weakref.WeakKeyDictionary()
         self._init_kwargs = dict(input_signature=input_signature, autograph=autograph,
-                                 reduce_retracing=reduce_retracing)
+                                 reduce_retracing=reduce_retracing, jit_compile=jit_compile)
         functools.update_wrapper(self, python_function)
 
     @property
@@ -258,6 +361,16 @@ class Function:
         options; ``rewrite_results`` shows what was used.
         """
         return dict(self._options)
+
+    @property
+    def jit_compile(self) -> bool | None:
+        """``jit_compile`` as given (whether a signature really compiled: ``xla_compiled()``)."""
+        return self._jit_compile
+
+    def xla_compiled(self) -> list[bool]:
+        """Per traced signature so far: whether its rewritten graph runs under XLA."""
+        with self._lock:
+            return [r.xla_compiled for r in self._runners.values()]
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         # Decorating a method: one Function per instance, as tf.function does.
@@ -292,11 +405,20 @@ class Function:
             )
         return check_rewrite_options(seen[0]) if seen else self._options
 
+    def _plan_options(self, concrete: Any) -> dict[str, Any]:
+        """The rewrite options for ``concrete``: under ``jit_compile=True`` the cost model
+        prices the graph as XLA runs it (``compiled=True``) unless the options say otherwise."""
+        options = dict(self._options_for(concrete))
+        if self._jit_compile is True:
+            options.setdefault("compiled", True)
+        return options
+
     def _runner(self, concrete: Any) -> _Runner:
         with self._lock:
             runner = self._runners.get(concrete.name)
             if runner is None:
-                runner = _Runner(concrete, self._options_for(concrete))
+                runner = _Runner(concrete, self._plan_options(concrete), jit_compile=self._jit_compile,
+                                 name=getattr(self, "__name__", "step"), owner=self)
                 self._runners[concrete.name] = runner
                 report = runner.result.report
                 log.debug("amp_rewrite.function %s: %s", getattr(self, "__name__", "?"),
@@ -330,6 +452,7 @@ def function(
     input_signature: Sequence[Any] | None = None,
     autograph: bool = True,
     reduce_retracing: bool = False,
+    jit_compile: bool | None = None,
     **rewrite_options: Any,
 ) -> Any:
     """Like ``tf.function``, but the traced graph is rewritten to mixed precision first.
@@ -341,14 +464,21 @@ def function(
     (``target="auto"``, this machine).  The function's outputs keep their dtypes (``fetches``
     adds nodes to keep).  Nothing global changes: other ``tf.function``s stay float32.
 
+    ``jit_compile`` is ``tf.function``'s: ``True`` runs the *rewritten* graph under XLA (and
+    plans the rewrite for it, ``compiled=True``); where XLA cannot compile it, one WARNING
+    names the reason and the function runs without XLA.  ``False`` and ``None`` as in
+    ``tf.function``.
+
     Raises
     ------
     AmpRewriteError
-        For an unknown rewrite option (at decoration time).
+        For an unknown rewrite option or a ``jit_compile`` that is not None/True/False (at
+        decoration time).
     """
     def decorate(f: Callable[..., Any]) -> Function:
         return Function(f, input_signature=input_signature, autograph=autograph,
-                        reduce_retracing=reduce_retracing, rewrite_options=rewrite_options)
+                        reduce_retracing=reduce_retracing, jit_compile=jit_compile,
+                        rewrite_options=rewrite_options)
 
     if func is None:
         return decorate
