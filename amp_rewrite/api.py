@@ -33,7 +33,7 @@ from .op_registry import OpRegistry, default_registry
 from .report import build_report
 from .rewrite import RewriteStats, apply_plan
 from .shape_inference import check_variable_shapes, function_shapes, graph_shapes
-from .targets import Target, detect_target, parse_target
+from .targets import Target, detect_target, parse_target, resolve_precision
 from .tensor_names import node_name
 
 __all__ = ["RewriteResult", "rewrite_graph_def", "resolve_lists", "resolve_target"]
@@ -100,8 +100,11 @@ def resolve_lists(
 ) -> tuple[OpLists, str]:
     """Build the effective lists (and level) for a target, in the documented order.
 
-    ``environ`` is read for TensorFlow's list variables; pass ``{}`` to ignore them.
+    ``precision`` is any spelling :func:`~amp_rewrite.targets.parse_precision` accepts
+    (``"auto"`` chooses for ``target``).  ``environ`` is read for TensorFlow's list
+    variables; pass ``{}`` to ignore them.
     """
+    precision, _ = resolve_precision(precision, target)
     for ref in (lists, lists_file):
         if ref is not None and "\x00" in os.fspath(ref):
             raise ListError(f"list name or path {os.fspath(ref)!r} contains a NUL byte")
@@ -262,7 +265,7 @@ def rewrite_graph_def(
     graph_def: Any,
     *,
     target: str | Target = "auto",
-    precision: Precision = "float16",
+    precision: Precision | Literal["auto"] | str = "auto",
     lists: str | os.PathLike[str] = "default",
     lists_file: str | os.PathLike[str] | None = None,
     fetches: Sequence[str] | None = None,
@@ -276,6 +279,7 @@ def rewrite_graph_def(
     registry: OpRegistry | None = None,
     planner: Literal["greedy", "optimal", "min-casts"] | None = None,
     variable_shapes: Mapping[str, Sequence[int | None] | None] | None = None,
+    compiled: bool = False,
 ) -> RewriteResult:
     """Rewrite a GraphDef (and its function library) to mixed precision.
 
@@ -288,7 +292,10 @@ def rewrite_graph_def(
         comma-separated capabilities describe GPU:0, GPU:1, ...), ``"cpu"``, or a
         :class:`~amp_rewrite.targets.Target`.
     precision
-        ``"float16"`` or ``"bfloat16"``.
+        ``"auto"`` (the default: float16 on a GPU, bfloat16 on a CPU with fast bfloat16
+        math; see :func:`~amp_rewrite.targets.auto_precision`), ``"float16"`` or
+        ``"bfloat16"``, in any usual spelling (``fp16``, ``half``, ``bf16``, ``tf.float16``).
+        The report's ``precision`` and ``precision_reason`` say what was used and why.
     lists
         A packaged profile (``"default"``, ``"tensorflow"``) or a path to a list file;
         ``lists_file`` is layered on top.  ``add``/``remove`` map a category (``"allow"``,
@@ -323,6 +330,10 @@ def rewrite_graph_def(
         normalization safety rule, which needs the number of values a statistic averages).
         Used for shape inference only (the greedy planner's output does not depend on them).
         The ``tf.function`` training path passes them itself.
+    compiled
+        The graph will run under XLA (``jit_compile=True``, ``amp-rewrite rewrite --xla``):
+        the cost-aware planners price Casts and element-wise ops as XLA fuses them
+        (:func:`amp_rewrite.cost_model.node_cost`).  The greedy planner ignores it.
 
     Returns
     -------
@@ -339,7 +350,7 @@ def rewrite_graph_def(
             graph_def, target=target, precision=precision, lists=lists, lists_file=lists_file,
             fetches=fetches, add=add, remove=remove, level=level, exclude=exclude,
             functions=functions, tensorflow_bugs=tensorflow_bugs, use_env=use_env, registry=registry,
-            planner=planner, variable_shapes=variable_shapes,
+            planner=planner, variable_shapes=variable_shapes, compiled=compiled,
         )
 
 
@@ -361,9 +372,10 @@ def _rewrite_graph_def(
     registry: OpRegistry | None,
     planner: str | None = None,
     variable_shapes: Mapping[str, Sequence[int | None] | None] | None = None,
+    compiled: bool = False,
 ) -> RewriteResult:
-    if precision not in ("float16", "bfloat16"):
-        raise TargetError(f"unknown precision {precision!r}; expected 'float16' or 'bfloat16'")
+    if not isinstance(compiled, bool):
+        raise AmpRewriteError(f"compiled must be True or False, not {compiled!r}")
     if isinstance(graph_def, (bytes, bytearray)):
         graph_def = parse_graph_def(bytes(graph_def))
     elif not hasattr(graph_def, "node") or not hasattr(graph_def, "library"):
@@ -371,13 +383,15 @@ def _rewrite_graph_def(
     registry = registry or default_registry()
     t_lists = time.perf_counter()
     tgt = resolve_target(target)
+    precision, precision_reason = resolve_precision(precision, tgt)
     op_lists, lvl = resolve_lists(
         lists, target=tgt, precision=precision, lists_file=lists_file, add=add, remove=remove,
         level=level, environ=os.environ if use_env else {},
     )
     try:
         exclude_re = re.compile(exclude) if exclude else None
-    except re.error as exc:
+    except (re.error, OverflowError, RecursionError) as exc:
+        # OverflowError: a repeat count beyond the engine's limit (``x{99999999999}``).
         raise AmpRewriteError(f"bad --exclude regular expression {exclude!r}: {exc}") from None
 
     chosen_planner = planner if planner is not None else op_lists.planner
@@ -401,11 +415,11 @@ def _rewrite_graph_def(
     _check_cycles(g, "the graph")
     if optimal:
         # The cost model needs tensor sizes; TensorFlow's shape inference gives them.
-        g.graph["shapes"] = graph_shapes(graph_def, known_variables)
+        g.graph["shapes"] = graph_shapes(graph_def, known_variables, registry)
         fdefs = {f.signature.name: f for f in graph_def.library.function}
         bodies = loop_functions(graph_def)
         for fname, fg in imported.functions.items():
-            fg.graph["shapes"] = function_shapes(fdefs[fname]) if fname in fdefs else {}
+            fg.graph["shapes"] = function_shapes(fdefs[fname], registry) if fname in fdefs else {}
             fg.graph["loop_body"] = fname in bodies
     if fetches is None:
         preserve = _default_preserve(g)
@@ -424,7 +438,7 @@ def _rewrite_graph_def(
 
     options = DecideOptions(force_all=lvl == "UNSAFE_FORCE_ALL", preserve=frozenset(preserve),
                             tensorflow_bugs=tensorflow_bugs, planner=chosen_planner,  # type: ignore[arg-type]
-                            normalization_aware=optimal,
+                            normalization_aware=optimal, compiled=compiled,
                             # Statistics stay float32 in every profile but TensorFlow's own
                             # (parity), also where the lists infer Mean (optimal, in bfloat16).
                             moments_float32=optimal or (op_lists.profile != "tensorflow"
@@ -470,6 +484,7 @@ def _rewrite_graph_def(
         imported, plans, stats, target=tgt, precision=precision, lists=op_lists, level=lvl,
         skipped_functions=skipped_functions,
     )
+    report["precision_reason"] = precision_reason
     # Free the IR now, by reference counting.  networkx graphs cache their views (g.nodes,
     # g.succ...), which point back at the graph: left alone, the IR would be a reference
     # cycle of hundreds of thousands of objects that the cyclic collector has to walk (and
@@ -482,8 +497,9 @@ def _rewrite_graph_def(
     else:
         log.info(
             "amp_rewrite: converted %d of %d nodes to %s using %d cast(s) to %s and %d to float32 "
-            "(target %s, lists %s)",
+            "(target %s, lists %s; %s: %s)",
             report["converted_nodes"], report["total_nodes"], precision, report["casts_to_low"],
-            precision, report["casts_to_high"], tgt.description, op_lists.profile,
+            precision, report["casts_to_high"], tgt.description, op_lists.profile, precision,
+            precision_reason,
         )
     return RewriteResult(out, report, plans, timings)

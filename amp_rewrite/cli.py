@@ -10,8 +10,9 @@ Subcommands, each a call into one typed library function:
 * ``demo``: :func:`amp_rewrite.demo.run_demo`.
 
 Known errors (:class:`~amp_rewrite.errors.AmpRewriteError`, and OS errors on paths) print
-one line on stderr and exit with status 1; Ctrl-C exits with 130 after the library has
-removed its temporaries.  A progress line is drawn on stderr only when it is a terminal.
+one line on stderr and exit with status 1; Ctrl-C exits with 130 and SIGTERM with 143, after
+the library has removed its temporaries.  A progress line is drawn on stderr only when it is
+a terminal.
 TensorFlow's own ``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_*`` variables are honoured (they
 are read in :mod:`amp_rewrite.api`).
 """
@@ -19,11 +20,14 @@ are read in :mod:`amp_rewrite.api`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import signal
 import sys
 import tempfile
-from typing import Any, Sequence
+import threading
+from typing import Any, Iterator, Sequence
 
 from .errors import AmpRewriteError
 
@@ -34,11 +38,24 @@ log = logging.getLogger(__name__)
 _CATEGORIES = ("allow", "infer", "deny", "clear")
 
 
-def _add_list_options(p: argparse.ArgumentParser, *, precision_default: str = "float16") -> None:
+def _precision(text: str) -> str:
+    """``--precision``: any spelling :func:`amp_rewrite.targets.parse_precision` accepts."""
+    from .targets import parse_precision
+
+    try:
+        return parse_precision(text)
+    except AmpRewriteError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_list_options(p: argparse.ArgumentParser, *, precision_default: str = "auto") -> None:
     p.add_argument("--target", default="auto",
                    help="auto (this machine), cpu, or gpu:X.Y[,X.Y...] (default: auto)")
-    p.add_argument("--precision", default=precision_default, choices=("float16", "bfloat16"),
-                   help=f"low-precision type (default: {precision_default})")
+    p.add_argument("--precision", default=precision_default, type=_precision,
+                   metavar="auto|float16|bfloat16",
+                   help="low-precision type; auto picks float16 on a GPU and bfloat16 on a CPU "
+                        "with fast bfloat16 math; fp16, half and bf16 are accepted too "
+                        f"(default: {precision_default})")
     p.add_argument("--lists", default="default", help="default, optimal, tensorflow, or a list FILE (.toml)")
     p.add_argument("--lists-file", help="a list file layered on top of --lists")
     p.add_argument("--planner", choices=("greedy", "optimal", "min-casts"),
@@ -78,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="per-node decisions (DEBUG log)")
     common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
                         help="only errors")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("-v", "--verbose", action="store_true", help="per-node decisions (DEBUG log)")
     parser.add_argument("-q", "--quiet", action="store_true", help="only errors")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -88,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--precision", default="auto", choices=("auto", "float16", "bfloat16"),
                       help="auto (default): the best type the target has fast math for")
     demo.add_argument("--save", metavar="DIR", help="keep the float32 and rewritten SavedModels in DIR")
+    demo.add_argument("--overwrite", action="store_true",
+                      help="with --save: replace DIR/float32 and DIR/rewritten if they exist")
 
     rw = sub.add_parser(
         "rewrite", parents=[common],
@@ -103,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     rw.add_argument("--graph", metavar="FILE", help="draw the rewritten graph: FILE.svg, FILE.html or FILE.dot")
     rw.add_argument("--tensorboard", metavar="LOGDIR", help="write before/after graphs for TensorBoard")
     rw.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT")
+    rw.add_argument("--xla", action="store_true",
+                    help="mark a TF2 SavedModel's signature functions for XLA compilation "
+                         "(_XlaMustCompile, as tf.function(jit_compile=True)) and plan the rewrite for XLA")
     rw.add_argument("--loss-scale", metavar="dynamic|N",
                     help="INPUT is a TF1 training MetaGraphDef (.meta): also rewrite its optimizer "
                          "with dynamic (or fixed N) loss scaling")
@@ -146,6 +169,33 @@ def build_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("lists", parents=[common], help="print the effective op lists after all overrides")
     _add_list_options(ls)
     return parser
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("amp_rewrite")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with every non-printable character (newlines, escape sequences, NUL...)
+    written as a Python escape, so names from a model file cannot move the cursor, recolour
+    the terminal or split one error into several lines.  Pure."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+class _TerminalSafeFormatter(logging.Formatter):
+    """Log lines with :func:`terminal_safe` applied: messages carry node, op and function
+    names from the input, which a hostile model can fill with escape sequences.  Tracebacks
+    (``-v``) keep their line breaks."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        return terminal_safe(super().formatMessage(record))
 
 
 def _ops(values: list[str]) -> list[str]:
@@ -218,34 +268,41 @@ def _cmd_rewrite_training(args: argparse.Namespace) -> int:
     import json
 
     from .saved_model import load_model
-    from .staging import Staging, check_distinct_outputs, check_output, check_writable
+    from .staging import Staging, check_distinct_outputs, check_not_input, check_output, check_writable
     from .training import rewrite_training_meta_graph
 
     if not args.input.endswith(".meta"):
         raise AmpRewriteError("--loss-scale needs a TF1 training MetaGraphDef (a .meta file) as INPUT")
     check_output(args.input, args.output, overwrite=args.overwrite)
     check_writable(args.output)
+    outputs = [(os.path.abspath(args.output), "OUTPUT", False)]
     if args.report:
-        check_output(args.input, args.report, overwrite=True, what="--report")
+        check_output(args.input, args.report, overwrite=args.overwrite, what="--report")
         check_writable(args.report)
-        check_distinct_outputs([(os.path.abspath(args.output), "OUTPUT", False),
-                                (os.path.abspath(args.report), "--report", False)])
+        outputs.append((os.path.abspath(args.report), "--report", False))
+        check_distinct_outputs(outputs)
+    # The list files are read too, and never replaced, even with --overwrite.
+    inputs = [(args.input, "INPUT")] + [(path, what) for path, what in (
+        (args.lists_file, "--lists-file"), (args.lists, "--lists")) if path and os.path.isfile(path)]
+    check_not_input(outputs, inputs)
     model = load_model(args.input)
     options = _model_options(args)
     for key in ("tags", "signatures", "keep_io_types"):
         options.pop(key, None)
     result = rewrite_training_meta_graph(model.message, args.loss_scale, train_op=args.train_op, **options)
-    with Staging() as staging:
-        staging.add_file(args.output, result.meta_graph_def.SerializeToString(deterministic=True))
+    with Staging(protect=[path for path, _ in inputs]) as staging:
+        staging.add_file(args.output, result.meta_graph_def.SerializeToString(deterministic=True),
+                         replace=args.overwrite)
         if args.report:
-            staging.add_file(args.report, json.dumps(result.report, indent=1).encode("utf-8"))
+            staging.add_file(args.report, json.dumps(result.report, indent=1).encode("utf-8"),
+                             replace=args.overwrite)
         staging.commit()
     if not args.quiet:
         r = result.report
         print(f"converted {r['converted_nodes']} of {r['total_nodes']} nodes, {r['casts_to_low']} cast(s) "
               f"to {r['precision']}, {r['casts_to_high']} to float32; loss scaling "
               f"{args.loss_scale} added to train op")
-        print(f"wrote {args.output}" + (f", report {args.report}" if args.report else ""))
+        print(terminal_safe(f"wrote {args.output}" + (f", report {args.report}" if args.report else "")))
     return 0
 
 
@@ -256,20 +313,23 @@ def _cmd_rewrite(args: argparse.Namespace, progress: Any) -> int:
     if args.loss_scale is not None:
         if autotune is not None:
             raise AmpRewriteError("--autotune times models for inference; it cannot go with --loss-scale")
+        if args.xla:
+            raise AmpRewriteError("--xla marks a TF2 SavedModel's functions; a TF1 training graph "
+                                  "(--loss-scale) has none")
         progress.close()
         return _cmd_rewrite_training(args)
 
     report = rewrite_saved_model(
         args.input, args.output, overwrite=args.overwrite, report_file=args.report,
         dump_dir=args.dump_dir, graph_file=args.graph, tensorboard_dir=args.tensorboard,
-        progress=progress, autotune=autotune, **_model_options(args),
+        progress=progress, autotune=autotune, xla=args.xla, **_model_options(args),
     )
     progress.close()
     if not args.quiet:
-        print(f"{summary_line(report)}{_hint(report, args.target)}")
+        print(terminal_safe(f"{summary_line(report)}{_hint(report, args.target)}"))
         extras = (("report", args.report), ("graph", args.graph), ("dumps in", args.dump_dir),
                   ("TensorBoard logs in", args.tensorboard))
-        print(f"wrote {args.output}" + "".join(f", {what} {path}" for what, path in extras if path))
+        print(terminal_safe(f"wrote {args.output}" + "".join(f", {what} {path}" for what, path in extras if path)))
     return 0
 
 
@@ -294,7 +354,8 @@ def _cmd_explain(args: argparse.Namespace, progress: Any) -> int:
         raise misses[0]
     r = rewrite.report
     print(f"# {r['target']}, {r['precision']}, lists {r['lists']}, level {r['level']}")
-    print("\n\n".join(blocks))
+    # Names come from the model file: escape them, line by line.
+    print("\n".join(terminal_safe(line) for line in "\n\n".join(blocks).split("\n")))
     return 0
 
 
@@ -352,11 +413,37 @@ def _start_tensorflow_quietly() -> None:
                 sys.stderr.write(capture.read().decode("utf-8", "replace"))
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised where the program is (see :func:`_sigterm_raises`).  A
+    ``BaseException``, like ``KeyboardInterrupt``, so that no ``except Exception`` swallows
+    it and every ``with Staging()`` on the way out deletes its temporaries."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """While the block runs, SIGTERM raises :class:`_Terminated` instead of killing the
+    process at once (which would leave a staged output of hundreds of MB behind under a
+    hidden ``.amp-rewrite-*`` name).  Restores the previous handler afterwards.  Only in the
+    CLI, and only in the main thread (the one signals are delivered to)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(_TerminalSafeFormatter("%(levelname)s %(name)s: %(message)s"))
     # -v is about this package's decisions, not every library's debug chatter.
     root, ours = logging.getLogger(), logging.getLogger("amp_rewrite")
     old_levels = root.level, ours.level
@@ -366,8 +453,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # A missing INPUT is reported at once, without waiting for TensorFlow to start.
         if not args.verbose and os.path.exists(getattr(args, "input", ".")):
-            _start_tensorflow_quietly()
-        return _run(args)
+            try:
+                _start_tensorflow_quietly()
+            except KeyboardInterrupt:
+                # Ctrl-C while TensorFlow loads: one line, not the import machinery's stack.
+                print("amp-rewrite: interrupted; nothing was written", file=sys.stderr)
+                return 130
+        with _sigterm_raises():
+            return _run(args)
     finally:
         root.removeHandler(handler)
         root.setLevel(old_levels[0])
@@ -382,7 +475,8 @@ def _run(args: argparse.Namespace) -> int:
         if args.command == "demo":
             from .demo import run_demo
 
-            return run_demo(sys.stdout, target=args.target, precision=args.precision, save=args.save)
+            return run_demo(sys.stdout, target=args.target, precision=args.precision, save=args.save,
+                            overwrite=args.overwrite)
         if args.command == "rewrite":
             return _cmd_rewrite(args, progress)
         if args.command == "explain":
@@ -390,7 +484,7 @@ def _run(args: argparse.Namespace) -> int:
         return _cmd_lists(args)
     except AmpRewriteError as exc:
         progress.close()
-        print(f"amp-rewrite: error: {exc}", file=sys.stderr)
+        print(f"amp-rewrite: error: {terminal_safe(str(exc))}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         # The reader went away (``amp-rewrite lists | head``): not an error worth a message.
@@ -402,12 +496,16 @@ def _run(args: argparse.Namespace) -> int:
     except OSError as exc:
         progress.close()
         where = f"{exc.filename}: " if exc.filename else ""
-        print(f"amp-rewrite: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        print(f"amp-rewrite: error: {terminal_safe(f'{where}{exc.strerror or exc}')}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         progress.close()
         print("amp-rewrite: interrupted; nothing was written", file=sys.stderr)
         return 130
+    except _Terminated:
+        progress.close()
+        print("amp-rewrite: terminated; nothing was written", file=sys.stderr)
+        return 128 + signal.SIGTERM
     finally:
         progress.close()
 

@@ -137,6 +137,55 @@ def _node_entries(decisions: NodeDecisions, folded: set[str], target_dtype: int)
     return nodes
 
 
+#: Low-precision dtype names, for telling an already rewritten graph.
+_LOW_NAMES = ("float16", "bfloat16")
+
+
+def nothing_converted_reason(plans: Mapping[str, Plan], precision: str, where: str) -> str:
+    """The true reason a rewrite converted nothing, from the decisions on the allow-list ops
+    (``category == "allow"``) of every plan.  Pure.
+
+    In order of precedence: there is no allow-list op on an eligible device; the allow-list
+    ops already run in low precision (a rewritten model); the user excluded or fetched them;
+    the cost model kept them float32 (with the first of its reasons, which carries its
+    estimate); otherwise the decision of the first one.
+    """
+    counts = {"already": 0, "preserved": 0, "cost": 0, "other": 0}
+    first: dict[str, str] = {}
+    total = 0
+    for plan in plans.values():
+        for decision in plan.nodes.values():
+            if decision.category != "allow":
+                continue
+            reason = decision.reason
+            if "is not eligible" in reason or "is not in the op registry" in reason:
+                continue  # not on an eligible device: nothing to convert there
+            total += 1
+            if dt.name(decision.dtype) in _LOW_NAMES or (
+                    reason.startswith("type ") and any(low in reason for low in _LOW_NAMES)):
+                kind = "already"
+            elif reason.startswith("preserved"):
+                kind = "preserved"
+            elif "kept float32" in reason:
+                kind = "cost"
+            else:
+                kind = "other"
+            counts[kind] += 1
+            first.setdefault(kind, reason)
+    if total == 0:
+        return f"no allow-list op found on an eligible device ({where})"
+    if counts["already"] and counts["already"] >= total - counts["preserved"]:
+        return (f"already rewritten: {counts['already']} allow-list op(s) already run in low "
+                "precision")
+    if counts["preserved"] == total:
+        return (f"all {total} allow-list op(s) are excluded or fetched by the user "
+                "(--exclude / --fetch / fetches=)")
+    if counts["cost"]:
+        return (f"the cost model kept {counts['cost']} of {total} allow-list op(s) float32 "
+                f"({first['cost']})")
+    return f"{total} allow-list op(s) not converted ({next(iter(first.values()))})"
+
+
 def build_report(
     imported: ImportedGraph,
     plans: Mapping[str, Plan],
@@ -166,7 +215,7 @@ def build_report(
     converted = sum(s["converted_attrs"] for s in sections)
     skipped = plans[""].skipped
     if skipped is None and converted == 0 and not any(p.renames for p in plans.values()):
-        skipped = f"no allow-list op found on an eligible device ({target.description})"
+        skipped = nothing_converted_reason(plans, precision, target.description)
     return {
         "target": target.description,
         "precision": precision,

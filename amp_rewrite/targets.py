@@ -32,6 +32,10 @@ __all__ = [
     "parse_target",
     "detect_target",
     "cpu_features",
+    "parse_precision",
+    "auto_precision",
+    "resolve_precision",
+    "PRECISION_SPELLINGS",
 ]
 
 log = logging.getLogger(__name__)
@@ -207,6 +211,64 @@ def parse_target(spec: str | Target) -> Target:
         gpus = tuple(Device("GPU", i, cap) for i, cap in enumerate(caps))
         return Target("gpu", gpus + (cpu,), description=text)
     raise TargetError(f"unknown target {spec!r}; expected 'auto', 'cpu', or 'gpu:X.Y[,X.Y...]'")
+
+
+#: The spellings users bring for each low-precision type (compared case-insensitively).
+PRECISION_SPELLINGS: dict[str, str] = {
+    "auto": "auto",
+    "float16": "float16", "fp16": "float16", "f16": "float16", "half": "float16",
+    "mixed_float16": "float16",
+    "bfloat16": "bfloat16", "bf16": "bfloat16", "mixed_bfloat16": "bfloat16",
+}
+
+
+def parse_precision(value: object) -> str:
+    """``"auto"``, ``"float16"`` or ``"bfloat16"`` from what a user passes: those names, their
+    usual spellings (``fp16``, ``FP16``, ``half``, ``bf16``, Keras's ``mixed_float16``), or a
+    dtype object with that name (``tf.float16``, ``np.float16``).  Pure.
+
+    Raises :class:`TargetError` for anything else, listing what is accepted.
+    """
+    name = value if isinstance(value, str) else getattr(value, "name", None)
+    if isinstance(name, str):
+        found = PRECISION_SPELLINGS.get(name.strip().lower())
+        if found is not None:
+            return found
+    accepted = "'auto', 'float16' (fp16, half), 'bfloat16' (bf16)"
+    raise TargetError(f"unknown precision {value!r}; expected {accepted}")
+
+
+def auto_precision(target: Target) -> tuple[Precision, str]:
+    """The low-precision type to use on ``target``, and why.  Pure.
+
+    GPUs take float16 (Tensor Cores from compute capability 7.0, and TensorFlow's and
+    Keras's choice); CPUs take bfloat16 where they have fast bfloat16 math (float32's range,
+    so nothing overflows and no loss scale is needed; oneDNN's choice), else float16 where
+    only that is fast.  Where nothing is fast the type is the device's usual one, and the
+    rewrite then says why it changed nothing.
+    """
+    if target.kind == "gpu":
+        for d in target.eligible_devices("float16"):
+            cap = f"{d.capability[0]}.{d.capability[1]}" if d.capability else "?"
+            return "float16", f"GPU:{d.id} (compute capability {cap}) has float16 Tensor Cores"
+        return "float16", "no GPU of compute capability >= 7.0; float16 is the GPU default"
+    for precision in ("bfloat16", "float16"):
+        if target.eligible_devices(precision):  # type: ignore[arg-type]
+            cpu = target.default_device()
+            have = sorted(set(CPU_FEATURES[precision]) & cpu.features)  # type: ignore[index]
+            why = f"({', '.join(have)})" if have else "(assumed for an offline 'cpu' target)"
+            return precision, f"the CPU has fast {precision} math {why}"  # type: ignore[return-value]
+    return "bfloat16", "the CPU has no fast low-precision math; bfloat16 is the CPU default"
+
+
+def resolve_precision(value: object, target: Target) -> tuple[Precision, str]:
+    """``value`` (any spelling :func:`parse_precision` accepts) for ``target``: an explicit
+    type as requested, ``"auto"`` as :func:`auto_precision` chooses.  Returns the type and
+    the reason for it.  Pure."""
+    precision = parse_precision(value)
+    if precision == "auto":
+        return auto_precision(target)
+    return precision, "requested"  # type: ignore[return-value]
 
 
 def cpu_features(cpuinfo_path: str = "/proc/cpuinfo") -> frozenset[str]:
