@@ -40,6 +40,7 @@ _TRAINING = (
     "function",
     "Session",
     "rewrite_graph",
+    "rewrite_graph_with_result",
     "rewrite_training_meta_graph",
     "DynamicLossScale",
     "FixedLossScale",
@@ -51,6 +52,13 @@ def __getattr__(name: str) -> object:
         from . import training
 
         return getattr(training, name)
+    import importlib
+    import importlib.util
+
+    # A submodule not imported yet (``amp_rewrite.training``, ``amp_rewrite.demo``): imported
+    # now, as attribute access finds any submodule once it has been imported.
+    if not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}"):
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -13,30 +13,34 @@ Overrides apply in one order: list profile -> list file -> environment variables
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import gc
 import logging
 import os
-import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence
+from typing import Any, Collection, Iterable, Iterator, Literal, Mapping, Sequence
 
 import networkx as nx
 
 from .decide import DecideOptions, Plan, decide
 from .errors import AmpRewriteError, InvalidGraphError, ListError, TargetError
+from .exclude import NameMatcher, keras_scoped
 from .graph_io import export_graph_def, import_graph_def, loop_functions, parse_graph_def, reachable_functions
-from .lists import PLANNERS, ListContext, ListEdit, OpLists, edits_from_environ, load_lists
+from .lists import PLANNERS, ListContext, ListEdit, OpLists, edits_from_environ, load_lists, tf_major_minor
 from .op_registry import OpRegistry, default_registry
 from .report import build_report
 from .rewrite import RewriteStats, apply_plan
 from .shape_inference import check_variable_shapes, function_shapes, graph_shapes
+from .option_types import (check_bool, check_list_edits, check_names, check_optional_str, check_path,
+                           check_str)
 from .targets import Target, detect_target, parse_target, resolve_precision
 from .tensor_names import node_name
 
-__all__ = ["RewriteResult", "rewrite_graph_def", "resolve_lists", "resolve_target"]
+__all__ = ["RewriteResult", "rewrite_graph_def", "resolve_lists", "resolve_target", "installed_tf_version",
+           "tensorflow_lists_version"]
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +60,65 @@ class RewriteResult:
     #: Seconds per stage (``lists``, ``import``, ``decide``, ``rewrite``, ``export``); kept out of
     #: the report so the report stays byte-identical across runs.
     timings: Mapping[str, float] = field(default_factory=dict)
+    #: The nodes with at least one type attribute converted, per graph (``""`` and function
+    #: names, as ``plans``): what per-signature summaries count
+    #: (:func:`amp_rewrite.saved_model.signature_summaries`).
+    converted: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+
+IGNORE_PERFORMANCE_VAR = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_IGNORE_PERFORMANCE"
+
+
+def ignore_performance_from_environ(environ: Mapping[str, str]) -> bool:
+    """TensorFlow's ``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_IGNORE_PERFORMANCE``, read as
+    TensorFlow reads a boolean variable (``1``/``true`` or ``0``/``false``, any case; unset
+    or empty is false).  Raises :class:`TargetError` for any other value, as TensorFlow
+    refuses it too."""
+    text = environ.get(IGNORE_PERFORMANCE_VAR, "").strip().lower()
+    if text in ("", "0", "false"):
+        return False
+    if text in ("1", "true"):
+        return True
+    raise TargetError(f"{IGNORE_PERFORMANCE_VAR}={environ[IGNORE_PERFORMANCE_VAR]!r} is not a "
+                      "boolean (expected 1, true, 0 or false)")
+
+
+@functools.cache
+def installed_tf_version() -> str:
+    """The installed TensorFlow's ``__version__`` (``"2.16.2"``), read once per process: the
+    release whose op lists the ``tensorflow`` profile (and those extending it) use."""
+    import tensorflow as tf
+
+    return str(tf.__version__)
+
+
+# The release whose lists to use when a call names none (``tensorflow_lists_version``); None:
+# the installed one.  A context variable, so one override (the CLI's --tf-version) reaches every
+# rewrite of a command (SavedModels, training graphs) without each signature growing a parameter.
+_LISTS_VERSION: contextvars.ContextVar[str | None] = contextvars.ContextVar("amp_rewrite_tf_version", default=None)
+
+
+@contextlib.contextmanager
+def tensorflow_lists_version(version: str | None) -> Iterator[None]:
+    """Within the block, every rewrite that names no ``tf_version`` uses TensorFlow ``version``'s
+    op lists (``"2.16"``) instead of the installed release's; ``None`` changes nothing.  For
+    offline use: planning for a TensorFlow other than the one installed (``--tf-version``).
+    Raises :class:`ListError` for a malformed version."""
+    if version is None:
+        yield
+        return
+    token = _LISTS_VERSION.set(tf_major_minor(version))  # validates before the block runs
+    try:
+        yield
+    finally:
+        _LISTS_VERSION.reset(token)
 
 
 def resolve_target(target: str | Target) -> Target:
     """``"auto"`` detects this machine; anything else is parsed (see ``parse_target``)."""
+    if not isinstance(target, (str, Target)):
+        raise TargetError(f"target must be 'auto', 'cpu', 'gpu:X.Y' or a Target, not "
+                          f"{type(target).__name__} {target!r}"[:200])
     if isinstance(target, str) and target.strip().lower() == "auto":
         return detect_target()
     return parse_target(target)
@@ -97,14 +156,23 @@ def resolve_lists(
     remove: Mapping[str, Iterable[str] | str] | None = None,
     level: str | None = None,
     environ: Mapping[str, str] | None = None,
+    tf_version: str | None = None,
 ) -> tuple[OpLists, str]:
     """Build the effective lists (and level) for a target, in the documented order.
 
     ``precision`` is any spelling :func:`~amp_rewrite.targets.parse_precision` accepts
     (``"auto"`` chooses for ``target``).  ``environ`` is read for TensorFlow's list
-    variables; pass ``{}`` to ignore them.
+    variables; pass ``{}`` to ignore them.  ``tf_version`` (``"2.16"``) picks that TensorFlow
+    release's lists; ``None``: the :func:`tensorflow_lists_version` in force, else the installed
+    release (:func:`installed_tf_version`).
     """
     precision, _ = resolve_precision(precision, target)
+    check_path("lists", lists)
+    check_path("lists_file", lists_file, optional=True)
+    check_optional_str("level", level, what="a level name (DEFAULT, TENSOR_CORES_ONLY, "
+                       "TREAT_INFER_AS_DENY, UNSAFE_FORCE_ALL) or None")
+    check_list_edits("add", add)
+    check_list_edits("remove", remove)
     for ref in (lists, lists_file):
         if ref is not None and "\x00" in os.fspath(ref):
             raise ListError(f"list name or path {os.fspath(ref)!r} contains a NUL byte")
@@ -124,9 +192,10 @@ def resolve_lists(
     if effective_level == "UNSAFE_FORCE_ALL" and backend == "onednn":
         raise ListError("level UNSAFE_FORCE_ALL cannot be used for CPU (oneDNN) targets, as in TensorFlow")
     context = ListContext(precision, backend, target.cuda_version, target.cudnn_version)
+    version = tf_major_minor(tf_version or _LISTS_VERSION.get() or installed_tf_version())
     op_lists = _load_lists_cached(
         _file_key(lists), _file_key(lists_file) if lists_file is not None else None, context,
-        tuple(env_edits + arg_edits), effective_level,
+        tuple(env_edits + arg_edits), effective_level, version,
     )
     return op_lists, effective_level
 
@@ -148,12 +217,13 @@ def _load_lists_cached(
     context: ListContext,
     edits: tuple[ListEdit, ...],
     level: str,
+    tf_version: str,
 ) -> OpLists:
     # Parsing and validating the TOML lists costs ~10 ms, more than rewriting a small graph;
     # the result is immutable, so repeated rewrites share it.
     return load_lists(
         lists[0], context=context, user_file=None if lists_file is None else lists_file[0],
-        edits=edits, level=level,  # type: ignore[arg-type]
+        edits=edits, level=level, tf_version=tf_version,  # type: ignore[arg-type]
     )
 
 
@@ -243,6 +313,27 @@ def _check_cycles_full(g: nx.MultiDiGraph, where: str) -> None:
     )
 
 
+def _excluded(names: Iterable[str], excluder: NameMatcher, already: set[str],
+              counts: dict[str, int]) -> dict[str, str]:
+    """``{node: reason}`` for the nodes of ``names`` that ``excluder`` matches and that are
+    not preserved ``already`` (a fetched node keeps the generic reason: it would be kept
+    anyway).  Adds each match to ``counts[pattern]``, preserved already or not, so the
+    report says what every pattern matched."""
+    out: dict[str, str] = {}
+    if not excluder:
+        return out
+    names = list(names)
+    keras3 = keras_scoped(names)  # Keras 3 traces spell layer scopes with a _N suffix
+    for name in names:
+        hit = excluder.match(name, keras3)
+        if hit is None:
+            continue
+        counts[hit[0]] += 1
+        if name not in already:
+            out[name] = excluder.reason(name, keras3) or ""
+    return out
+
+
 def _default_preserve(g: nx.MultiDiGraph) -> set[str]:
     """Graph outputs when no fetches are given: nodes nothing reads from."""
     return {n for n, nbrs in g._succ.items() if not nbrs}  # read-only use of networkx's dicts
@@ -272,7 +363,7 @@ def rewrite_graph_def(
     add: Mapping[str, Iterable[str] | str] | None = None,
     remove: Mapping[str, Iterable[str] | str] | None = None,
     level: str | None = None,
-    exclude: str | None = None,
+    exclude: str | Sequence[str] | None = None,
     functions: Literal["all", "reachable"] = "all",
     tensorflow_bugs: bool = False,
     use_env: bool = True,
@@ -280,6 +371,7 @@ def rewrite_graph_def(
     planner: Literal["greedy", "optimal", "min-casts"] | None = None,
     variable_shapes: Mapping[str, Sequence[int | None] | None] | None = None,
     compiled: bool = False,
+    keep_float32: Collection[str] | None = None,
 ) -> RewriteResult:
     """Rewrite a GraphDef (and its function library) to mixed precision.
 
@@ -307,7 +399,17 @@ def rewrite_graph_def(
     level
         ``DEFAULT``, ``TENSOR_CORES_ONLY``, ``TREAT_INFER_AS_DENY`` or ``UNSAFE_FORCE_ALL``.
     exclude
-        A regular expression; matching node names keep float32 (preserved).
+        A regular expression, or a list of them; the nodes they match keep float32
+        (preserved), in the main graph and in every function.  A pattern matches a node when
+        it matches (:func:`re.fullmatch`, anchored) its whole name or one ``/``-separated
+        component of it, such as a Keras layer name: ``"conv2d_1"`` excludes
+        ``model/conv2d_1/Conv2D`` but not ``model/conv2d_10/Conv2D`` (see
+        :mod:`amp_rewrite.exclude`).  Each excluded node's reason names its pattern, and the
+        report's ``excluded`` maps each pattern to the number of nodes it matched.
+    keep_float32
+        Node names (exact) kept float32 like excluded nodes, in the main graph and every
+        function; :func:`~amp_rewrite.saved_model.rewrite_model` passes what the selected
+        signatures do not run.
     functions
         ``"all"`` rewrites every function of the library (a SavedModel's signatures may call
         functions the GraphDef itself does not); ``"reachable"`` only those the graph calls,
@@ -351,6 +453,7 @@ def rewrite_graph_def(
             fetches=fetches, add=add, remove=remove, level=level, exclude=exclude,
             functions=functions, tensorflow_bugs=tensorflow_bugs, use_env=use_env, registry=registry,
             planner=planner, variable_shapes=variable_shapes, compiled=compiled,
+            keep_float32=keep_float32,
         )
 
 
@@ -365,7 +468,7 @@ def _rewrite_graph_def(
     add: Mapping[str, Iterable[str] | str] | None,
     remove: Mapping[str, Iterable[str] | str] | None,
     level: str | None,
-    exclude: str | None,
+    exclude: str | Sequence[str] | None,
     functions: str,
     tensorflow_bugs: bool,
     use_env: bool,
@@ -373,9 +476,17 @@ def _rewrite_graph_def(
     planner: str | None = None,
     variable_shapes: Mapping[str, Sequence[int | None] | None] | None = None,
     compiled: bool = False,
+    keep_float32: Collection[str] | None = None,
 ) -> RewriteResult:
     if not isinstance(compiled, bool):
         raise AmpRewriteError(f"compiled must be True or False, not {compiled!r}")
+    check_bool("tensorflow_bugs", tensorflow_bugs)
+    check_bool("use_env", use_env)
+    check_str("functions", functions, what="'all' or 'reachable'")
+    check_optional_str("planner", planner, what="'greedy', 'optimal', 'min-casts' or None")
+    fetches = check_names("fetches", fetches)
+    if registry is not None and not (hasattr(registry, "op") and hasattr(registry, "kernels")):
+        raise AmpRewriteError(f"registry must be an OpRegistry, not {type(registry).__name__}")
     if isinstance(graph_def, (bytes, bytearray)):
         graph_def = parse_graph_def(bytes(graph_def))
     elif not hasattr(graph_def, "node") or not hasattr(graph_def, "library"):
@@ -383,16 +494,17 @@ def _rewrite_graph_def(
     registry = registry or default_registry()
     t_lists = time.perf_counter()
     tgt = resolve_target(target)
+    if use_env and ignore_performance_from_environ(os.environ) and not tgt.ignore_performance:
+        tgt = dataclasses.replace(tgt, ignore_performance=True,
+                                  description=f"{tgt.description} (ignoring performance)")
     precision, precision_reason = resolve_precision(precision, tgt)
     op_lists, lvl = resolve_lists(
         lists, target=tgt, precision=precision, lists_file=lists_file, add=add, remove=remove,
         level=level, environ=os.environ if use_env else {},
     )
-    try:
-        exclude_re = re.compile(exclude) if exclude else None
-    except (re.error, OverflowError, RecursionError) as exc:
-        # OverflowError: a repeat count beyond the engine's limit (``x{99999999999}``).
-        raise AmpRewriteError(f"bad --exclude regular expression {exclude!r}: {exc}") from None
+    excluder = NameMatcher.compile(exclude)
+    scope_keep = frozenset(keep_float32 or ())
+    excluded_counts = dict.fromkeys((text for text, _ in excluder.patterns), 0)
 
     chosen_planner = planner if planner is not None else op_lists.planner
     if chosen_planner not in PLANNERS:
@@ -433,10 +545,12 @@ def _rewrite_graph_def(
             if name not in g:
                 raise InvalidGraphError(f"fetch {f!r} names a node that does not exist", node=name)
             preserve.add(name)
-    if exclude_re is not None:
-        preserve |= {n for n in g.nodes if exclude_re.search(n)}
+    preserve |= scope_keep & set(g.nodes)
+    excluded = _excluded(g.nodes, excluder, preserve, excluded_counts)
+    preserve |= excluded.keys()
 
     options = DecideOptions(force_all=lvl == "UNSAFE_FORCE_ALL", preserve=frozenset(preserve),
+                            preserve_reasons=excluded,
                             tensorflow_bugs=tensorflow_bugs, planner=chosen_planner,  # type: ignore[arg-type]
                             normalization_aware=optimal, compiled=compiled,
                             # Statistics stay float32 in every profile but TensorFlow's own
@@ -459,9 +573,10 @@ def _rewrite_graph_def(
             _check_cycles(fg, f"function {fname}")
             keep = {n for n, d in fg.nodes(data=True) if d["synthetic"] == "retval"}
             keep |= {n for n in fg.graph["keep"] if n in fg}
-            if exclude_re is not None:
-                keep |= {n for n in fg.nodes if exclude_re.search(n)}
-            f_options = dataclasses.replace(options, preserve=frozenset(keep))
+            keep |= scope_keep & set(fg.nodes)
+            f_excluded = _excluded(fg.nodes, excluder, keep, excluded_counts)
+            keep |= f_excluded.keys()
+            f_options = dataclasses.replace(options, preserve=frozenset(keep), preserve_reasons=f_excluded)
             t1 = clock()
             plan = decide(fg, op_lists, tgt, precision, registry, f_options)
             t2 = clock()
@@ -485,6 +600,8 @@ def _rewrite_graph_def(
         skipped_functions=skipped_functions,
     )
     report["precision_reason"] = precision_reason
+    if excluder:
+        report["excluded"] = excluded_counts
     # Free the IR now, by reference counting.  networkx graphs cache their views (g.nodes,
     # g.succ...), which point back at the graph: left alone, the IR would be a reference
     # cycle of hundreds of thousands of objects that the cyclic collector has to walk (and
@@ -502,4 +619,5 @@ def _rewrite_graph_def(
             precision, report["casts_to_high"], tgt.description, op_lists.profile, precision,
             precision_reason,
         )
-    return RewriteResult(out, report, plans, timings)
+    converted = {name: frozenset(n for n, _ in s.converted) for name, s in stats.items()}
+    return RewriteResult(out, report, plans, timings, converted)

@@ -5,12 +5,17 @@ Subcommands, each a call into one typed library function:
 * ``rewrite INPUT OUTPUT``: :func:`amp_rewrite.saved_model.rewrite_saved_model` (SavedModel
   directory, ``.meta`` MetaGraphDef, or ``.pb``/``.pbtxt`` frozen GraphDef);
 * ``explain INPUT NODE``: :func:`amp_rewrite.saved_model.rewrite_model` in memory, then
-  :func:`amp_rewrite.explain.explain_node`;
+  :func:`amp_rewrite.explain.explain_query` (NODE: a name, op type, layer name or substring);
+* ``nodes INPUT REGEX...``: :func:`amp_rewrite.exclude.matching_nodes`, a preview of what
+  ``--exclude REGEX`` keeps float32;
 * ``lists``: :func:`amp_rewrite.api.resolve_lists`, printed;
-* ``demo``: :func:`amp_rewrite.demo.run_demo`.
+* ``demo``: :func:`amp_rewrite.demo.run_demo`;
+* ``run SCRIPT.py ARGS...``: :func:`amp_rewrite.training.launcher.main_run`, an unmodified
+  training script trained rewritten (it reads ``TF_ENABLE_AUTO_MIXED_PRECISION``).
 
 Known errors (:class:`~amp_rewrite.errors.AmpRewriteError`, and OS errors on paths) print
-one line on stderr and exit with status 1; Ctrl-C exits with 130 and SIGTERM with 143, after
+one line on stderr and exit with status 1; ``rewrite --fail-if-unchanged`` exits with 3
+(:data:`EXIT_UNCHANGED`) when nothing was converted; Ctrl-C exits with 130 and SIGTERM with 143, after
 the library has removed its temporaries.  A progress line is drawn on stderr only when it is
 a terminal.
 TensorFlow's own ``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_*`` variables are honoured (they
@@ -36,6 +41,8 @@ __all__ = ["build_parser", "main"]
 log = logging.getLogger(__name__)
 
 _CATEGORIES = ("allow", "infer", "deny", "clear")
+#: ``rewrite --fail-if-unchanged``: the exit status when nothing was converted.
+EXIT_UNCHANGED = 3
 
 
 def _precision(text: str) -> str:
@@ -48,6 +55,28 @@ def _precision(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _tf_version(text: str) -> str:
+    """``--tf-version``: a TensorFlow release, ``major.minor`` (``2.16``) or a full version."""
+    from .lists import tf_major_minor
+
+    try:
+        return tf_major_minor(text)
+    except AmpRewriteError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _lists_version(args: argparse.Namespace) -> contextlib.AbstractContextManager[None]:
+    """The ``--tf-version`` override for the whole command, or nothing.  The API (which loads
+    TensorFlow's protos) is imported only when the option is given, so a missing INPUT is
+    still reported before TensorFlow starts."""
+    version = getattr(args, "tf_version", None)
+    if version is None:
+        return contextlib.nullcontext()
+    from .api import tensorflow_lists_version
+
+    return tensorflow_lists_version(version)
+
+
 def _add_list_options(p: argparse.ArgumentParser, *, precision_default: str = "auto") -> None:
     p.add_argument("--target", default="auto",
                    help="auto (this machine), cpu, or gpu:X.Y[,X.Y...] (default: auto)")
@@ -58,6 +87,9 @@ def _add_list_options(p: argparse.ArgumentParser, *, precision_default: str = "a
                         f"(default: {precision_default})")
     p.add_argument("--lists", default="default", help="default, optimal, tensorflow, or a list FILE (.toml)")
     p.add_argument("--lists-file", help="a list file layered on top of --lists")
+    p.add_argument("--tf-version", type=_tf_version, metavar="X.Y",
+                   help="use TensorFlow X.Y's op lists (2.16 to 2.21) instead of the installed "
+                        "TensorFlow's, e.g. to plan for another machine")
     p.add_argument("--planner", choices=("greedy", "optimal", "min-casts"),
                    help="greedy (TensorFlow's passes), optimal (cost-aware min cut, "
                         "normalization-aware) or min-casts (every allow op converts, Cast bytes "
@@ -72,12 +104,16 @@ def _add_list_options(p: argparse.ArgumentParser, *, precision_default: str = "a
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     _add_list_options(p)
-    p.add_argument("--exclude", metavar="REGEX", help="keep nodes whose name matches in float32")
+    p.add_argument("--exclude", metavar="REGEX", action="append", default=None,
+                   help="keep the nodes REGEX matches float32 (repeatable: the union of all).  It "
+                        "must match a node's whole name, or one '/'-separated part of it such as a "
+                        "Keras layer name (re.fullmatch): 'conv2d_1' matches 'model/conv2d_1/Conv2D' "
+                        "but not 'model/conv2d_10/Conv2D'.  Preview with: amp-rewrite nodes INPUT REGEX")
     p.add_argument("--fetch", action="append", default=None, metavar="NODE",
                    help="main-graph node to preserve exactly (repeatable)")
-    p.add_argument("--tags", metavar="TAG[,TAG]",
+    p.add_argument("--tags", "--tag_set", metavar="TAG[,TAG]",
                    help="rewrite only the meta graph with exactly these tags (default: all)")
-    p.add_argument("--signature", action="append", default=None, metavar="KEY",
+    p.add_argument("--signature", "--signature_def", action="append", default=None, metavar="KEY",
                    help="rewrite only what this signature runs (repeatable; default: everything)")
     p.add_argument("--keep-io-types", action=argparse.BooleanOptionalAction, default=True,
                    help="keep the dtypes of every signature input and output (default: on)")
@@ -114,9 +150,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="rewrite a SavedModel directory, a .meta MetaGraphDef or a .pb/.pbtxt GraphDef",
         description="Rewrite INPUT to mixed precision and write OUTPUT in the same form.",
     )
-    rw.add_argument("input", metavar="INPUT")
-    rw.add_argument("output", metavar="OUTPUT")
+    # Both optional for argparse: INPUT may come as --dir (saved_model_cli's name), and
+    # OUTPUT is not needed with --dry-run; _check_positionals says what is missing.
+    rw.add_argument("input", metavar="INPUT", nargs="?")
+    rw.add_argument("output", metavar="OUTPUT", nargs="?")
+    rw.add_argument("--dir", dest="dir", metavar="INPUT", help="INPUT, as saved_model_cli names it")
     _add_model_options(rw)
+    rw.add_argument("--dry-run", action="store_true",
+                    help="decide and print the summary and the per-signature table; write nothing "
+                         "(OUTPUT may be left out; --report, --graph, --dump-dir and --tensorboard "
+                         "cannot go with it)")
+    rw.add_argument("--fail-if-unchanged", action="store_true",
+                    help=f"exit with status {EXIT_UNCHANGED} when nothing was converted, after printing "
+                         "why (OUTPUT, an unchanged copy, is still written unless --dry-run)")
     rw.add_argument("--report", metavar="FILE.json", help="write the decision report as JSON")
     rw.add_argument("--dump-dir", metavar="DIR",
                     help="write the graph before and after as text protos (like TensorFlow's LOG_PATH)")
@@ -161,13 +207,41 @@ def build_parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("explain", parents=[common],
                         help="say why NODE got its colour and dtype",
                         description="Rewrite INPUT in memory (nothing is written) and explain NODE.")
-    ex.add_argument("input", metavar="INPUT")
-    ex.add_argument("node", metavar="NODE")
+    ex.add_argument("input", metavar="INPUT", nargs="?")
+    ex.add_argument("node", metavar="NODE", nargs="?",
+                    help="a node name, an op type (Conv2D), a Keras layer name (a '/'-separated part "
+                         "of node names) or a substring of node names, tried in that order")
+    ex.add_argument("--dir", dest="dir", metavar="INPUT", help="INPUT, as saved_model_cli names it")
+    ex.add_argument("--op", metavar="OPTYPE", help="explain the nodes of this op type (with NODE: only those)")
+    ex.add_argument("--limit", type=int, default=10, metavar="N",
+                    help="explain at most N of the nodes matched, computations first (default: 10; 0: all)")
     ex.add_argument("--function", metavar="NAME", help="look for NODE only in this library function")
     _add_model_options(ex)
 
+    nd = sub.add_parser("nodes", parents=[common],
+                        help="preview which nodes --exclude REGEX patterns match, with op types",
+                        description="List the nodes of INPUT (main graph and functions) that each "
+                                    "REGEX matches, as --exclude would: the whole node name or one "
+                                    "'/'-separated part of it, with re.fullmatch.  Nothing is rewritten.")
+    nd.add_argument("input", metavar="INPUT", nargs="?")
+    nd.add_argument("patterns", metavar="REGEX", nargs="*")
+    nd.add_argument("--dir", dest="dir", metavar="INPUT", help="INPUT, as saved_model_cli names it")
+
     ls = sub.add_parser("lists", parents=[common], help="print the effective op lists after all overrides")
     _add_list_options(ls)
+
+    # amp_rewrite.training.launcher: an unmodified training script, trained rewritten.
+    run = sub.add_parser(
+        "run", help="run a training script with the rewrite on (Keras compile, TF1 sessions)",
+        description="Run SCRIPT.py as __main__ with sys.argv = [SCRIPT.py, ARGS...], its Keras "
+                    "optimizers and TF1 sessions/optimizers patched to train rewritten with loss "
+                    "scaling; one summary line per rewritten function. "
+                    "TF_ENABLE_AUTO_MIXED_PRECISION=0 runs it unchanged.")
+    run.add_argument("--target", default="auto", help="auto (default: this machine), cpu, or gpu:X.Y")
+    run.add_argument("--precision", default="auto",
+                     help="auto (default), float16 or bfloat16 (any usual spelling)")
+    run.add_argument("script", metavar="SCRIPT.py")
+    run.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments")
     return parser
 
 
@@ -273,6 +347,7 @@ def _cmd_rewrite_training(args: argparse.Namespace) -> int:
 
     if not args.input.endswith(".meta"):
         raise AmpRewriteError("--loss-scale needs a TF1 training MetaGraphDef (a .meta file) as INPUT")
+    _check_model_options(args)  # before any output path is looked at
     check_output(args.input, args.output, overwrite=args.overwrite)
     check_writable(args.output)
     outputs = [(os.path.abspath(args.output), "OUTPUT", False)]
@@ -306,11 +381,53 @@ def _cmd_rewrite_training(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_model_options(args: argparse.Namespace) -> None:
+    """:func:`amp_rewrite.saved_model.check_options` for the parsed options."""
+    from .saved_model import check_options
+
+    options = _model_options(args)
+    check_options(args.input, **{k: options[k] for k in (
+        "target", "precision", "lists", "lists_file", "add", "remove", "level", "exclude", "planner")})
+
+
+def _check_dry_run(args: argparse.Namespace, autotune: Any) -> None:
+    """``--dry-run`` writes nothing: refuse the options that only say what to write, and
+    those that need a run of their own."""
+    for flag, value in (("--report", args.report), ("--graph", args.graph), ("--dump-dir", args.dump_dir),
+                        ("--tensorboard", args.tensorboard)):
+        if value is not None:
+            raise AmpRewriteError(f"--dry-run writes nothing; {flag} cannot go with it")
+    if autotune is not None:
+        raise AmpRewriteError("--dry-run cannot go with --autotune, which times the models it would write")
+
+
+def _nothing_converted(report: dict[str, Any]) -> str | None:
+    """Why ``report`` converted nothing (its ``skipped``), or ``None`` if it converted nodes."""
+    if report.get("skipped"):
+        return str(report["skipped"])
+    return None if report.get("converted_nodes") else "no node was converted"
+
+
+def _dry_run(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
+    """``rewrite --dry-run``: the rewrite in memory, its report; nothing is written."""
+    from .saved_model import load_model, rewrite_model
+
+    model = load_model(args.input)
+    if args.xla and model.format != "saved_model":
+        raise AmpRewriteError(f"--xla marks a TF2 SavedModel's functions for XLA; INPUT is a "
+                              f"{model.format.replace('_', ' ')}, which has none")
+    return rewrite_model(model, progress=progress, compiled=args.xla, **_model_options(args)).report
+
+
 def _cmd_rewrite(args: argparse.Namespace, progress: Any) -> int:
-    from .saved_model import rewrite_saved_model, summary_line
+    from .saved_model import rewrite_saved_model, summary_line, summary_table
 
     autotune = _autotune_options(args)
+    if args.dry_run:
+        _check_dry_run(args, autotune)
     if args.loss_scale is not None:
+        if args.dry_run or args.fail_if_unchanged:
+            raise AmpRewriteError("--dry-run and --fail-if-unchanged cannot go with --loss-scale")
         if autotune is not None:
             raise AmpRewriteError("--autotune times models for inference; it cannot go with --loss-scale")
         if args.xla:
@@ -319,36 +436,61 @@ def _cmd_rewrite(args: argparse.Namespace, progress: Any) -> int:
         progress.close()
         return _cmd_rewrite_training(args)
 
-    report = rewrite_saved_model(
-        args.input, args.output, overwrite=args.overwrite, report_file=args.report,
-        dump_dir=args.dump_dir, graph_file=args.graph, tensorboard_dir=args.tensorboard,
-        progress=progress, autotune=autotune, xla=args.xla, **_model_options(args),
-    )
+    if args.dry_run:
+        report = _dry_run(args, progress)
+    else:
+        report = rewrite_saved_model(
+            args.input, args.output, overwrite=args.overwrite, report_file=args.report,
+            dump_dir=args.dump_dir, graph_file=args.graph, tensorboard_dir=args.tensorboard,
+            progress=progress, autotune=autotune, xla=args.xla, **_model_options(args),
+        )
     progress.close()
+    for pattern, count in report.get("excluded", {}).items():
+        if not count:
+            log.warning("--exclude %r matches no node (see: amp-rewrite nodes INPUT REGEX)", pattern)
     if not args.quiet:
         print(terminal_safe(f"{summary_line(report)}{_hint(report, args.target)}"))
-        extras = (("report", args.report), ("graph", args.graph), ("dumps in", args.dump_dir),
-                  ("TensorBoard logs in", args.tensorboard))
-        print(terminal_safe(f"wrote {args.output}" + "".join(f", {what} {path}" for what, path in extras if path)))
+        for line in summary_table(report):
+            print(terminal_safe(line))
+        if args.dry_run:
+            print("dry run: nothing written")
+        else:
+            extras = (("report", args.report), ("graph", args.graph), ("dumps in", args.dump_dir),
+                      ("TensorBoard logs in", args.tensorboard))
+            print(terminal_safe(f"wrote {args.output}" + "".join(f", {what} {path}" for what, path in extras if path)))
+    unchanged = _nothing_converted(report)
+    if args.fail_if_unchanged and unchanged is not None:
+        print(terminal_safe(f"amp-rewrite: nothing converted: {unchanged}"), file=sys.stderr)
+        return EXIT_UNCHANGED
     return 0
 
 
 def _cmd_explain(args: argparse.Namespace, progress: Any) -> int:
-    from .explain import explain_node, explain_text
+    from .explain import explain_query, explain_text
     from .saved_model import load_model, rewrite_model
 
+    if args.limit < 0:
+        raise AmpRewriteError(f"--limit must be 0 (all) or more, not {args.limit}")
     model = load_model(args.input)
     rewrite = rewrite_model(model, progress=progress, **_model_options(args))
     progress.close()
     blocks = []
     misses = []
+    query = args.node if args.node is not None else f"--op {args.op}"
     for g in rewrite.graphs:
         try:
-            explanations = explain_node(g.result, args.node, lists=rewrite.lists, function=args.function)
+            explanations, how, count = explain_query(g.result, args.node, op=args.op, lists=rewrite.lists,
+                                                     function=args.function, limit=args.limit or None)
         except AmpRewriteError as exc:
             misses.append(exc)
             continue
         text = explain_text(explanations)
+        if how != "name" or count > len(explanations):
+            # Say what the query matched, so a layer name or op type is not taken for a node.
+            note = f"# {query!r} matches {count} node(s) by {how}"
+            if count > len(explanations):
+                note += f"; the first {len(explanations)}, computations first (--limit 0 shows all)"
+            text = f"{note}\n{text}"
         blocks.append(text if len(rewrite.graphs) == 1 else f"[{g.label}]\n{text}")
     if not blocks:
         raise misses[0]
@@ -356,6 +498,32 @@ def _cmd_explain(args: argparse.Namespace, progress: Any) -> int:
     print(f"# {r['target']}, {r['precision']}, lists {r['lists']}, level {r['level']}")
     # Names come from the model file: escape them, line by line.
     print("\n".join(terminal_safe(line) for line in "\n\n".join(blocks).split("\n")))
+    return 0
+
+
+def _cmd_nodes(args: argparse.Namespace) -> int:
+    """``nodes INPUT REGEX...``: what each pattern would exclude, graph by graph."""
+    from .exclude import NameMatcher, matching_nodes
+    from .saved_model import load_model
+
+    if not args.patterns:
+        raise AmpRewriteError("nodes needs at least one REGEX to match node names with")
+    matchers = [(p, NameMatcher.compile([p])) for p in args.patterns]  # all checked before loading
+    model = load_model(args.input)
+    if model.format == "graph_def":
+        graphs = [("graph", model.message)]
+    else:
+        graphs = [("graph" if model.format == "meta_graph" else
+                   f"meta graph {i} [{','.join(mg.meta_info_def.tags)}]", mg.graph_def)
+                  for i, mg in enumerate(model.meta_graphs)]
+    for pattern, matcher in matchers:
+        for label, graph_def in graphs:
+            hits = matching_nodes(graph_def, matcher)
+            where = f" in {label}" if len(graphs) > 1 else ""
+            print(terminal_safe(f"# {pattern!r} matches {len(hits)} node(s){where}"))
+            for function, node, op, _, how in hits:
+                part = "whole name" if how == "name" else f"part {how!r}"
+                print(terminal_safe(f"  {function or '(main graph)'}  {node}  {op}  [{part}]"))
     return 0
 
 
@@ -396,7 +564,7 @@ def _start_tensorflow_quietly() -> None:
         return
     sys.stderr.flush()
     saved_fd = os.dup(2)
-    started = False
+    started = interrupted = False
     with tempfile.TemporaryFile() as capture:
         os.dup2(capture.fileno(), 2)
         try:
@@ -404,11 +572,14 @@ def _start_tensorflow_quietly() -> None:
 
             tf.config.list_physical_devices("GPU")
             started = True
+        except KeyboardInterrupt:
+            interrupted = True  # the caller says so in one line; the banner is noise then
+            raise
         finally:
             sys.stderr.flush()
             os.dup2(saved_fd, 2)
             os.close(saved_fd)
-            if not started:
+            if not started and not interrupted:
                 capture.seek(0)
                 sys.stderr.write(capture.read().decode("utf-8", "replace"))
 
@@ -439,8 +610,42 @@ def _sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _check_positionals(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Take INPUT from ``--dir`` (saved_model_cli's name for it), where the positionals then
+    shift by one, and report a missing INPUT, OUTPUT (unless ``--dry-run``) or NODE (unless
+    ``--op``) as argparse reports a missing argument (status 2)."""
+    if not hasattr(args, "dir"):
+        return
+    cmd = args.command
+    if args.dir is not None:
+        if cmd == "rewrite":
+            if args.output is not None:
+                parser.error("rewrite: INPUT given twice, as --dir and as an argument")
+            args.output, args.input = args.input, args.dir
+        elif cmd == "explain":
+            if args.node is not None:
+                parser.error("explain: INPUT given twice, as --dir and as an argument")
+            args.node, args.input = args.input, args.dir
+        else:
+            args.patterns = ([args.input] if args.input is not None else []) + list(args.patterns)
+            args.input = args.dir
+    if args.input is None:
+        parser.error(f"{cmd}: the following arguments are required: INPUT (or --dir)")
+    if cmd == "rewrite" and args.output is None and not args.dry_run:
+        parser.error("rewrite: the following arguments are required: OUTPUT (or --dry-run)")
+    if cmd == "explain" and args.node is None and args.op is None:
+        parser.error("explain: the following arguments are required: NODE (or --op)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        # The script owns the process from here: its logging, environment and exit status.
+        from .training.launcher import main_run
+
+        return main_run(args)
+    _check_positionals(parser, args)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_TerminalSafeFormatter("%(levelname)s %(name)s: %(message)s"))
@@ -459,7 +664,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # Ctrl-C while TensorFlow loads: one line, not the import machinery's stack.
                 print("amp-rewrite: interrupted; nothing was written", file=sys.stderr)
                 return 130
-        with _sigterm_raises():
+        # --tf-version (validated by argparse) holds for every rewrite of the command.
+        with _sigterm_raises(), _lists_version(args):
             return _run(args)
     finally:
         root.removeHandler(handler)
@@ -481,6 +687,8 @@ def _run(args: argparse.Namespace) -> int:
             return _cmd_rewrite(args, progress)
         if args.command == "explain":
             return _cmd_explain(args, progress)
+        if args.command == "nodes":
+            return _cmd_nodes(args)
         return _cmd_lists(args)
     except AmpRewriteError as exc:
         progress.close()

@@ -17,7 +17,8 @@ the same order and with the same rules (see ``shared/design/grappler_amp.md``):
 3. *Between allow.*  Clear and infer attributes on a forward path from an allow op to an
    allow op (and eligible) become allow.
 4. *Infer after allow.*  An infer attribute fed directly by an allow one becomes allow,
-   in node order (TensorFlow 2.21 runs this pass in every mode, not only for bfloat16).
+   in node order (TensorFlow 2.20 and later run this pass in every mode; 2.16 to 2.19 only
+   in their bfloat16 mode, see :func:`_infer_after_allow_in_every_mode`).
 5. *Through clear.*  Clear attributes connected, in either direction, to an allow attribute
    through eligible clear attributes become allow.
 6. *Clean-up.*  Allow-list attributes whose type cannot be the target type are removed.
@@ -194,6 +195,10 @@ class DecideOptions:
     force_all: bool = False
     #: Nodes that must keep every dtype (fetches, signature outputs, user exclusions).
     preserve: frozenset[str] = frozenset()
+    #: The reason recorded for a preserved node that is not the generic one: the API puts
+    #: here the ``--exclude`` pattern that excluded each node, so the report can name it.
+    #: Reasons only; never changes what is decided.
+    preserve_reasons: Mapping[str, str] = field(default_factory=dict, hash=False, compare=False)
     #: Reproduce TensorFlow 2.21's known bugs (KNOWN_DIFFERENCES.md) for exact parity,
     #: even where its output cannot run.
     tensorflow_bugs: bool = False
@@ -255,10 +260,27 @@ class Plan:
         return path
 
 
+#: The first TensorFlow release whose pass runs "infer after allow" (pass 4) in every mode.
+#: Found by running each release's own pass (2.16 to 2.21) on MatMul -> Tanh: 2.16 to 2.19
+#: convert the Tanh in their bfloat16 mode only, 2.20 and 2.21 in float16 (CUDA) mode too.
+_INFER_AFTER_ALLOW_EVERY_MODE_SINCE = (2, 20)
+
+
+def _infer_after_allow_in_every_mode(tf_version: str | None) -> bool:
+    """Whether TensorFlow ``tf_version`` (``"2.16"``; ``None``: the newest) runs pass 4 in
+    every mode rather than only in its bfloat16 mode."""
+    if tf_version is None:
+        return True
+    major, minor = (int(part) for part in tf_version.split(".")[:2])
+    return (major, minor) >= _INFER_AFTER_ALLOW_EVERY_MODE_SINCE
+
+
 class _Lists:
     """Fast membership tests on the effective lists (any object with four frozensets)."""
 
     def __init__(self, lists: object) -> None:
+        # The release the lists are for (OpLists.tf_version) decides how its pass behaves.
+        self.tf_version: str | None = getattr(lists, "tf_version", None)
         self.allow = frozenset(getattr(lists, "allow"))
         self.infer = frozenset(getattr(lists, "infer"))
         self.deny = frozenset(getattr(lists, "deny"))
@@ -662,8 +684,23 @@ class _Painter:
         op = self._ops_l[self._index[name]]
         if op in ("Const", "SoftmaxCrossEntropyWithLogits"):
             return False
+        if self.g.nodes[name].get("funcs") or op in self.g.graph.get("signatures", {}):
+            # A call's Tin/Tout must match the callee's signature, which stays float32: forcing
+            # them gives a graph that does not run ("Expects arg[0] to be float but half").
+            return False
         sig = self.registry.op(op)
         return sig is not None and not sig.is_stateful and not sig.has_ref_args()
+
+    def is_boundary_cast(self, name: str) -> bool:
+        """Whether ``name`` is a Cast between float32 and the target low type (in either
+        direction): a precision boundary, such as the Casts a previous rewrite inserted.
+        Forcing its float32 side to low precision (UNSAFE_FORCE_ALL) would turn it into a
+        Cast from low to low and need a new Cast beside it, so a second rewrite would add
+        Casts to the first one's output (known difference KD-5)."""
+        if self._ops_l[self._index[name]] != "Cast":
+            return False
+        types = {self.tg.attr[v].attr: self.v_dtype[v] for v in self.tg.by_node.get(name, ())}
+        return {types.get("SrcT"), types.get("DstT")} == {dt.FLOAT, self.low}
 
     # ------------------------------------------------------------------ TensorList helpers
 
@@ -827,6 +864,9 @@ class _Painter:
                 roots.append(v)
                 allow.add(v)
                 reason[v] = op_reason(v, "{} is on the allow list")
+            elif force_all and not bugs and self.is_boundary_cast(node_of[v]):
+                reason[v] = (f"[KD-5] a Cast between float32 and {dt.name(self.low)} is a "
+                             "precision boundary: UNSAFE_FORCE_ALL does not force it")
             elif force_all and self.can_force(node_of[v]) and (bugs or supports(v)):
                 # Known difference KD-4: TensorFlow also paints attributes the op cannot take in
                 # low precision (SparseMatMul's fixed float output, its float/bfloat16-only Ta),
@@ -913,8 +953,10 @@ class _Painter:
                         stack.append(y)
 
         # Pass 4: infer ops fed directly by allow, in node order.  The design notes say this
-        # pass is bfloat16-only; TensorFlow 2.21 runs it in every mode (seen in its logs).
-        for v in range(n):
+        # pass is bfloat16-only; TensorFlow 2.20 and later run it in every mode (seen in their
+        # logs and outputs), older releases only in their bfloat16 mode.
+        pass4 = self.precision == "bfloat16" or _infer_after_allow_in_every_mode(self.lists.tf_version)
+        for v in range(n if pass4 else 0):
             if not (proc[v] and v not in deny and v not in allow and cat[v] == "infer"
                     and v_dtype[v] == FLOAT and supports_dtype(v)):
                 continue
@@ -1155,6 +1197,7 @@ class _Painter:
         normalized = self.normalized
         kernel_missing = self.kernel_missing
         preserve = self.options.preserve
+        preserve_reasons = self.options.preserve_reasons
         low = self.low
         precision = self.precision
         text = self._text
@@ -1194,7 +1237,7 @@ class _Painter:
                     reason = text("op {} is not in the op registry", op)
                 elif not proc_l[i]:
                     if name in preserve:
-                        reason = "preserved (fetched or excluded): keeps its dtypes"
+                        reason = preserve_reasons.get(name) or "preserved (fetched or excluded): keeps its dtypes"
                     else:
                         device = self._device_l[i] or "(default device)"
                         reason = text("device {} is not eligible for " + precision, device)

@@ -15,18 +15,21 @@ from __future__ import annotations
 
 import difflib
 import logging
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from . import dtypes as dt
 from .errors import AmpRewriteError
+from .exclude import NameMatcher, _unsuffixed, keras_scoped
 
 if TYPE_CHECKING:  # pragma: no cover
     from .api import RewriteResult
     from .decide import Plan
     from .lists import OpLists
 
-__all__ = ["AttrExplanation", "Explanation", "decided_by", "explain_node", "explain_text", "find_node"]
+__all__ = ["AttrExplanation", "Explanation", "decided_by", "explain_node", "explain_query", "explain_text",
+           "find_node", "find_nodes"]
 
 log = logging.getLogger(__name__)
 
@@ -233,3 +236,128 @@ def explain_text(explanations: Sequence[Explanation]) -> str:
     """All explanations, separated by blank lines."""
     return "\n\n".join(e.format() for e in explanations)
 
+
+
+#: Ops that only hold, move or reshape data: a query that matches many nodes shows the others
+#: (the ones a rewrite converts or keeps float32 for a reason) first.
+_PLUMBING_OPS = frozenset({
+    "Const", "Identity", "IdentityN", "NoOp", "Placeholder", "PlaceholderWithDefault", "_Arg", "_Retval",
+    "VarHandleOp", "ReadVariableOp", "AssignVariableOp", "VariableV2", "Variable", "Assign",
+    "StatefulPartitionedCall", "PartitionedCall", "Shape", "ShapeN", "Reshape", "Squeeze", "ExpandDims",
+    "StridedSlice", "Pack", "Unpack", "StopGradient", "SaveV2", "RestoreV2", "MergeV2Checkpoints",
+    "StringJoin", "ShardedFilename", "Fill", "Range",
+})
+
+
+def _rank(op: str, lists: "OpLists | None") -> int:
+    """Sort key of a node's op for suggestions and multiple matches: allow-list ops first
+    (what a rewrite converts), then deny and infer ops, then other computations, then
+    clear-list ops, and data plumbing (variables, constants, identities) last."""
+    category = lists.category_of(op) if lists is not None else None
+    if category == "allow":
+        return 0
+    if category in ("deny", "infer"):
+        return 1
+    if op in _PLUMBING_OPS:
+        return 4
+    return 3 if category == "clear" else 2
+
+
+def find_nodes(
+    result: "RewriteResult", query: str | None = None, *, op: str | None = None,
+    function: str | None = None, lists: "OpLists | None" = None,
+) -> tuple[list[tuple[str, str]], str]:
+    """The ``(graph, node)`` pairs a query names, best first, and how it matched.
+
+    ``query`` is tried as, in order: an exact node name; an op type (``Conv2D``, any case);
+    a ``/``-separated component of node names, such as a Keras layer name (``conv2d_1``
+    names the nodes of that layer, not those of ``conv2d_10``); and a substring of node names
+    (any case).  ``op`` keeps only nodes of that op type (alone, it names them all).  Matches
+    are ordered with computations before data plumbing (:func:`_rank`), then in graph order.
+    ``how`` is ``"name"``, ``"op type"``, ``"path component"`` or ``"substring"``.
+
+    Raises :class:`AmpRewriteError` when nothing matches, suggesting the closest node names
+    and op types, computations first (``conv2d`` suggests the convolution, not its kernel
+    variable).  Pure.
+    """
+    if query is None and op is None:
+        raise AmpRewriteError("name a node (a name, op type, layer name or substring) or an op type")
+    ops = _node_ops(result.graph_def)
+    if function is not None and function not in ops:
+        close = difflib.get_close_matches(function, [f for f in ops if f], n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise AmpRewriteError(f"no function {function!r} in the graph's library{hint}")
+    graphs = [g for g in ops if function is None or g == function]
+    all_ops = {o for g in graphs for o in ops[g].values()}
+    if op is not None and op not in all_ops:
+        folded = {o.lower(): o for o in all_ops}
+        if op.lower() in folded:
+            op = folded[op.lower()]
+        else:
+            close = sorted(difflib.get_close_matches(op, sorted(all_ops), n=3, cutoff=0.5),
+                           key=lambda o: _rank(o, lists))
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise AmpRewriteError(f"no node of op type {op!r} in the graph or its functions{hint}")
+    nodes = [(g, n) for g in graphs for n, node_op in ops[g].items() if op is None or node_op == op]
+    keras3 = {g: keras_scoped(ops[g]) for g in graphs}
+    how = "op type"
+    hits = nodes
+    if query is not None:
+        lowered = query.lower()
+        # A layer name is matched as --exclude matches it (Keras 3 scope suffixes included).
+        layer = NameMatcher.compile([re.escape(query)])
+        tests: tuple[tuple[str, Any], ...] = (
+            ("name", lambda g, n: n == query),
+            ("op type", lambda g, n: ops[g][n].lower() == lowered),
+            ("path component", lambda g, n: "/" in n and layer.match(n, keras3[g]) is not None),
+            ("substring", lambda g, n: lowered in n.lower()),
+        )
+        for how, test in tests:
+            hits = [(g, n) for g, n in nodes if test(g, n)]
+            if hits:
+                break
+    if hits:
+        order = {pair: i for i, pair in enumerate(hits)}
+        hits.sort(key=lambda pair: (_rank(ops[pair[0]][pair[1]], lists), order[pair]))
+        return hits, how
+    # A miss: what the user could type instead -- node names, layer names (path components,
+    # without a Keras 3 scope suffix) and op types -- closest first and, among equally close
+    # ones, those of computations before those of variables and constants.
+    best: dict[str, int] = {}  # candidate -> best rank of a node it names
+    for g, n in nodes:
+        rank = _rank(ops[g][n], lists)
+        parts = n.split("/")
+        candidates = {n, *parts, *(_unsuffixed(p) for p in parts)} if keras3[g] else {n, *parts}
+        for c in candidates:
+            if rank < best.get(c, 99):
+                best[c] = rank
+    text = query if query is not None else ""
+    matcher = difflib.SequenceMatcher(b=text)
+    scored = []
+    for c, rank in best.items():
+        matcher.set_seq1(c)
+        if matcher.real_quick_ratio() >= 0.5 and matcher.quick_ratio() >= 0.5:
+            ratio = matcher.ratio()
+            if ratio >= 0.5:
+                scored.append((-round(ratio, 1), rank, c))
+    scored.sort()
+    suggestions = [c for _, _, c in scored[:3]]
+    close_ops = difflib.get_close_matches(text, sorted({ops[g][n] for g, n in nodes}), n=1, cutoff=0.6)
+    suggestions += [f"--op {o}" for o in close_ops if o not in suggestions]
+    hint = f"; did you mean {', '.join(suggestions)}?" if suggestions else ""
+    where = f"function {function!r}" if function else "the graph or its functions"
+    kind = f" of op type {op!r}" if op is not None else ""
+    raise AmpRewriteError(f"no node {query!r}{kind} in {where}{hint}")
+
+
+def explain_query(
+    result: "RewriteResult", query: str | None = None, *, op: str | None = None,
+    lists: "OpLists | None" = None, function: str | None = None, limit: int | None = 10,
+) -> tuple[list[Explanation], str, int]:
+    """Explain the nodes :func:`find_nodes` finds for ``query``/``op``, at most ``limit``
+    of them (``None``: all): ``(explanations, how it matched, how many matched)``.  Raises
+    :class:`AmpRewriteError` like :func:`find_nodes`.  Pure."""
+    hits, how = find_nodes(result, query, op=op, function=function, lists=lists)
+    ops = _node_ops(result.graph_def)
+    shown = hits if limit is None else hits[:limit]
+    return [_explain_in(result, g, n, ops[g][n], lists) for g, n in shown], how, len(hits)

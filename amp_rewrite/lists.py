@@ -10,7 +10,8 @@ The rewrite sorts ops into four lists (TensorFlow's names):
 The lists are data, kept in TOML *profiles*.  Two are shipped (``lists/`` in the repository,
 installed as the package ``amp_rewrite._lists``):
 
-* ``tensorflow`` -- TensorFlow 2.21.0's lists, exactly (tested against TF's own dump);
+* ``tensorflow`` -- TensorFlow's lists, exactly (tested against TF's own dump): 2.21's tables
+  and per-release deltas for 2.16 to 2.20 (see "TensorFlow versions" below);
 * ``default`` -- ``tensorflow`` plus softmax, arithmetic reductions and cross-entropy losses
   kept in float32.
 
@@ -40,6 +41,15 @@ Profile schema (version 1)
     [float16.remove]                   # only in a file that has a parent:
     Softmax = "reason"                 # drop the op from every list of the parent
 
+    tf_version = "2.21"                # optional: the TensorFlow release (major.minor) whose
+                                       # lists the tables above are; required by [versions]
+    [versions."2.16"]                  # how an older release's lists differ from those tables
+    note = "..."                       # optional string; an empty table: "same lists"
+    [versions."2.16".float16.infer]    # same entry syntax; an entry moves the op, as a child
+    Foo = "reason"                     # profile's does
+    [versions."2.16".float16.remove]   # drop an op of this file's own tables
+    Bar = "reason"
+
 An op may appear in at most one list per precision within one file.  Backends: ``cuda`` are
 GPU targets (TensorFlow's CUDA and CPU-emulation modes, ``use_cuda``), ``onednn`` are CPU
 targets (TensorFlow's oneDNN float16 mode, ``use_onednn``; and the bfloat16 mode).  Versions are
@@ -67,12 +77,25 @@ Layers and override order
 Environment edits (:func:`edits_from_environ`) read TensorFlow's
 ``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_*`` variables and reproduce TensorFlow's order.
 
+TensorFlow versions
+-------------------
+TensorFlow's lists change between releases.  A file with ``tf_version`` holds the lists of that
+release in its tables and, per older release it supports, a ``[versions."X.Y"]`` delta.  Loading
+with ``tf_version="X.Y"`` applies that delta to the file's own tables (entries move the op,
+``remove`` drops it) before any child layer; a versioned file that lacks the requested release
+is an error (:func:`supported_tf_versions` says which releases the chain has).  Loading with
+``tf_version=None`` uses every file's own tables.  Files without ``tf_version`` are the same for
+every release.  Only the entries in effect for the requested release are checked against the
+op registry: an older release's delta may name ops that the installed TensorFlow lacks.
+
 Nothing in this module reads the environment except :func:`edits_from_environ`, and that only
-reads the mapping it is given.
+reads the mapping it is given.  The installed TensorFlow's version is read by the caller (the
+API boundary) and passed in as ``tf_version``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.resources
 import logging
@@ -109,6 +132,8 @@ __all__ = [
     "OpLists",
     "available_profiles",
     "load_lists",
+    "supported_tf_versions",
+    "tf_major_minor",
     "edits_from_environ",
 ]
 
@@ -133,7 +158,14 @@ _PACKAGE = "amp_rewrite._lists"
 _SOURCE_TREE_LISTS = Path(__file__).resolve().parent.parent / "lists"
 
 _SCHEMA_VERSION = 1
-_TOP_KEYS = frozenset({"schema_version", "name", "description", "source", "extends", "planner", *PRECISIONS})
+_TOP_KEYS = frozenset({"schema_version", "name", "description", "source", "extends", "planner",
+                       "tf_version", "versions", *PRECISIONS})
+_VERSION_KEYS = frozenset({"note", *PRECISIONS})
+# A TensorFlow release as the lists are keyed: major.minor ("2.16"); the patch level never
+# changes the op lists.
+_TF_VERSION = re.compile(r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)")
+# What tf.__version__ may look like: "2.16.2", "2.21.0-rc1", "2.22.0-dev20260101", "2.16".
+_TF_VERSION_PREFIX = re.compile(r"\s*(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[-+.a-zA-Z][-+.a-zA-Z0-9]*)?\s*")
 #: Values of the top-level ``planner`` key: TensorFlow's greedy passes, or the cost-aware
 #: minimum cut with normalization-aware safety (``amp_rewrite.optimal``).
 PLANNERS = ("greedy", "optimal", "min-casts")
@@ -221,6 +253,10 @@ class OpLists:
     #: The planner the profile asks for (``"greedy"`` or ``"optimal"``); the last layer of the
     #: ``extends`` chain that sets ``planner`` wins.
     planner: str = "greedy"
+    #: The TensorFlow release (``"2.16"``) the lists were loaded for (versioned files gave
+    #: that release's lists; the painter reproduces that release's pass), or ``None`` when
+    #: loaded without one (each file's own tables; the newest pass).
+    tf_version: str | None = None
 
     def category_of(self, op: str) -> Category | None:
         """The list ``op`` is on, or ``None`` when it is on none (the lists never overlap)."""
@@ -273,6 +309,61 @@ class _Layer:
     entries: dict[str, dict[str, _Entry]]  # precision -> op -> entry
     removes: dict[str, dict[str, str]]  # precision -> op -> reason
     planner: str | None = None
+    tf_version: str | None = None  # the release the tables above are; None: unversioned
+    # Older releases: version -> (entries, removes) relative to the tables above.
+    versions: dict[str, _VersionDelta] = field(default_factory=dict)
+
+    def supported_versions(self) -> list[str]:
+        """The releases this file has lists for, oldest first (empty when unversioned)."""
+        if self.tf_version is None:
+            return []
+        return sorted({self.tf_version, *self.versions}, key=_version_key)
+
+    def for_version(self, tf_version: str | None) -> _Layer:
+        """This layer with the delta of ``tf_version`` applied to its tables.  Pure.
+
+        ``None``, an unversioned layer and the layer's own release return it unchanged; a
+        release the layer has no lists for raises :class:`ListError`.
+        """
+        if tf_version is None or self.tf_version is None or tf_version == self.tf_version:
+            return self
+        delta = self.versions.get(tf_version)
+        if delta is None:
+            raise ListError(
+                f"{self.name} has no op lists for TensorFlow {tf_version}; it has them for "
+                f"{', '.join(self.supported_versions())}. Install a supported TensorFlow, or "
+                "choose the lists of a supported release explicitly (tf_version= / --tf-version).",
+                path=self.location,
+            )
+        entries: dict[str, dict[str, _Entry]] = {}
+        for precision in PRECISIONS:
+            table = {op: e for op, e in self.entries[precision].items() if op not in delta.removes[precision]}
+            table.update(delta.entries[precision])  # keyed by op: an entry moves the op
+            entries[precision] = table
+        return dataclasses.replace(self, entries=entries, versions={}, tf_version=tf_version)
+
+
+@dataclass(frozen=True)
+class _VersionDelta:
+    """How one older TensorFlow release's lists differ from a file's own tables."""
+
+    entries: dict[str, dict[str, _Entry]]  # precision -> op -> entry (added or moved)
+    removes: dict[str, dict[str, str]]  # precision -> op -> reason (dropped)
+
+
+def _version_key(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")
+    return int(major), int(minor)
+
+
+def tf_major_minor(version: str) -> str:
+    """``"2.16"`` for a TensorFlow version string such as ``"2.16.2"``, ``"2.21.0-rc1"`` or
+    ``"2.16"``: the part the op lists are keyed by.  Raises :class:`ListError` for anything
+    that does not start with ``major.minor``."""
+    match = _TF_VERSION_PREFIX.fullmatch(version) if isinstance(version, str) else None
+    if match is None:
+        raise ListError(f"not a TensorFlow version: {version!r}; expected major.minor such as '2.16'")
+    return f"{int(match.group(1))}.{int(match.group(2))}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -428,19 +519,44 @@ def _parse_layer(data: dict[str, Any], label: str, location: str, base_dir: Trav
     if "planner" in data and data["planner"] not in PLANNERS:
         raise ListError(f"'planner' must be one of {', '.join(PLANNERS)}, got {data['planner']!r}",
                         path=location)
+    entries, removes = _parse_tables(data, "", label, location)
+    tf_version = data.get("tf_version")
+    if tf_version is not None and (not isinstance(tf_version, str) or not _TF_VERSION.fullmatch(tf_version)):
+        raise ListError(f"'tf_version' must be a TensorFlow release such as \"2.21\", got {tf_version!r}",
+                        path=location)
+    versions = _parse_versions(data.get("versions"), tf_version, entries, label, location)
+    return _Layer(
+        label=label,
+        name=data.get("name", default_name),
+        location=location,
+        extends=data.get("extends"),
+        base_dir=base_dir,
+        entries=entries,
+        removes=removes,
+        planner=data.get("planner"),
+        tf_version=tf_version,
+        versions=versions,
+    )
+
+
+def _parse_tables(
+    data: Mapping[str, Any], prefix: str, label: str, location: str
+) -> tuple[dict[str, dict[str, _Entry]], dict[str, dict[str, str]]]:
+    """The ``[float16.*]`` and ``[bfloat16.*]`` tables of ``data`` (the top level, or one
+    ``[versions."X.Y"]`` table with ``prefix`` ``versions."X.Y".``): ``(entries, removes)``."""
     entries: dict[str, dict[str, _Entry]] = {p: {} for p in PRECISIONS}
     removes: dict[str, dict[str, str]] = {p: {} for p in PRECISIONS}
     for precision in PRECISIONS:
         section = data.get(precision, {})
         if not isinstance(section, dict):
-            raise ListError(f"[{precision}] must be a table, got {type(section).__name__}", path=location)
-        _check_keys(section, _SECTION_KEYS, f"[{precision}]", location)
+            raise ListError(f"[{prefix}{precision}] must be a table, got {type(section).__name__}", path=location)
+        _check_keys(section, _SECTION_KEYS, f"[{prefix}{precision}]", location)
         for key, table in section.items():
-            where = f"[{precision}.{key}]"
+            where = f"[{prefix}{precision}.{key}]"
             if not isinstance(table, dict):
                 raise ListError(f"{where} must be a table, got {type(table).__name__}", path=location)
             for op, value in table.items():
-                entry_where = f"{precision}.{key}.{op}"
+                entry_where = f"{prefix}{precision}.{key}.{op}"
                 if not _OP_NAME.fullmatch(op):
                     raise ListError(f"{entry_where}: {op!r} is not a valid op name", path=location, op=op)
                 if key == "remove":
@@ -453,7 +569,8 @@ def _parse_layer(data: dict[str, Any], label: str, location: str, base_dir: Trav
                 previous = entries[precision].get(op)
                 if previous is not None:
                     raise ListError(
-                        f"op {op} is on two {precision} lists in one file: {previous.category} and {category}",
+                        f"op {op} is on two {precision} lists in one {'table' if prefix else 'file'}: "
+                        f"{previous.category} and {category}",
                         path=location,
                         op=op,
                     )
@@ -461,18 +578,53 @@ def _parse_layer(data: dict[str, Any], label: str, location: str, base_dir: Trav
         both = sorted(set(removes[precision]) & set(entries[precision]))
         if both:
             raise ListError(
-                f"op(s) both removed and listed in [{precision}]: {', '.join(both)}", path=location
+                f"op(s) both removed and listed in [{prefix}{precision}]: {', '.join(both)}", path=location
             )
-    return _Layer(
-        label=label,
-        name=data.get("name", default_name),
-        location=location,
-        extends=data.get("extends"),
-        base_dir=base_dir,
-        entries=entries,
-        removes=removes,
-        planner=data.get("planner"),
-    )
+    return entries, removes
+
+
+def _parse_versions(
+    value: Any, tf_version: str | None, base: Mapping[str, Mapping[str, _Entry]], label: str, location: str
+) -> dict[str, _VersionDelta]:
+    """The ``[versions."X.Y"]`` tables: per older release, its delta from the file's tables.
+
+    A delta may only remove ops the file's own tables list (anything else is a typo or a
+    stale entry), and may not restate an entry unchanged (it would hide nothing but noise).
+    """
+    if value is None:
+        return {}
+    if tf_version is None:
+        raise ListError("[versions] needs 'tf_version': the release the file's own tables are", path=location)
+    if not isinstance(value, dict):
+        raise ListError(f"'versions' must be a table, got {type(value).__name__}", path=location)
+    deltas: dict[str, _VersionDelta] = {}
+    for version, table in value.items():
+        if not _TF_VERSION.fullmatch(version):
+            raise ListError(f"[versions.{version!r}]: not a TensorFlow release such as \"2.16\"", path=location)
+        if version == tf_version:
+            raise ListError(f"[versions.\"{version}\"] repeats the file's own tf_version", path=location)
+        prefix = f'versions."{version}".'
+        if not isinstance(table, dict):
+            raise ListError(f"[{prefix[:-1]}] must be a table, got {type(table).__name__}", path=location)
+        _check_keys(table, _VERSION_KEYS, f"[{prefix[:-1]}]", location)
+        if "note" in table and (not isinstance(table["note"], str) or not table["note"].strip()):
+            raise ListError(f"{prefix}note must be a non-empty string, got {table['note']!r}", path=location)
+        entries, removes = _parse_tables(table, prefix, label, location)
+        for precision in PRECISIONS:
+            stale = sorted(op for op in removes[precision] if op not in base[precision])
+            if stale:
+                raise ListError(
+                    f"[{prefix}{precision}.remove] names op(s) on no list of this file: {', '.join(stale)}",
+                    path=location,
+                )
+            same = sorted(op for op, entry in entries[precision].items() if base[precision].get(op) == entry)
+            if same:
+                raise ListError(
+                    f"[{prefix}{precision}] restates entries of this file unchanged: {', '.join(same)}",
+                    path=location,
+                )
+        deltas[version] = _VersionDelta(entries, removes)
+    return deltas
 
 
 def _load_chain(ref: str | os.PathLike[str], base_dir: Traversable | None, seen: tuple[str, ...] = ()) -> list[_Layer]:
@@ -562,6 +714,7 @@ def load_lists(
     edits: Sequence[ListEdit] = (),
     level: Level = "DEFAULT",
     is_known_op: Callable[[str], bool] | None = None,
+    tf_version: str | None = None,
 ) -> OpLists:
     """Build the effective op lists for ``context``.
 
@@ -570,14 +723,19 @@ def load_lists(
     override order is the one in the module docstring.  ``is_known_op`` decides which op names
     are valid (default: TensorFlow's op registry, which imports TensorFlow); entries marked
     ``registered = false`` skip it, and edits may also name any op the loaded files name.
+    ``tf_version`` (``"2.16"``, or a full version string such as ``"2.16.2"``) selects that
+    TensorFlow release's lists in versioned files (``None``: each file's own tables); the
+    caller reads it from the installed TensorFlow.
 
     Reads the list files; mutates nothing (the result is a new immutable :class:`OpLists`).
     Raises :class:`ListError` for an unknown profile, a missing or invalid file, an unknown op
-    name, an op left on two lists, or an unknown level.
+    name, an op left on two lists, an unknown level, or a release a versioned file has no
+    lists for.
     """
     if level not in LEVELS:
         raise ListError(f"unknown level {level!r}; accepted values: {', '.join(LEVELS)}")
     known = is_known_op if is_known_op is not None else _tensorflow_knows_op
+    version = tf_major_minor(tf_version) if tf_version is not None else None
 
     if user_file is not None:
         user_source, user_label, user_location = _resolve(user_file, None, path_only=True)
@@ -597,6 +755,9 @@ def load_lists(
         layers = _load_chain(profile, None)
         profile_label = layers[-1].name
 
+    # The requested release's lists, before the registry check: an older release's delta may
+    # name ops the installed TensorFlow lacks, and only the lists in effect must be known.
+    layers = [layer.for_version(version) for layer in layers]
     _check_known_ops(layers, known)
     merged = _merge(layers)[context.precision]
     logger.debug("loaded %s for %s from %s", profile_label, context, [layer.location for layer in layers])
@@ -635,7 +796,20 @@ def load_lists(
         origins=MappingProxyType(origins),
         profile=profile_label,
         planner=next((layer.planner for layer in reversed(layers) if layer.planner), "greedy"),
+        tf_version=version,
     )
+
+
+def supported_tf_versions(profile: str | os.PathLike[str] = "tensorflow") -> list[str]:
+    """The TensorFlow releases (``"2.16"``, ...) ``profile`` has op lists for, oldest first:
+    those every versioned file of its ``extends`` chain has.  Empty when no file of the chain
+    is versioned (its lists are the same for every release).  Reads the files; pure."""
+    supported: set[str] | None = None
+    for layer in _load_chain(profile, None):
+        if layer.tf_version is not None:
+            versions = set(layer.supported_versions())
+            supported = versions if supported is None else supported & versions
+    return sorted(supported or (), key=_version_key)
 
 
 def _apply_edits(

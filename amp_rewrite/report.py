@@ -16,8 +16,13 @@ Layout::
       "placement": {...},          # optimal planner only: estimated cost of float32, greedy
                                    # and optimal colourings, and what the min cut changed
       "normalized": {name: reason},  # normalization-aware apply nodes (optimal planner)
-      "functions": {fname: {"total_nodes", ..., "nodes", "casts"}}
+      "functions": {fname: {"total_nodes", ..., "nodes", "casts"}},
+      "precision_reason": "requested",  # added by rewrite_graph_def
+      "excluded": {pattern: 3}     # only with exclude=: nodes each pattern matched
     }
+
+The full schema, and the model report around it, is ``amp_rewrite/report_schema.json``
+(documented in ``docs/report.md``).
 
 ``color`` is ``allow`` (runs in low precision), ``deny`` (kept float32 by a deny rule),
 ``infer`` / ``clear`` (on that list, left float32), or ``none`` (on no list / not float).

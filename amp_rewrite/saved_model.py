@@ -63,6 +63,10 @@ __all__ = [
     "model_format",
     "dump_files",
     "summary_line",
+    "summary_table",
+    "scope_summaries",
+    "check_options",
+    "check_not_keras",
 ]
 
 log = logging.getLogger(__name__)
@@ -251,6 +255,7 @@ def load_model(path: str | os.PathLike[str]) -> ModelFile:
     p = os.fspath(path)
     if not os.path.exists(p):
         raise GraphFormatError("no such file or directory", path=p)
+    check_not_keras(p)
     if os.path.isdir(p):
         pb, pbtxt = os.path.join(p, SAVED_MODEL_PB), os.path.join(p, SAVED_MODEL_PBTXT)
         # lexists: a saved_model.pb that is no regular file is refused by name in _read.
@@ -479,7 +484,8 @@ def _restrict_to_functions(result: RewriteResult, before: Any, keep: set[str]) -
     if report["skipped"] is None and report["converted_attrs"] == 0:
         report["skipped"] = "nothing to convert in the selected signatures"
     plans = {n: p for n, p in result.plans.items() if n == "" or n in keep}
-    return dataclasses.replace(result, graph_def=gd, report=report, plans=plans)
+    converted = {n: c for n, c in result.converted.items() if n == "" or n in keep}
+    return dataclasses.replace(result, graph_def=gd, report=report, plans=plans, converted=converted)
 
 
 def _output_dtype(result: RewriteResult, tensor: str) -> int | None:
@@ -526,7 +532,7 @@ def rewrite_model(
     add: Mapping[str, Iterable[str] | str] | None = None,
     remove: Mapping[str, Iterable[str] | str] | None = None,
     level: str | None = None,
-    exclude: str | None = None,
+    exclude: str | Sequence[str] | None = None,
     fetches: Sequence[str] | None = None,
     tags: Sequence[str] | None = None,
     signatures: Sequence[str] | None = None,
@@ -594,10 +600,12 @@ def rewrite_model(
             progress.stage(f"rewriting {label}", step, len(indices))
         _check_tensors_exist(meta, model.path)
         preserve = _preserved_nodes(meta, keep_io_types, fetches)
-        graph_exclude, keep_functions = exclude, None
+        scope_keep: set[str] | None = None
+        keep_functions = None
         if signatures:
-            graph_exclude, keep_functions = _signature_scope(meta, signatures, exclude)
-        result = rewrite_graph_def(meta.graph_def, fetches=sorted(preserve), exclude=graph_exclude, **options)
+            keep_functions, scope_keep = _signature_scope(meta, signatures)
+        result = rewrite_graph_def(meta.graph_def, fetches=sorted(preserve), exclude=exclude,
+                                   keep_float32=scope_keep, **options)
         if keep_functions is not None:
             result = _restrict_to_functions(result, meta.graph_def, keep_functions)
         out_meta = metas_out[i]
@@ -628,9 +636,9 @@ def _preserved_nodes(meta: Any, keep_io_types: bool, fetches: Sequence[str] | No
     return preserve & nodes
 
 
-def _signature_scope(meta: Any, signatures: Sequence[str], exclude: str | None) -> tuple[str | None, set[str]]:
-    """What ``signatures`` run: the library functions they reach, and an ``exclude``
-    pattern that keeps the rest of a TF1-style main graph float32."""
+def _signature_scope(meta: Any, signatures: Sequence[str]) -> tuple[set[str], set[str] | None]:
+    """What ``signatures`` run: the library functions they reach, and the names of the rest
+    of a TF1-style main graph, to keep float32 (``None`` when there is nothing to keep)."""
     gd = meta.graph_def
     _, roots = _signature_nodes(meta, signatures)
     closure = _closure(gd, roots)
@@ -640,15 +648,13 @@ def _signature_scope(meta: Any, signatures: Sequence[str], exclude: str | None) 
     keep_functions = reachable_functions(sub)
     if meta.HasField("object_graph_def"):
         # TF2: the main graph holds only placeholders, variables and calls; nothing to keep.
-        return exclude, keep_functions
-    # TF1 style: the signatures' nodes live in the main graph.  Keep the rest float32 through
-    # the core's name filter.  (It matches function bodies too; that can only keep more
-    # nodes float32, which is safe.)
-    others = sorted({n.name for n in gd.node} - closure)
-    if not others:
-        return exclude, keep_functions
-    pattern = "^(?:" + "|".join(re.escape(n) for n in others) + ")$"
-    return (f"(?:{exclude})|{pattern}" if exclude else pattern), keep_functions
+        return keep_functions, None
+    # TF1 style: the signatures' nodes live in the main graph.  Keep the rest float32 by
+    # exact name (``keep_float32``, which names function body nodes too; that can only keep
+    # more nodes float32, which is safe), never through the user's --exclude patterns, which
+    # also match path components.
+    others = {n.name for n in gd.node} - closure
+    return keep_functions, (others or None)
 
 
 def _update_output_dtypes(meta: Any, result: RewriteResult) -> None:
@@ -721,15 +727,135 @@ def mark_for_xla(rewrite: ModelRewrite, signatures: Sequence[str] | None = None)
     return out
 
 
+#: Row names of :func:`scope_summaries` besides the signature keys.
+SAVE_RESTORE_ROW = "(save/restore)"
+OTHER_ROW = "(other)"
+GRAPH_ROW = "(graph)"
+
+
+def _scope_counts(before: Any, result: RewriteResult, main_nodes: Iterable[str], functions: Iterable[str],
+                  kind: str, function: str | None = None) -> dict[str, Any]:
+    """Counts for the part of one rewritten graph that runs ``main_nodes`` (main-graph node
+    names) and ``functions`` (library function names): nodes converted and in all, per op
+    type, and the Casts the rewrite added there.  Pure."""
+    by_op: dict[str, dict[str, int]] = {}
+    converted = total = 0
+
+    def tally(node_defs: Iterable[Any], done: frozenset[str]) -> None:
+        nonlocal converted, total
+        for nd in node_defs:
+            counts = by_op.get(nd.op)
+            if counts is None:
+                counts = by_op[nd.op] = {"converted": 0, "total": 0}
+            counts["total"] += 1
+            total += 1
+            if nd.name in done:
+                counts["converted"] += 1
+                converted += 1
+
+    main = set(main_nodes)
+    tally((nd for nd in before.node if nd.name in main), result.converted.get("", frozenset()))
+    fdefs = {f.signature.name: f for f in before.library.function}
+    names = sorted(f for f in functions if f in fdefs)
+    to_low = to_high = 0
+    for cast in result.report.get("casts", ()):
+        if cast["source"].rpartition(":")[0] in main:
+            to_high += cast["dtype"] == "float32"
+            to_low += cast["dtype"] != "float32"
+    sections = result.report.get("functions", {})
+    for fname in names:
+        tally(fdefs[fname].node_def, result.converted.get(fname, frozenset()))
+        to_low += sections.get(fname, {}).get("casts_to_low", 0)
+        to_high += sections.get(fname, {}).get("casts_to_high", 0)
+    return {
+        "kind": kind,
+        "function": function,
+        "functions": names,
+        "converted": converted,
+        "total": total,
+        "casts_to_low": to_low,
+        "casts_to_high": to_high,
+        "by_op": dict(sorted(by_op.items())),
+    }
+
+
+def _reach(graph_def: Any, roots: Iterable[str]) -> tuple[set[str], set[str]]:
+    """The main-graph nodes ``roots`` depend on and the library functions those call."""
+    from .graph_io import _called_functions, _calls_closure
+
+    closure = _closure(graph_def, roots)
+    library = {f.signature.name for f in graph_def.library.function}
+    called = _called_functions((nd for nd in graph_def.node if nd.name in closure), library)
+    return closure, _calls_closure(graph_def, called)
+
+
+def scope_summaries(before: Any, result: RewriteResult, meta: Any = None) -> dict[str, dict[str, Any]]:
+    """What one rewritten graph runs, counted per signature: ``{row: counts}`` (see
+    :func:`_scope_counts`).
+
+    With a MetaGraphDef ``meta``, one row per served signature (keys starting with ``__``,
+    such as ``__saved_model_init_op``, are not served): the main-graph nodes its outputs
+    depend on and every function those call, directly or not; ``function`` is the function
+    its outputs come from (a TF2 signature's ``StatefulPartitionedCall``), ``None`` for a
+    TF1 signature of main-graph tensors.  Signatures may share nodes.  Then
+    :data:`SAVE_RESTORE_ROW`: what the saver's save and restore ops run that no signature
+    does (a TF2 model's ``_traced_save``/``_traced_restore`` functions), and
+    :data:`OTHER_ROW`: everything else.  Without ``meta`` (a frozen GraphDef) the one row
+    :data:`GRAPH_ROW` counts the whole graph.  The last two rows count only what no
+    signature runs, so they partition the
+    graph with the signatures: the nodes of at least one signature, plus those two rows, are
+    ``total_nodes``.  Pure.
+    """
+    all_main = [nd.name for nd in before.node]
+    all_functions = {f.signature.name for f in before.library.function}
+    if meta is None:
+        return {GRAPH_ROW: _scope_counts(before, result, all_main, all_functions, "graph")}
+    rows: dict[str, dict[str, Any]] = {}
+    used_main: set[str] = set()
+    used_functions: set[str] = set()
+    calls = {nd.name: nd for nd in before.node if nd.op in ("StatefulPartitionedCall", "PartitionedCall")}
+    for key, sig in sorted(meta.signature_def.items()):
+        if key.startswith("__"):
+            continue
+        roots = {n for info in sig.outputs.values() for t in _tensor_names(info) if (n := _node_of(t))}
+        main, functions = _reach(before, roots)
+        called = sorted({calls[r].attr["f"].func.name for r in roots if r in calls})
+        rows[key] = _scope_counts(before, result, main, functions, "signature",
+                                  called[0] if len(called) == 1 else None)
+        used_main |= main
+        used_functions |= functions
+    saver = meta.saver_def
+    roots = {n for text in (saver.save_tensor_name, saver.restore_op_name) if text and (n := _node_of(text))}
+    main, functions = _reach(before, roots)
+    main -= used_main
+    functions -= used_functions
+    rows[SAVE_RESTORE_ROW] = _scope_counts(before, result, main, functions, "save_restore")
+    rows[OTHER_ROW] = _scope_counts(before, result, set(all_main) - used_main - main,
+                                    all_functions - used_functions - functions, "other")
+    return rows
+
+
 def _model_report(model: ModelFile, graphs: Sequence[GraphRewrite], message: Any = None) -> dict[str, Any]:
     """The JSON-ready report of a model: totals over its graphs and one core report each."""
     entries = []
+    signatures: dict[str, Any] = {}
+    excluded: dict[str, int] = {}
     for g in graphs:
         entry: dict[str, Any] = {"label": g.label, "tags": list(g.tags)}
+        meta = None
         if g.index is not None and message is not None:
             meta = message.meta_graphs[g.index] if model.format == "saved_model" else message
             entry["signatures"] = _signatures_summary(meta)
         entry.update(g.result.report)
+        entry["summary"] = scope_summaries(g.before, g.result, meta)
+        for key, row in entry["summary"].items():
+            if row["kind"] != "signature":
+                continue
+            entry["signatures"][key]["function"] = row["function"]
+            # A key that more than one meta graph serves is told apart by its graph's label.
+            signatures[key if len(graphs) == 1 else f"{g.label}: {key}"] = {"graph": g.label, **row}
+        for pattern, count in g.result.report.get("excluded", {}).items():
+            excluded[pattern] = excluded.get(pattern, 0) + count
         entries.append(entry)
     first = graphs[0].result.report
     skipped = [g.result.report["skipped"] for g in graphs]
@@ -742,6 +868,8 @@ def _model_report(model: ModelFile, graphs: Sequence[GraphRewrite], message: Any
         "level": first["level"],
         **{k: sum(g.result.report[k] for g in graphs) for k in _COUNTS},
         "skipped": skipped[0] if all(skipped) else None,
+        **({"excluded": excluded} if any("excluded" in g.result.report for g in graphs) else {}),
+        "signatures": signatures,
         "graphs": entries,
     }
 
@@ -890,6 +1018,10 @@ def _unchanged(model: ModelFile, reference: ModelRewrite, reason: str) -> ModelR
     node count from ``reference`` (a rewrite of the same model), no conversions, no casts."""
     report = {k: v for k, v in reference.report.items() if k != "graphs"}
     report.update({k: 0 for k in _COUNTS if k != "total_nodes"}, skipped=reason, graphs=[])
+    # The signatures run the float32 model: the reference's totals, nothing converted.
+    report["signatures"] = {key: {**row, "converted": 0, "casts_to_low": 0, "casts_to_high": 0,
+                                  "by_op": {op: {**c, "converted": 0} for op, c in row["by_op"].items()}}
+                            for key, row in reference.report.get("signatures", {}).items()}
     return ModelRewrite(model, model.message, (), report, reference.lists, reference.target)
 
 
@@ -917,6 +1049,90 @@ def summary_line(report: Mapping[str, Any]) -> str:
     return line
 
 
+def summary_table(report: Mapping[str, Any], *, top_ops: int = 6) -> list[str]:
+    """Lines of a short table per rewritten graph: for each signature (then save/restore and
+    the rest; a frozen GraphDef has one row) the nodes converted out of those it runs, the
+    Casts added, the function it calls, and the op types converted most.  ``[]`` when the
+    report has no rows (autotune kept float32 and nothing was rewritten).  Pure."""
+    lines: list[str] = []
+    graphs = report.get("graphs", [])
+    low = report.get("precision", "low")
+    for g in graphs:
+        rows = g.get("summary") or {}
+        if not rows:
+            continue
+        if len(graphs) > 1:
+            lines.append(f"[{g['label']}]")
+        width = max(len("signature"), *(len(k) for k in rows))
+        lines.append(f"  {'signature':{width}}  {'converted/total':>15}  {'casts to ' + low:>18}  "
+                     f"{'to float32':>10}  function")
+        for key, row in rows.items():
+            n_funcs = len(row["functions"])
+            where = row["function"] or (f"{n_funcs} function(s)" if n_funcs else "main graph")
+            lines.append(f"  {key:{width}}  {row['converted']:>7}/{row['total']:<7}  {row['casts_to_low']:>18}  "
+                         f"{row['casts_to_high']:>10}  {where}")
+            ops = sorted(((c["converted"], op, c["total"]) for op, c in row["by_op"].items() if c["converted"]),
+                         key=lambda t: (-t[0], t[1]))
+            if ops:
+                shown = ", ".join(f"{op} {conv}/{tot}" for conv, op, tot in ops[:top_ops])
+                more = f", {len(ops) - top_ops} more op type(s)" if len(ops) > top_ops else ""
+                lines.append(f"  {'':{width}}    converted by op: {shown}{more}")
+    return lines
+
+
+def check_options(
+    src: str | os.PathLike[str],
+    *,
+    target: str | Target = "auto",
+    precision: str = "float16",
+    lists: str | os.PathLike[str] = "default",
+    lists_file: str | os.PathLike[str] | None = None,
+    add: Mapping[str, Iterable[str] | str] | None = None,
+    remove: Mapping[str, Iterable[str] | str] | None = None,
+    level: str | None = None,
+    exclude: str | Sequence[str] | None = None,
+    planner: str | None = None,
+    use_env: bool = True,
+) -> None:
+    """Check the rewrite options and the kind of ``src`` without reading the model or
+    looking at any output path: an unknown target, precision, list profile, level, list edit
+    or planner, a bad ``exclude`` pattern, and a Keras model file, raise
+    :class:`AmpRewriteError` (or a subclass).  :func:`rewrite_saved_model` and the CLI call
+    it first, so a bad option is reported as such even when OUTPUT exists already.
+
+    List *files* (``lists`` naming a file, ``lists_file``) are not read here: one may also be
+    named as an output, and refusing that ("an input is never modified") comes first; they
+    are read, and checked, by the rewrite itself."""
+    from .exclude import NameMatcher
+    from .lists import PLANNERS
+    from .targets import resolve_precision
+
+    check_not_keras(src)
+    tgt = resolve_target(target)
+    chosen, _ = resolve_precision(precision, tgt)
+    if lists_file is None and not os.path.isfile(os.fspath(lists)):
+        resolve_lists(lists, target=tgt, precision=chosen, add=add, remove=remove,
+                      level=level, environ=os.environ if use_env else {})
+    NameMatcher.compile(exclude)
+    if planner is not None and planner not in PLANNERS:
+        raise AmpRewriteError(f"planner must be one of {', '.join(PLANNERS)}, not {planner!r}")
+
+
+#: File name endings of Keras model files, which hold Keras layers and weights, not a graph.
+_KERAS_SUFFIXES = (".keras", ".h5", ".hdf5")
+
+
+def check_not_keras(path: str | os.PathLike[str]) -> None:
+    """Raise :class:`GraphFormatError` if ``path`` names a Keras model file (``.keras``,
+    ``.h5``, ``.hdf5``): it has no TensorFlow graph to rewrite until it is exported.  Looks
+    at the name only."""
+    p = os.fspath(path)
+    if p.lower().endswith(_KERAS_SUFFIXES) and not os.path.isdir(p):
+        raise GraphFormatError(
+            "a Keras model file, not a TensorFlow graph; export it with `model.export(dir)` first "
+            "(a SavedModel directory; Keras 2: `model.save(dir)`) and rewrite that directory", path=p)
+
+
 def rewrite_saved_model(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -928,7 +1144,7 @@ def rewrite_saved_model(
     add: Mapping[str, Iterable[str] | str] | None = None,
     remove: Mapping[str, Iterable[str] | str] | None = None,
     level: str | None = None,
-    exclude: str | None = None,
+    exclude: str | Sequence[str] | None = None,
     fetches: Sequence[str] | None = None,
     tags: Sequence[str] | None = None,
     signatures: Sequence[str] | None = None,
@@ -990,6 +1206,9 @@ def rewrite_saved_model(
     src_s, dst_s = os.fspath(src), os.fspath(dst)
     if not os.path.exists(src_s):
         raise GraphFormatError("no such file or directory", path=src_s)
+    # Every option first: a bad one is reported as such, not as "OUTPUT exists".
+    check_options(src_s, target=target, precision=precision, lists=lists, lists_file=lists_file, add=add,
+                  remove=remove, level=level, exclude=exclude, planner=planner, use_env=use_env)
     check_output(src_s, dst_s, overwrite=overwrite)
     check_writable(dst_s)
     for extra, what in ((report_file, "--report"), (graph_file, "--graph"), (dump_dir, "--dump-dir"),

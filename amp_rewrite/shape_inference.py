@@ -301,29 +301,36 @@ def function_shapes(fdef: Any, registry: OpRegistry | None = None) -> dict[str, 
     from tensorflow.python.framework.func_graph import FuncGraph
     from tensorflow.python.framework.function_def_to_graph import function_def_to_graph_def
 
+    import tensorflow as tf
+
     registry = registry or default_registry()
     recorded = _attr_shapes(fdef.node_def)
+    # An empty graph around the body: in eager mode TensorFlow would resolve an op named after
+    # a function from every function this process ever traced, so shapes would depend on
+    # what ran before (a call the body makes is cut anyway).
+    isolated = tf.Graph()
     try:
-        scratch = FuncGraph(fdef.signature.name)
-        with scratch.as_default():
-            # Flattens ``node:out_arg:i`` references into ports and adds one Placeholder
-            # per argument; pure Python, runs nothing.
-            graph_def, _ = function_def_to_graph_def(fdef, _function_input_shapes(fdef))
-            inert = inert_graph_def(graph_def, registry)
-            if inert is None:
-                return recorded
-            copy, cut = inert
-            importer.import_graph_def_for_function(copy, name="")
-        hints = _placeholder_hints(scratch, copy)
-        if hints and (again := inert_graph_def(graph_def, registry, hints)) is not None:
-            second = FuncGraph(fdef.signature.name)
-            try:
-                with second.as_default():
-                    importer.import_graph_def_for_function(again[0], name="")
-                scratch = second
-            except Exception as exc:  # noqa: BLE001 - the first import's shapes stand
-                log.debug("second shape import of %s failed (%s); keeping the first",
-                          fdef.signature.name, exc)
+        with isolated.as_default():
+            scratch = FuncGraph(fdef.signature.name)
+            with scratch.as_default():
+                # Flattens ``node:out_arg:i`` references into ports and adds one Placeholder
+                # per argument; pure Python, runs nothing.
+                graph_def, _ = function_def_to_graph_def(fdef, _function_input_shapes(fdef))
+                inert = inert_graph_def(graph_def, registry)
+                if inert is None:
+                    return recorded
+                copy, cut = inert
+                importer.import_graph_def_for_function(copy, name="")
+            hints = _placeholder_hints(scratch, copy)
+            if hints and (again := inert_graph_def(graph_def, registry, hints)) is not None:
+                second = FuncGraph(fdef.signature.name)
+                try:
+                    with second.as_default():
+                        importer.import_graph_def_for_function(again[0], name="")
+                    scratch = second
+                except Exception as exc:  # noqa: BLE001 - the first import's shapes stand
+                    log.debug("second shape import of %s failed (%s); keeping the first",
+                              fdef.signature.name, exc)
         # The arguments are Placeholders named after them; their shapes are read too.
         wanted = {nd.name for nd in fdef.node_def} | {a.name for a in fdef.signature.input_arg}
         shapes = _read_shapes(scratch, wanted - cut)

@@ -114,6 +114,10 @@ class Target:
     cudnn_version: int = 91000
     description: str = ""
     assume_features: bool = field(default=False)
+    #: TensorFlow's ``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_IGNORE_PERFORMANCE``: every device
+    #: of the target's type counts as able to profit (for testing the numerics of low
+    #: precision on hardware that is slow at it, as TensorFlow's own tests do).
+    ignore_performance: bool = field(default=False)
 
     @property
     def device_type(self) -> str:
@@ -137,7 +141,10 @@ class Target:
         return self.default_device()
 
     def device_can_profit(self, device: Device, precision: Precision) -> bool:
-        """Whether ``device`` has fast kernels for ``precision``."""
+        """Whether ``device`` has fast kernels for ``precision`` (or the target ignores
+        performance)."""
+        if self.ignore_performance and device.type in ("GPU", "CPU"):
+            return True
         if device.type == "GPU":
             return device.capability is not None and device.capability >= MIN_GPU_ARCH[precision]
         if device.type == "CPU":

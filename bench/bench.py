@@ -5,6 +5,7 @@ Usage::
     python bench/bench.py            # full corpus, 7 repeats   (~30-60 min on 2 cores)
     python bench/bench.py --quick    # 3 models, 3 repeats      (~5 min)
     python bench/bench.py --scaling-only --sizes 1000,10000,100000,1000000
+    python bench/bench.py --scaling-only --sizes none --optimal-sizes 50000,100000,200000,400000
 
 For every corpus graph (tests/corpus.py plus bench/models.py) it measures, interleaving the
 variants and repeating (medians are reported; these machines are shared and noisy):
@@ -30,7 +31,9 @@ that run.  Each graph is benchmarked in a fresh process, so memory one graph's s
 cannot starve the next.
 
 Then synthetic graphs of growing size measure the scaling of each stage (time and peak
-memory, each size in a fresh subprocess).  Results go to ``bench/RESULTS.md``,
+memory, each size in a fresh subprocess): residual MLP blocks with the greedy planner
+(``--sizes``), and one long free chain with the optimal planner (``--optimal-sizes``), whose
+minimum cut is timed on its own (seconds per node should stay flat).  Results go to ``bench/RESULTS.md``,
 ``bench/results.json`` and PNG plots in ``bench/``.
 """
 
@@ -548,8 +551,9 @@ _SCALING_CHILD = r"""
 import json, resource, sys, time, os
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 sys.path.insert(0, {root!r}); sys.path.insert(0, {here!r})
-from synthetic import synthetic_graph
+from synthetic import optimal_chain_graph, synthetic_graph
 import amp_rewrite
+import amp_rewrite.optimal
 def hwm_kb():
     # VmHWM: this process's peak RSS.  (ru_maxrss survives exec, so after a fork from a big
     # parent it reports the parent's peak.)
@@ -559,17 +563,38 @@ def hwm_kb():
                 return int(line.split()[1])
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 n = int(sys.argv[1])
-gd = synthetic_graph(n, seed=0)
+planner = sys.argv[2] if len(sys.argv) > 2 else "greedy"
+# The optimal planner's own time: decide() imports place_optimally when it runs, so wrapping
+# the module's function times every call of it.  Its CPU time too: on a shared machine the
+# wall time also counts the other processes' turns.
+planner_s = [0.0, 0.0]
+_place = amp_rewrite.optimal.place_optimally
+def _timed_place(*args, **kwargs):
+    t0, c0 = time.perf_counter(), time.process_time()
+    try:
+        return _place(*args, **kwargs)
+    finally:
+        planner_s[0] += time.perf_counter() - t0
+        planner_s[1] += time.process_time() - c0
+amp_rewrite.optimal.place_optimally = _timed_place
+if planner == "optimal":
+    # One long free chain of allow, infer and clear ops: the min cut's worst case for its size.
+    gd = optimal_chain_graph(n)
+    kwargs = dict(lists="optimal")
+else:
+    gd = synthetic_graph(n, seed=0)
+    kwargs = {{}}
 rss0 = hwm_kb()
 ru0 = resource.getrusage(resource.RUSAGE_SELF)
 t = time.perf_counter()
-r = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", use_env=False)
+r = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", use_env=False, **kwargs)
 total = time.perf_counter() - t
 ru1 = resource.getrusage(resource.RUSAGE_SELF)
 rss1 = hwm_kb()
 # user vs system CPU time: the system part is mostly the kernel backing fresh memory (page
 # faults), which on some virtual machines grows faster than the memory itself.
-print(json.dumps({{"nodes": len(gd.node), "total_s": total, "stages_s": dict(r.timings),
+print(json.dumps({{"nodes": len(gd.node), "planner": planner, "total_s": total, "stages_s": dict(r.timings),
+                  "planner_s": planner_s[0], "planner_cpu_s": planner_s[1],
                   "user_s": ru1.ru_utime - ru0.ru_utime, "sys_s": ru1.ru_stime - ru0.ru_stime,
                   "page_faults": ru1.ru_minflt - ru0.ru_minflt,
                   "peak_rss_mb": rss1 / 1024, "rss_growth_mb": (rss1 - rss0) / 1024,
@@ -577,23 +602,36 @@ print(json.dumps({{"nodes": len(gd.node), "total_s": total, "stages_s": dict(r.t
 """
 
 
-def scaling(sizes: list[int], timeout: int) -> list[dict[str, Any]]:
+def scaling(sizes: list[int], timeout: int, planner: str = "greedy") -> list[dict[str, Any]]:
+    """Rewrite a synthetic graph of each size in a fresh process and return one row per size.
+
+    ``planner="greedy"``: :func:`synthetic.synthetic_graph` (residual MLP blocks with deny-list
+    side branches) with the default lists.  ``"optimal"``: :func:`synthetic.optimal_chain_graph`
+    (one long free chain) with ``lists="optimal"``; its rows also give ``planner_s``, the
+    time spent in the optimal planner, ``planner_cpu_s`` its CPU time, and both per node.  Runs
+    subprocesses; mutates nothing.
+    """
     code = _SCALING_CHILD.format(root=os.path.join(HERE, ".."), here=HERE)
     rows = []
     for n in sizes:
-        print(f"  scaling: {n} nodes", flush=True)
+        print(f"  scaling ({planner} planner): {n} nodes", flush=True)
         try:
-            out = subprocess.run([sys.executable, "-c", code, str(n)], capture_output=True, text=True,
+            out = subprocess.run([sys.executable, "-c", code, str(n), planner], capture_output=True, text=True,
                                  timeout=timeout, check=True)
             row = json.loads(out.stdout.strip().splitlines()[-1])
             row["us_per_node"] = row["total_s"] / row["nodes"] * 1e6
+            row["planner_us_per_node"] = row["planner_s"] / row["nodes"] * 1e6
+            row["planner_cpu_us_per_node"] = row["planner_cpu_s"] / row["nodes"] * 1e6
             rows.append(row)
-            print(f"    {row['total_s']:.1f}s, {row['us_per_node']:.1f} us/node, peak RSS {row['peak_rss_mb']:.0f} MB",
-                  flush=True)
+            print(f"    {row['total_s']:.1f}s, {row['us_per_node']:.1f} us/node"
+                  + (f" (optimal planner {row['planner_s']:.1f}s, {row['planner_us_per_node']:.1f} us/node; "
+                     f"CPU {row['planner_cpu_s']:.1f}s, {row['planner_cpu_us_per_node']:.1f} us/node)"
+                     if planner == "optimal" else "")
+                  + f", peak RSS {row['peak_rss_mb']:.0f} MB", flush=True)
         except subprocess.TimeoutExpired:
-            rows.append({"nodes": n, "error": f"timed out after {timeout}s"})
+            rows.append({"nodes": n, "planner": planner, "error": f"timed out after {timeout}s"})
         except subprocess.CalledProcessError as exc:
-            rows.append({"nodes": n, "error": exc.stderr.strip().splitlines()[-1][:300]})
+            rows.append({"nodes": n, "planner": planner, "error": exc.stderr.strip().splitlines()[-1][:300]})
     return rows
 
 
@@ -630,7 +668,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="sets of fresh sessions each graph's timing rounds are spread over (and autotune's)")
     ap.add_argument("--numerics-batches", type=int, default=16,
                     help="input batches the output errors are measured on (medians are reported)")
-    ap.add_argument("--sizes", help="scaling sizes, comma-separated")
+    ap.add_argument("--sizes", help="scaling sizes for the greedy planner, comma-separated, or 'none'")
+    ap.add_argument("--optimal-sizes",
+                    help="chain sizes for the optimal planner's scaling, comma-separated, or 'none' "
+                         "(default 50000,100000,200000,400000; --quick: 50000,100000)")
     ap.add_argument("--scaling-only", action="store_true")
     ap.add_argument("--no-scaling", action="store_true")
     ap.add_argument("--out", default=HERE)
@@ -651,8 +692,12 @@ def main(argv: list[str] | None = None) -> int:
                          "comparison with TensorFlow's bfloat16 rewrite needs it. Leave "
                          "TF_ENABLE_ONEDNN_OPTS unset or set it to 1.")
     models = tuple(args.models.split(",")) if args.models else (QUICK_MODELS if args.quick else ALL_MODELS)
-    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else (
+    sizes = [] if args.sizes == "none" else [int(s) for s in args.sizes.split(",")] if args.sizes else (
         [1000, 10000, 100000] if args.quick else [1000, 10000, 100000, 1000000])
+    if args.optimal_sizes:
+        optimal_sizes = [] if args.optimal_sizes == "none" else [int(s) for s in args.optimal_sizes.split(",")]
+    else:
+        optimal_sizes = [50000, 100000] if args.quick else [50000, 100000, 200000, 400000]
 
     results: dict[str, Any] = {"machine": machine_info(), "repeats": repeats, "iters": args.iters,
                                "budget_s": args.budget, "quick": args.quick,
@@ -663,7 +708,9 @@ def main(argv: list[str] | None = None) -> int:
         for name in item_names(models):
             results["graphs"].append(_bench_in_child(name, repeats, args))
     if not args.no_scaling:
-        results["scaling"] = scaling(sizes, timeout=1800)
+        results["scaling"] = scaling(sizes, timeout=1800) if sizes else []
+        if optimal_sizes:
+            results["optimal_scaling"] = scaling(optimal_sizes, timeout=1800, planner="optimal")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(results, f, indent=1, default=str)

@@ -45,6 +45,7 @@ WHAT = {
     "test_garbage_options_get_only_the_products_error_from_the_api": "fuzz: garbage options -> API",
     "test_mutated_graph_files_get_one_line_from_the_cli": "fuzz: mutated graph files -> CLI",
     "test_garbage_cli_options_get_one_line_from_the_cli": "fuzz: garbage options -> CLI",
+    "test_hostile_saved_model_layouts_are_refused_or_copied_safely": "fuzz: hostile SavedModel layouts -> CLI",
 }
 FUZZ = [k for k, v in WHAT.items() if v.startswith("fuzz")]
 
@@ -166,7 +167,11 @@ def _report(profile: str, log_path: str, junit: str, wall: float, code: int | No
         "Examples are Hypothesis' counts (generate phase plus explicit `@example`s): each passing",
         "example is one random graph (or one fuzzed input) checked end to end.  Graphs are drawn",
         "with loops, function calls, control edges and four devices; precision, target (GPU or",
-        "CPU), lists (`default` / `tensorflow`) and fetches are drawn with them.",
+        "CPU), lists (`default` / `tensorflow` / `optimal`), planner (the profile's, `greedy`,",
+        "`optimal`, `min-casts`), level (`DEFAULT`, `TENSOR_CORES_ONLY`, `TREAT_INFER_AS_DENY`,",
+        "`UNSAFE_FORCE_ALL` on GPU targets) and fetches are drawn with them.  Fuzzed inputs include",
+        "recursive and too-deep function libraries, hostile terminal strings in names and",
+        "arguments of the wrong type.",
         "",
         "\"invalid\" counts draws Hypothesis abandoned before running the test (a draw over its size",
         "limit for one example, or a rejected value); they are neither checked nor counted above.",

@@ -6,7 +6,10 @@ Mutations (``amp_rewrite.testing.MUTATIONS``): random bytes, truncated and flipp
 serializations, dangling inputs, duplicate names, cycles, attributes of the wrong type,
 removed attributes, unknown and swapped ops, malformed input strings, control inputs before
 data inputs, ports out of range, empty names, broken function libraries, text-format
-garbage, and several of these at once.  The deep profile runs >= 10,000 inputs in all.
+garbage, recursive and too-deep function libraries, hostile terminal strings (escape
+sequences, line breaks) in op, function and device names, and several of these at once;
+options of the wrong type; and SavedModels carrying links that leave the model, links to
+devices, loops and special files.  The deep profile runs >= 10,000 inputs in all.
 
 Two core issues found here (a NUL byte, a line break in a list path) are fixed; the
 regression tests at the bottom keep them fixed, and explicit examples keep the inputs that
@@ -15,6 +18,9 @@ found them.
 
 from __future__ import annotations
 
+import functools
+import os
+import stat
 import tempfile
 
 import pytest
@@ -104,3 +110,114 @@ def test_regression_nul_byte_in_a_list_path(options):
 def test_regression_line_break_in_a_list_path(flag):
     with tempfile.TemporaryDirectory() as directory:
         check_cli_boundary(Mutant("unchanged", TINY.graph_def.SerializeToString()), directory, [flag])
+
+
+# ---------------------------------------------------------------- hostile SavedModel layouts
+
+_SECRET = b"secret outside the model\n"
+
+
+@functools.lru_cache(maxsize=1)
+def _base_saved_model() -> str:
+    """A small TF2 SavedModel (a MatMul), saved once per process."""
+    directory = tempfile.mkdtemp(prefix="amp_fuzz_sm_")
+
+    class Tiny(tf.Module):
+        def __init__(self) -> None:
+            self.w = tf.Variable(tf.ones((8, 8)))
+
+        @tf.function(input_signature=[tf.TensorSpec((2, 8), tf.float32)])
+        def __call__(self, x):
+            return tf.matmul(x, self.w)
+
+    path = os.path.join(directory, "model")
+    tf.saved_model.save(Tiny(), path)
+    return path
+
+
+#: Entries a hostile SavedModel may carry: links leaving the model (to a file, a directory,
+#: the root, an endless device), absolute links, dangling links and loops, special files.
+_LAYOUT_ENTRIES = ("link to outside file", "link to outside dir", "link to root", "link to /dev/zero",
+                   "absolute link inside", "relative link inside", "dangling link", "link loop",
+                   "fifo", "link out and back", "nested dir")
+
+
+def _plant(model: str, outside: str, kind: str, where: str) -> None:
+    target_dir = os.path.join(model, where)
+    os.makedirs(target_dir, exist_ok=True)
+    path = os.path.join(target_dir, "entry")
+    if kind == "link to outside file":
+        os.symlink(os.path.join(outside, "secret.txt"), path)
+    elif kind == "link to outside dir":
+        os.symlink(outside, path)
+    elif kind == "link to root":
+        os.symlink("/", path)
+    elif kind == "link to /dev/zero":
+        os.symlink("/dev/zero", path)
+    elif kind == "absolute link inside":
+        os.symlink(os.path.join(model, "saved_model.pb"), path)
+    elif kind == "relative link inside":
+        os.symlink(os.path.relpath(os.path.join(model, "saved_model.pb"), target_dir), path)
+    elif kind == "dangling link":
+        os.symlink("nowhere/at/all", path)
+    elif kind == "link loop":
+        os.symlink("entry", path)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "link out and back":
+        os.symlink(os.path.join("..", "..", os.path.basename(model), "saved_model.pb")
+                   if where.count("/") == 0 else "../../../saved_model.pb", path)
+    elif kind == "nested dir":
+        os.makedirs(os.path.join(path, "deeper"), exist_ok=True)
+        with open(os.path.join(path, "deeper", "data"), "wb") as f:
+            f.write(b"plain data")
+
+
+@settings(max_examples=examples(25, deep=600))
+@given(st.lists(st.tuples(st.sampled_from(_LAYOUT_ENTRIES),
+                          st.sampled_from(["assets", "assets.extra", "variables", "assets/sub"])),
+                min_size=1, max_size=3, unique_by=lambda t: t[1]))
+def test_hostile_saved_model_layouts_are_refused_or_copied_safely(entries):
+    """A SavedModel with links and special files: the CLI refuses it in one line, or writes
+    an output with no link leaving it, no special file, and nothing read from outside."""
+    import io
+    import shutil
+    import contextlib as _contextlib
+
+    from amp_rewrite.cli import main
+
+    work = tempfile.mkdtemp(prefix="amp_fuzz_layout_")
+    try:
+        model = os.path.join(work, "model")
+        shutil.copytree(_base_saved_model(), model)
+        outside = os.path.join(work, "outside")
+        os.makedirs(outside)
+        with open(os.path.join(outside, "secret.txt"), "wb") as f:
+            f.write(_SECRET)
+        for kind, where in entries:
+            _plant(model, outside, kind, where)
+        out_dir = os.path.join(work, "out")
+        err, out = io.StringIO(), io.StringIO()
+        with _contextlib.redirect_stderr(err), _contextlib.redirect_stdout(out):
+            code = main(["rewrite", model, out_dir, "--target=gpu:8.0", "-q"])
+        lines = [line for line in err.getvalue().splitlines() if line.strip()]
+        assert code in (0, 1), (code, lines)
+        if code == 1:
+            assert len(lines) == 1 and lines[0].startswith("amp-rewrite: error: "), lines
+            assert not os.path.exists(out_dir)
+            return
+        real_out = os.path.realpath(out_dir)
+        for root, dirs, files in os.walk(out_dir):
+            for name in dirs + files:
+                p = os.path.join(root, name)
+                st_mode = os.lstat(p).st_mode
+                if stat.S_ISLNK(st_mode):
+                    resolved = os.path.realpath(p)
+                    assert resolved == real_out or resolved.startswith(real_out + os.sep), (p, resolved)
+                else:
+                    assert stat.S_ISREG(st_mode) or stat.S_ISDIR(st_mode), p
+                    if stat.S_ISREG(st_mode) and os.path.getsize(p) == len(_SECRET):
+                        with open(p, "rb") as f:
+                            assert f.read() != _SECRET, p
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

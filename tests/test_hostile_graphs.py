@@ -356,3 +356,60 @@ def test_exclude_with_a_huge_repeat_count_is_our_error():
     with pytest.raises(AmpRewriteError, match="exclude"):
         amp_rewrite.rewrite_graph_def(_recursive_free_graph(), target="gpu:8.0",
                                       exclude="x{99999999999}", use_env=False)
+
+
+# ------------------------------------------------------------------ IGNORE_PERFORMANCE
+
+
+_IGNORE_PERFORMANCE_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, {tests!r})
+import numpy as np
+import tensorflow as tf
+import amp_rewrite
+from tf_oracle import converted_type_attrs, tf_amp_rewrite
+
+graph = tf.Graph()
+with graph.as_default():
+    x = tf.compat.v1.placeholder(tf.float32, [8, 16], name="x")
+    w = tf.constant(np.ones((16, 4), np.float32), name="w")
+    tf.identity(tf.matmul(x, w, name="logits"), name="out")
+gd = graph.as_graph_def()
+ours = amp_rewrite.rewrite_graph_def(gd, target="gpu:6.1", precision="float16", fetches=["out"])
+theirs = tf_amp_rewrite(gd, ["out"], gpus=("6.1",))
+print(json.dumps({{"ours": ours.report["nodes"].get("logits", {{}}).get("dtype", "float32"),
+                   "skipped": ours.report["skipped"],
+                   "tf": sorted(n for _, n, _ in converted_type_attrs(gd, theirs))}}))
+"""
+
+
+@pytest.mark.parametrize("value", ["1", "true", "0"])
+def test_ignore_performance_variable_is_honoured_like_tensorflow(tmp_path, value):
+    """TensorFlow's own AMP tests set it so that pre-Volta GPUs are rewritten; with it set and
+    a 6.1 GPU, TensorFlow rewrote and we returned the graph unchanged.  TensorFlow reads the
+    variable once per process, so each value runs in its own."""
+    script = tmp_path / "ignore_perf.py"
+    script.write_text(_IGNORE_PERFORMANCE_SCRIPT.format(tests=os.path.dirname(__file__)))
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3",
+           "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_IGNORE_PERFORMANCE": value}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    if value == "0":
+        assert got["ours"] == "float32" and got["tf"] == [] and got["skipped"]
+    else:
+        assert got["tf"] == ["logits"]
+        assert got["ours"] == "float16"
+
+
+def test_ignore_performance_variable_with_a_bad_value_is_our_error(monkeypatch):
+    from amp_rewrite.errors import TargetError
+
+    monkeypatch.setenv("TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_IGNORE_PERFORMANCE", "maybe")
+    with pytest.raises(TargetError, match="IGNORE_PERFORMANCE"):
+        amp_rewrite.rewrite_graph_def(_recursive_free_graph(), target="gpu:6.1")
+    # use_env=False ignores it, as every TF_AUTO_MIXED_PRECISION_* variable.
+    amp_rewrite.rewrite_graph_def(_recursive_free_graph(), target="gpu:6.1", use_env=False)

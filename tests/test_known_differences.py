@@ -58,3 +58,47 @@ def test_force_all_with_a_fixed_float_port_still_rewrites():
     feeds = {"a:0": np.eye(4, dtype=np.float32)}
     (got,) = run(ours.graph_def, feeds, ["out:0"])
     assert got.dtype == np.float32
+
+
+def test_force_all_keeps_boundary_casts_and_is_idempotent():
+    """KD-5: TensorFlow forces an existing float32 <-> half Cast under UNSAFE_FORCE_ALL, so a
+    second rewrite of a rewritten graph chained new Casts onto the first one's (12 on a Keras
+    MLP, which broke ``check_rewrite``'s idempotence invariant)."""
+    def build():
+        x = v1.placeholder(tf.float32, (4, 4), name="x")
+        h = tf.cast(x, tf.float16, name="to_half")
+        y = tf.matmul(h, h, name="mm")
+        tf.identity(tf.tanh(tf.cast(y, tf.float32, name="to_float")), name="out")
+
+    gd = graph_def(build)
+    env = {"TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LEVEL": "UNSAFE_FORCE_ALL"}
+    fetches = ["out", "x"]  # the input stays float32, so to_half is a boundary
+    ref = tf_amp_rewrite(gd, fetches, env=env)
+    assert ("", "to_half", "SrcT") in converted_type_attrs(gd, ref)  # TensorFlow forces it
+    kw = dict(target="gpu:8.0", lists="tensorflow", fetches=fetches, level="UNSAFE_FORCE_ALL",
+              use_env=False)
+    ours = amp_rewrite.rewrite_graph_def(gd, **kw)
+    conv = converted_type_attrs(gd, ours.graph_def)
+    assert ("", "to_half", "SrcT") not in conv
+    assert "[KD-5]" in ours.report["nodes"]["to_half"]["reason"]
+    assert ("", "Tanh", "T") in conv  # the rest is still forced
+    exact = amp_rewrite.rewrite_graph_def(gd, tensorflow_bugs=True, **kw)
+    assert converted_type_attrs(gd, exact.graph_def) == converted_type_attrs(gd, ref)
+    # Idempotent: a second rewrite of the output adds nothing.
+    again = amp_rewrite.rewrite_graph_def(ours.graph_def, **kw)
+    assert again.report["casts_to_low"] == again.report["casts_to_high"] == 0
+    assert again.report["converted_nodes"] == 0
+
+
+def test_force_all_rewrite_of_a_keras_mlp_is_idempotent():
+    import sys, os
+    sys.path.insert(0, os.path.dirname(__file__))
+    import corpus
+
+    item = corpus.build("mlp/training")
+    kw = dict(target="gpu:8.0", precision="float16", level="UNSAFE_FORCE_ALL",
+              fetches=list(item.fetches), use_env=False)
+    once = amp_rewrite.rewrite_graph_def(item.graph_def, **kw)
+    assert once.report["converted_nodes"] > 0
+    twice = amp_rewrite.rewrite_graph_def(once.graph_def, **kw)
+    assert twice.report["casts_to_low"] == twice.report["casts_to_high"] == 0

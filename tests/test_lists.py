@@ -30,6 +30,8 @@ from amp_rewrite.lists import (
     available_profiles,
     edits_from_environ,
     load_lists,
+    supported_tf_versions,
+    tf_major_minor,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,6 +42,13 @@ CUDA = ListContext("float16", "cuda")
 CPU_EMULATION = ListContext("float16", "cuda", 10000, 8000)  # TF's auto_mixed_precision_cpu
 FP16_ONEDNN = ListContext("float16", "onednn")
 BF16 = ListContext("bfloat16", "onednn")
+
+
+def installed() -> str:
+    """The installed TensorFlow's release: the lists the oracle comparisons must match."""
+    import tensorflow as tf
+
+    return tf_major_minor(tf.__version__)
 
 # The ops the default profile keeps in float32 on top of TensorFlow's lists.
 DEFAULT_EXTRA_DENY = {
@@ -231,7 +240,7 @@ def tf_lists(tf_dumps: dict[str, dict], run_id: str) -> dict[str, set[str]]:
 )
 def test_tensorflow_profile_matches_tensorflow(tf_dumps, run_id, context):
     expected = tf_lists(tf_dumps, run_id)
-    assert sets(load_lists("tensorflow", context=context)) == expected
+    assert sets(load_lists("tensorflow", context=context, tf_version=installed())) == expected
 
 
 def test_fp16_onednn_matches_tensorflow_or_tensorflow_skips_for_the_cpu_flags(tf_dumps):
@@ -243,14 +252,21 @@ def test_fp16_onednn_matches_tensorflow_or_tensorflow_skips_for_the_cpu_flags(tf
         # flags we read must explain why it did not run here.
         assert not cpu_features() & {"amx_fp16", "avx_ne_convert"}
     else:
-        assert sets(load_lists("tensorflow", context=FP16_ONEDNN)) == tf_lists(tf_dumps, "fp16_cpu")
+        assert sets(load_lists("tensorflow", context=FP16_ONEDNN, tf_version=installed())) == tf_lists(
+            tf_dumps, "fp16_cpu")
 
 
 def test_version_gate_counts_match_tensorflow_and_spec(tf_dumps):
-    # Spec §2.1 counts: 39 with recent CUDA/cuDNN, 29 at 9000/7000, 36 at cudnn 7602.
+    # Spec §2.1 counts for TF 2.21: 39 with recent CUDA/cuDNN, 29 at 9000/7000, 36 at cudnn
+    # 7602.  The installed release's dump must match its own lists (2.16 lacks VoxelMax).
+    contexts = {"cuda": CUDA, "cuda_9000_7000": ListContext("float16", "cuda", 9000, 7000),
+                "cuda_9010_7602": ListContext("float16", "cuda", 9010, 7602),
+                "cuda_9000_8000": ListContext("float16", "cuda", 9000, 8000), "cpu": CPU_EMULATION}
     expected_counts = {"cuda": 39, "cuda_9000_7000": 29, "cuda_9010_7602": 36, "cuda_9000_8000": 37, "cpu": 39}
     for run_id, count in expected_counts.items():
-        assert len(tf_lists(tf_dumps, run_id)["allow"]) == count, run_id
+        assert len(load_lists("tensorflow", context=contexts[run_id]).allow) == count, run_id
+        ours = load_lists("tensorflow", context=contexts[run_id], tf_version=installed()).allow
+        assert len(tf_lists(tf_dumps, run_id)["allow"]) == len(ours), run_id
     old = load_lists("tensorflow", context=ListContext("float16", "cuda", 9000, 7000)).allow
     assert len(old) == 29
     assert not old & {"BatchMatMul", "BatchMatMulV2", "Conv3D", "DepthwiseConv2dNative"}
@@ -272,7 +288,7 @@ def test_fp16_onednn_spec_contents():
 def test_environment_edits_match_tensorflow(tf_dumps):
     edits, level = edits_from_environ(ORACLE_EDIT_ENV)
     assert level is None
-    got = load_lists("tensorflow", context=CUDA, edits=edits)
+    got = load_lists("tensorflow", context=CUDA, edits=edits, tf_version=installed())
     assert sets(got) == tf_lists(tf_dumps, "cuda_edits")
     # Spot checks of what the order implies (so a wrong oracle cannot hide a wrong order).
     assert {"Conv2D", "Exp", "Tile"} <= got.allow and not {"Cumsum", "Einsum"} & got.allow
@@ -283,23 +299,24 @@ def test_tensor_cores_only_matches_tensorflow(tf_dumps, caplog):
     edits, level = edits_from_environ(TCO_ENV)
     assert level == "TENSOR_CORES_ONLY"
     with caplog.at_level(logging.WARNING, logger="amp_rewrite.lists"):
-        got = load_lists("tensorflow", context=CUDA, edits=edits, level=level)
+        got = load_lists("tensorflow", context=CUDA, edits=edits, level=level, tf_version=installed())
     assert sets(got) == tf_lists(tf_dumps, "cuda_tco")
     assert not got.infer and not got.deny and not got.clear
-    assert got.allow == (load_lists("tensorflow", context=CUDA).allow | {"Exp"}) - {"Conv2D"}
+    assert got.allow == (load_lists("tensorflow", context=CUDA, tf_version=installed()).allow | {"Exp"}) - {"Conv2D"}
     assert any("ignoring edit(s): add Tanh" in r.getMessage() and "add Cumsum" in r.getMessage()
                for r in caplog.records)
-    cpu = load_lists("tensorflow", context=CPU_EMULATION, level="TENSOR_CORES_ONLY")
+    cpu = load_lists("tensorflow", context=CPU_EMULATION, level="TENSOR_CORES_ONLY", tf_version=installed())
     assert sets(cpu) == tf_lists(tf_dumps, "cpu_tco")
-    bf16 = load_lists("tensorflow", context=BF16, level="TENSOR_CORES_ONLY")
-    assert sets(bf16) == tf_lists(tf_dumps, "bf16_tco") == sets(load_lists("tensorflow", context=BF16))
+    bf16 = load_lists("tensorflow", context=BF16, level="TENSOR_CORES_ONLY", tf_version=installed())
+    assert sets(bf16) == tf_lists(tf_dumps, "bf16_tco") == sets(
+        load_lists("tensorflow", context=BF16, tf_version=installed()))
 
 
 def test_conflict_is_an_error_like_tensorflow(tf_dumps):
     assert "conflicting" in tf_dumps["cuda_conflict"].get("error", "")
     edits, _ = edits_from_environ({f"{P}ALLOWLIST_ADD": "Exp"})
     with pytest.raises(ListError, match=r"Exp is on allow .* and deny"):
-        load_lists("tensorflow", context=CUDA, edits=edits)
+        load_lists("tensorflow", context=CUDA, edits=edits, tf_version=installed())
 
 
 def test_unregistered_entries_are_exactly_the_ops_tensorflow_lacks(tf_dumps):
@@ -308,6 +325,8 @@ def test_unregistered_entries_are_exactly_the_ops_tensorflow_lacks(tf_dumps):
     tf_ops = {op for run in ("cuda", "bf16") for ops in tf_lists(tf_dumps, run).values() for op in ops}
     missing = {op for op in tf_ops if op_def_registry.get(op) is None}
     data = tomllib.loads((LISTS_DIR / "tensorflow.toml").read_text())
+    # The 2.21 tables mark the unregistered ops; an older release lists a subset of them (2.16
+    # lacks VoxelMax), which the registry check of the installed release's lists must accept.
     marked = {
         op
         for precision in ("float16", "bfloat16")
@@ -315,7 +334,10 @@ def test_unregistered_entries_are_exactly_the_ops_tensorflow_lacks(tf_dumps):
         for op, value in table.items()
         if isinstance(value, dict) and value.get("registered") is False
     }
-    assert marked == missing
+    if installed() == data["tf_version"]:
+        assert marked == missing
+    else:
+        assert missing <= marked
     assert "VoxelMax" in marked and "FusedConv2DBiasActivation" in marked
 
 

@@ -132,3 +132,86 @@ def test_cli_accepts_precision_spellings_and_has_a_version(tmp_path, capsys):
     assert "float16" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["lists", "--precision", "float32"])
+
+
+# -------------------------------------------------------------- F17: wrong-type arguments
+
+_WRONG_TYPES = [
+    ("target", None), ("target", 8.0), ("target", ["gpu:8.0"]), ("target", b"gpu:8.0"),
+    ("precision", None), ("precision", 16), ("precision", tf.float32), ("precision", ["float16"]),
+    ("lists", None), ("lists", 3), ("lists", ["default"]), ("lists_file", 1),
+    ("lists_file", ["a.toml"]), ("level", 5), ("level", ["DEFAULT"]), ("level", b"DEFAULT"),
+    ("fetches", [1]), ("fetches", "out"), ("fetches", 7), ("fetches", [None]), ("fetches", [b"out"]),
+    ("add", ["Tanh"]), ("add", "deny"), ("add", {"deny": 1}), ("add", {1: ["Tanh"]}),
+    ("add", {"deny": [1]}), ("remove", ["Tanh"]), ("remove", {"deny": None}),
+    ("functions", None), ("functions", 1), ("planner", 1), ("planner", ["optimal"]),
+    ("tensorflow_bugs", "yes"), ("tensorflow_bugs", None), ("use_env", "no"), ("use_env", 1),
+    ("registry", "tf"), ("registry", 1), ("variable_shapes", [1]), ("variable_shapes", "x"),
+    ("compiled", "yes"),
+]
+
+
+@pytest.mark.parametrize("name, value", _WRONG_TYPES, ids=[f"{n}={v!r}" for n, v in _WRONG_TYPES])
+def test_wrong_type_arguments_get_our_error(name, value):
+    """F17: 53 such arguments escaped as TypeError/AttributeError/KeyError."""
+    kwargs = dict(target="gpu:8.0", use_env=False)
+    kwargs[name] = value
+    with pytest.raises(amp_rewrite.AmpRewriteError):
+        amp_rewrite.rewrite_graph_def(_graph(), **kwargs)
+
+
+@pytest.mark.parametrize("name, value", [("target", None), ("lists", None), ("level", 5),
+                                         ("precision", tf.int8), ("add", ["Tanh"])])
+def test_wrong_type_arguments_of_the_model_api_get_our_error(tmp_path, name, value):
+    from amp_rewrite.saved_model import load_model, rewrite_model
+
+    path = tmp_path / "g.pb"
+    path.write_bytes(_graph().SerializeToString())
+    kwargs = dict(target="gpu:8.0", use_env=False)
+    kwargs[name] = value
+    with pytest.raises(amp_rewrite.AmpRewriteError):
+        rewrite_model(load_model(path), **kwargs)
+
+
+def test_cli_error_for_a_list_op_name_with_a_newline_is_one_line(tmp_path, capsys):
+    """F11: an op name with a line break split the error over several lines."""
+    src = tmp_path / "g.pb"
+    src.write_bytes(_graph().SerializeToString())
+    code = main(["rewrite", str(src), str(tmp_path / "o.pb"), "--target", "gpu:8.0",
+                 "--deny", "Tan\nh\x1b[2J"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.count("\n") == 1 and err.startswith("amp-rewrite: error:") and "\x1b" not in err
+    assert not (tmp_path / "o.pb").exists()
+
+
+def test_ctrl_c_while_tensorflow_starts_prints_one_line(tmp_path):
+    """F12: Ctrl-C while TensorFlow imports printed a 60-line traceback.  SIGINT is sent as
+    soon as TensorFlow's library appears in the process (its import takes seconds); the
+    command says it was interrupted in one line, exits 130 and writes nothing."""
+    import signal
+    import time
+
+    src = tmp_path / "g.pb"
+    src.write_bytes(_graph().SerializeToString())
+    proc = subprocess.Popen([sys.executable, "-m", "amp_rewrite.cli", "rewrite", str(src),
+                             str(tmp_path / "o.pb"), "--target", "gpu:8.0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    try:
+        # Wait until TensorFlow's library is being loaded into the process, then interrupt.
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            with open(f"/proc/{proc.pid}/maps") as maps:
+                if "tensorflow" in maps.read():
+                    break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, (proc.returncode, err[-2000:])
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines == ["amp-rewrite: interrupted; nothing was written"], lines
+    assert not (tmp_path / "o.pb").exists()

@@ -48,11 +48,15 @@ class Mutant:
 _BAD_INPUTS = ("", ":", "^", "^^{n}", "{n}:", ":0", "{n}:-1", "{n}:1.5", "{n}:99999999999999999999",
                "{n}:0:0", "{n}:out:0", " {n}", "{n} ", "{n}:0x1", "{n}:٣", "{n}/", "^{n}:0")
 
-MUTATIONS = ("random bytes", "truncated", "flipped bytes", "dangling input", "duplicate name", "cycle",
-             "self loop", "wrong attr type", "removed attr", "unknown op", "other op", "bad input string",
-             "control before data", "port out of range", "empty name", "extra input", "bad device",
-             "function library", "next iteration", "text", "empty graph", "several")
-_STRUCTURAL = MUTATIONS[3:19]
+_STRUCTURAL = ("dangling input", "duplicate name", "cycle", "self loop", "wrong attr type", "removed attr",
+               "unknown op", "other op", "bad input string", "control before data", "port out of range",
+               "empty name", "extra input", "bad device", "function library", "next iteration",
+               "recursive library", "deep call chain", "hostile name")
+MUTATIONS = ("random bytes", "truncated", "flipped bytes", *_STRUCTURAL, "text", "empty graph", "several")
+
+#: Names a hostile model uses to reach the terminal: escape sequences, line breaks, a bell.
+HOSTILE_NAMES = ("Evil\x1b[2J", "Op\nWith\nLines", "\x07Bell", "Esc\x1b]0;title\x07", "Tab\tCR\r",
+                 "Nul\x00Op", "\u202eRTL")
 
 
 def _graph_def_class() -> Any:
@@ -214,7 +218,77 @@ def _mutate(draw: Any, gd: Any, kind: str) -> tuple[bool, tuple[str, ...], str]:
     elif kind == "next iteration":
         node.op = "NextIteration"
         detail = "turned into NextIteration"
+    elif kind == "recursive library":
+        names_cycle = draw(st.sampled_from([("rec_f",), ("rec_f", "rec_g"), ("rec_f", "rec_g", "rec_h")]))
+        for k, fname in enumerate(names_cycle):
+            _add_calling_function(gd, fname, names_cycle[(k + 1) % len(names_cycle)])
+        if draw(st.booleans()):
+            _add_main_call(gd, names_cycle[0])
+        must_fail, culprits, detail = True, names_cycle, f"{len(names_cycle)} function(s) in a cycle"
+    elif kind == "deep call chain":
+        from ..graph_io import MAX_CALL_DEPTH
+
+        depth = MAX_CALL_DEPTH + draw(st.integers(1, 40))
+        for k in range(depth):
+            _add_calling_function(gd, f"chain_{k}", f"chain_{k + 1}" if k + 1 < depth else None)
+        _add_main_call(gd, "chain_0")
+        must_fail, culprits, detail = True, ("chain_0",), f"{depth} nested calls"
+    elif kind == "hostile name":
+        hostile = draw(st.sampled_from(HOSTILE_NAMES))
+        where = draw(st.sampled_from(["op", "function", "device"]))
+        if where == "op":
+            node.op = hostile  # an unknown op: kept float32, with a warning naming it
+        elif where == "function":
+            _add_calling_function(gd, hostile, None)
+        else:
+            node.device = hostile
+        detail = f"{where} {hostile!r}"
     return must_fail, culprits, detail
+
+
+def _add_calling_function(gd: Any, name: str, callee: str | None) -> None:
+    """Add to ``gd``'s library a float32 function ``name``(x) that returns ``callee(x)``
+    (a PartitionedCall), or ``Identity(x)`` when ``callee`` is ``None``."""
+    from tensorflow.core.framework import types_pb2
+
+    fd = gd.library.function.add()
+    fd.signature.name = name
+    arg = fd.signature.input_arg.add()
+    arg.name, arg.type = "x", types_pb2.DT_FLOAT
+    out = fd.signature.output_arg.add()
+    out.name, out.type = "y", types_pb2.DT_FLOAT
+    body = fd.node_def.add()
+    body.name = "body"
+    body.input.append("x")
+    if callee is None:
+        body.op = "Identity"
+        body.attr["T"].type = types_pb2.DT_FLOAT
+        fd.ret["y"] = "body:output:0"
+    else:
+        body.op = "PartitionedCall"
+        body.attr["Tin"].list.type.append(types_pb2.DT_FLOAT)
+        body.attr["Tout"].list.type.append(types_pb2.DT_FLOAT)
+        body.attr["f"].func.name = callee
+        fd.ret["y"] = "body:output:0"
+
+
+def _add_main_call(gd: Any, callee: str) -> None:
+    """Add a main-graph PartitionedCall of ``callee`` on a new float32 placeholder."""
+    from tensorflow.core.framework import types_pb2
+
+    taken = {n.name for n in gd.node}
+    name = "fuzz_call"
+    while name in taken or name + "_x" in taken:
+        name += "_"
+    x = gd.node.add()
+    x.name, x.op = name + "_x", "Placeholder"
+    x.attr["dtype"].type = types_pb2.DT_FLOAT
+    call = gd.node.add()
+    call.name, call.op = name, "PartitionedCall"
+    call.input.append(x.name)
+    call.attr["Tin"].list.type.append(types_pb2.DT_FLOAT)
+    call.attr["Tout"].list.type.append(types_pb2.DT_FLOAT)
+    call.attr["f"].func.name = callee
 
 
 @st.composite
@@ -302,6 +376,16 @@ def rewrite_options(draw: Any) -> dict[str, Any]:
                                                          "nope", ""]), text))
     if draw(st.integers(0, 5)) == 0:
         opts["functions"] = draw(st.sampled_from(["all", "reachable", "none", ""]))
+    if draw(st.integers(0, 4)) == 0:
+        opts["planner"] = draw(st.sampled_from(["greedy", "optimal", "min-casts", "best", ""]))
+    if draw(st.integers(0, 9)) == 0:
+        # A value of the wrong type: still only the product's own error.
+        key = draw(st.sampled_from(["target", "precision", "lists", "lists_file", "level", "fetches",
+                                    "add", "remove", "functions", "planner", "use_env",
+                                    "tensorflow_bugs"]))
+        opts[key] = draw(st.sampled_from([None, 5, 1.5, [1], b"x", {"a": 1}, ("x",), True]))
+        if key in ("use_env", "tensorflow_bugs") and opts[key] in (True,):
+            opts[key] = "yes"
     return opts
 
 
@@ -375,6 +459,10 @@ def check_cli_boundary(mutant: Mutant, directory: str, extra_args: Sequence[str]
         raise AssertionError(f"the CLI exited with {exc.code!r} for {mutant!r}: {err.getvalue()!r}") from exc
     except Exception as exc:  # noqa: BLE001
         raise AssertionError(f"{type(exc).__name__} escaped the CLI for {mutant!r}: {exc}") from exc
+    # Nothing from the input reaches the terminal raw: no escape sequence, bell or NUL.
+    raw = [c for c in err.getvalue() + out.getvalue() if not c.isprintable() and c != "\n"]
+    if raw:
+        raise AssertionError(f"control characters {sorted(set(raw))!r} reached the terminal for {mutant!r}")
     # One line: no line break (str.splitlines would also split on \x1c-\x1e, \x85, ...).
     lines = [line for line in re.split(r"\r\n|\r|\n", err.getvalue()) if line]
     if code == 1:

@@ -876,15 +876,23 @@ def graphs(
     return _draw()
 
 
+#: The optimization levels drawn by :func:`graphs_with_options` (``None``: the default).
+LEVELS: tuple[str | None, ...] = (None, None, None, "TENSOR_CORES_ONLY", "TREAT_INFER_AS_DENY",
+                                  "UNSAFE_FORCE_ALL")
+
+
 def graphs_with_options(*, lists: Sequence[str] = ("default", "tensorflow", "optimal"), cpu: bool = True,
-                        planners: Sequence[str | None] = (None, None, "min-casts"),
+                        planners: Sequence[str | None] = (None, None, "min-casts", "optimal", "greedy"),
+                        levels: Sequence[str | None] = LEVELS,
                         **graph_options: Any) -> st.SearchStrategy[tuple[GraphCase, dict[str, Any]]]:
     """Draw ``(case, options)``: a :class:`GraphCase` and keyword arguments for
     ``rewrite_graph_def`` (target: the case's GPU target or, when ``cpu``, sometimes ``"cpu"``;
     precision; one of ``lists``; fetches: the case's outputs, or ``None`` which means the
     same; ``use_env=False``; and sometimes one of ``planners`` -- ``None`` leaves the
     profile's planner, ``"min-casts"`` exercises the min cut on the small drawn graphs, where
-    the time-based ``optimal`` planner rightly keeps almost everything float32)."""
+    the time-based ``optimal`` planner rightly keeps almost everything float32 -- and one of
+    ``levels`` (``None`` leaves the default; ``UNSAFE_FORCE_ALL`` is drawn only with a GPU
+    target, as TensorFlow refuses it for CPUs))."""
 
     @st.composite
     def _draw(draw: Any) -> tuple[GraphCase, dict[str, Any]]:
@@ -899,6 +907,11 @@ def graphs_with_options(*, lists: Sequence[str] = ("default", "tensorflow", "opt
         planner = draw(st.sampled_from(list(planners)))
         if planner is not None:
             options["planner"] = planner
+        level = draw(st.sampled_from(list(levels)))
+        if level == "UNSAFE_FORCE_ALL" and options["target"] == "cpu":
+            level = None
+        if level is not None:
+            options["level"] = level
         return case, options
 
     return _draw()

@@ -10,7 +10,7 @@ import inspect
 import logging
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from ..errors import AmpRewriteError
 
@@ -26,6 +26,11 @@ __all__ = [
     "note_rewrite_options",
     "warn_once",
     "building_unrewritten_function",
+    "report_rewrite",
+    "add_rewrite_listener",
+    "mark_graph_rewritten",
+    "graph_is_rewritten",
+    "set_tf1_sessions_rewritten",
 ]
 
 log = logging.getLogger(__name__)
@@ -65,6 +70,13 @@ _trace_depth = 0
 _collectors: list[list[dict[str, Any]]] = []
 # owner -> keys already warned about; weak, so a new object reusing an id is warned again.
 _warned: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
+# Callbacks told of every training rewrite (the launcher prints one line per function).
+_listeners: list[Callable[[str, Mapping[str, Any]], None]] = []
+# TF1 graphs that something will run rewritten (an amp_rewrite.Session or session creator was
+# built for them, or rewrite_graph was called): their optimizers need not warn.
+_rewritten_graphs: "weakref.WeakSet[Any]" = weakref.WeakSet()
+# Set by the launcher, which replaces tf.compat.v1.Session: every TF1 graph runs rewritten.
+_tf1_sessions_rewritten = False
 
 
 def check_rewrite_options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -145,6 +157,85 @@ def warn_once(owner: object, key: str, message: str) -> None:
         return
     keys.add(key)
     log.warning(message)
+
+
+def add_rewrite_listener(listener: Callable[[str, Mapping[str, Any]], None]) -> Callable[[], None]:
+    """Call ``listener(message, report)`` with each summary line of :func:`report_rewrite`
+    (once per function and outcome) and its report.  Returns a function that
+    removes it.  Process-wide: meant for a launcher that owns the process.  While any listener
+    is registered the listeners *replace* the INFO/WARNING line (it is logged at DEBUG), so
+    the launcher's own line is not printed twice."""
+    _listeners.append(listener)
+
+    def remove() -> None:
+        if listener in _listeners:
+            _listeners.remove(listener)
+
+    return remove
+
+
+def report_rewrite(owner: object, label: str, report: Mapping[str, Any], seconds: float) -> str:
+    """Log the outcome of rewriting one training function; returns the summary line.
+
+    ``label`` names the function ("Keras train step of model 'm'"), ``report`` is its
+    :func:`~amp_rewrite.rewrite_graph_def` report and ``seconds`` how long the rewrite took.
+    A function that converted something gets one INFO line; one that converted nothing (or was
+    skipped) gets one WARNING with the report's reason, because a training run that silently
+    stays float32 is the failure users of TensorFlow's rewrite could not see.  Each kind is
+    logged once per ``owner`` (later traces of the same function log at DEBUG).  Listeners
+    (:func:`add_rewrite_listener`) hear of each line logged once, and take it over from the log.
+    """
+    precision = report.get("precision", "?")
+    reason = report.get("skipped")
+    if reason is None and not report.get("converted_nodes"):
+        reason = "no op was converted"
+    if reason is None:
+        message = (
+            f"amp_rewrite: {label}: converted {report['converted_nodes']} of "
+            f"{report['total_nodes']} ops to {precision}, {report['casts_to_low']} cast(s) to "
+            f"{precision} and {report['casts_to_high']} to float32 (target {report.get('target')}; "
+            f"rewritten in {seconds:.2f} s)"
+        )
+        key, level = "rewrite-info", logging.INFO
+    else:
+        message = (
+            f"amp_rewrite: {label} was not rewritten and runs in float32: {reason} (target "
+            f"{report.get('target')}, precision {precision})"
+        )
+        key, level = "rewrite-noop", logging.WARNING
+    try:
+        keys = _warned.setdefault(owner, set())
+    except TypeError:  # not weak-referenceable: log every time rather than never
+        keys = set()
+    listeners = list(_listeners)
+    first = key not in keys
+    keys.add(key)
+    if first and not listeners:
+        log.log(level, message)
+    else:
+        log.debug(message)
+    if first:
+        for listener in listeners:
+            listener(message, report)
+    return message
+
+
+def mark_graph_rewritten(graph: Any) -> None:
+    """Record that ``graph`` (a TF1 ``tf.Graph``) is run rewritten, so its optimizers do not
+    warn that it is not."""
+    _rewritten_graphs.add(graph)
+
+
+def graph_is_rewritten(graph: Any) -> bool:
+    """Whether :func:`mark_graph_rewritten` was called for ``graph``, or the launcher rewrites
+    every TF1 session."""
+    return _tf1_sessions_rewritten or graph in _rewritten_graphs
+
+
+def set_tf1_sessions_rewritten(value: bool) -> None:
+    """The launcher's switch: ``tf.compat.v1.Session`` is amp_rewrite's in this process."""
+    global _tf1_sessions_rewritten
+    _tf1_sessions_rewritten = bool(value)
 
 
 def building_unrewritten_function() -> bool:

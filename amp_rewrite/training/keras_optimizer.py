@@ -22,10 +22,13 @@ it before ``fit`` traces the train step, and the step must be rewritten *as a wh
 pass, gradients and update).  The model's tracking code does call the optimizer's
 ``_maybe_initialize_trackable`` from ``model.compile`` (assigning ``model.optimizer``); the
 override below recognises that call and installs, on that one model instance only, a
-``make_train_function`` that runs the train step through :class:`amp_rewrite.function`.  The
-installed method checks at call time that the model's optimizer is still one of ours.  If the
-hook is missed (a future Keras), the optimizer logs a WARNING when it is traced into an
-unrewritten graph, and :func:`rewrite_keras_train_step` installs the same thing explicitly.
+``make_train_function`` that runs the train step through :class:`amp_rewrite.function`, and
+``make_test_function`` / ``make_predict_function`` that do the same for ``evaluate`` (and
+``fit``'s validation) and ``predict``, so inference runs the rewritten plan the model is trained
+with.  The installed methods check at call time that the model's optimizer is still one of
+ours.  If the hook is missed (a future Keras), the optimizer logs a WARNING when it is traced
+into an unrewritten graph, and :func:`rewrite_keras_train_step` installs the same thing
+explicitly.
 """
 
 from __future__ import annotations
@@ -275,22 +278,34 @@ def _loss_scale_from_config(config: Mapping[str, Any]) -> loss_scale_module.Loss
 # -- the rewritten train step ---------------------------------------------------------------
 
 def _install(model: Any) -> None:
-    """Give ``model`` (this instance only) a ``make_train_function`` that rewrites the step."""
+    """Give ``model`` (this instance only) ``make_train_function``, ``make_test_function`` and
+    ``make_predict_function`` methods that rewrite the step.  Mutates ``model``."""
     if model.__dict__.get("_amp_rewrite_installed"):
         return
     # object.__setattr__: a bound method is not state Keras should track or save.
     object.__setattr__(model, "make_train_function", types.MethodType(_make_train_function, model))
+    object.__setattr__(model, "make_test_function", types.MethodType(_make_test_function, model))
+    object.__setattr__(model, "make_predict_function",
+                       types.MethodType(_make_predict_function, model))
     object.__setattr__(model, "_amp_rewrite_installed", True)
-    # A model compiled before may hold a train function traced without the rewrite.
-    if getattr(model, "train_function", None) is not None:
-        model.train_function = None
+    # Keras 3's own symbolic build breaks fit under MultiWorkerMirroredStrategy before the
+    # train step is traced (keras-team/keras#20585); see _keras_multiworker.
+    from . import _keras_multiworker
+
+    _keras_multiworker.install(model)
+    # A model compiled (or used) before may hold functions traced without the rewrite.
+    for cached in ("train_function", "test_function", "predict_function"):
+        if getattr(model, cached, None) is not None:
+            setattr(model, cached, None)
 
 
 def rewrite_keras_train_step(model: Any) -> None:
-    """Make ``model.fit`` run its train step through the rewrite (explicit form of the hook).
+    """Make ``model.fit`` run its train step through the rewrite (explicit form of the hook),
+    and ``evaluate``/``predict`` their steps.
 
-    Mutates ``model``: sets an instance attribute ``make_train_function`` and clears a cached
-    train function.  The model must be compiled with an optimizer from
+    Mutates ``model``: sets instance attributes ``make_train_function``,
+    ``make_test_function`` and ``make_predict_function`` and clears the cached functions.  The
+    model must be compiled with an optimizer from
     :func:`amp_rewrite.enable_mixed_precision_graph_rewrite` by the time ``fit`` runs; with any
     other optimizer Keras's own train function is used.
     """
@@ -316,42 +331,120 @@ def _make_train_function(model: Any, force: bool = False) -> Any:
     return model.train_function
 
 
-def _rewritten_train_function(model: Any, options: Mapping[str, Any]) -> Any:
+def _rewritten_optimizer(model: Any) -> "LossScaleOptimizer | None":
+    """The model's optimizer if it is ours and the model runs graphs (else ``None``: Keras's
+    own function is used; the train function has already warned about eager models)."""
+    optimizer = getattr(model, "optimizer", None)
+    if not isinstance(optimizer, LossScaleOptimizer) or model.run_eagerly:
+        return None
+    return optimizer
+
+
+def _make_test_function(model: Any, force: bool = False) -> Any:
+    optimizer = _rewritten_optimizer(model)
+    if optimizer is None:
+        return type(model).make_test_function(model, force)
+    if model.test_function is not None and not force:
+        return model.test_function
+    model.test_function = _rewritten_train_function(
+        model, optimizer.rewrite_options, step_function=model.test_step,
+        name="one_test_step_on_data", description=f"Keras test step of model {model.name!r}",
+    )
+    return model.test_function
+
+
+def _make_predict_function(model: Any, force: bool = False) -> Any:
+    optimizer = _rewritten_optimizer(model)
+    if optimizer is None:
+        return type(model).make_predict_function(model, force)
+    if model.predict_function is not None and not force:
+        return model.predict_function
+    model.predict_function = _rewritten_predict_function(model, optimizer.rewrite_options)
+    return model.predict_function
+
+
+def _without_optionals(data: Any) -> Any:
+    """Keras's ``_autoconvert_optionals``: a missing element (an empty Optional) becomes None."""
+    return tf.nest.map_structure(
+        lambda x: None if isinstance(x, tf.experimental.Optional) else x, data
+    )
+
+
+def _rewritten_predict_function(model: Any, options: Mapping[str, Any]) -> Any:
+    """Keras's TensorFlow predict function, with amp_rewrite.function in place of tf.function.
+
+    Mirrors ``TensorFlowTrainer.make_predict_function`` (Keras 3.15): called with a list of
+    ``steps_per_execution`` batches, it runs ``predict_step`` on each through the distribution
+    strategy and concatenates the outputs.  Each batch runs the rewritten step (one trace per
+    batch shape, relaxed as ``reduce_retracing`` does); the concatenation stays in Python, as
+    Keras's own runs outside its per-step function.  ``jit_compile`` as Keras resolved it.
+    """
+    from keras.src import tree
+    from keras.src.backend.tensorflow.trainer import concat, reduce_per_replica
+
+    def one_predict_step_on_data(data: Any) -> Any:
+        outputs = model.distribute_strategy.run(model.predict_step, args=(data,))
+        return reduce_per_replica(outputs, model.distribute_strategy, reduction="concat")
+
+    one_step = Function(one_predict_step_on_data, autograph=False, reduce_retracing=True,
+                        jit_compile=bool(model.jit_compile), rewrite_options=options,
+                        description=f"Keras predict step of model {model.name!r}")
+
+    def function(data: Any) -> Any:
+        outputs = None
+        for batch in data:
+            step_outputs = one_step(_without_optionals(batch))
+            outputs = step_outputs if outputs is None else tree.map_structure(
+                lambda t1, t2: concat([t1, t2]), outputs, step_outputs)
+        return outputs
+
+    function.amp_function = one_step  # type: ignore[attr-defined]
+    return function
+
+
+def _rewritten_train_function(model: Any, options: Mapping[str, Any], *, step_function: Any = None,
+                              name: str = "one_step_on_data", description: str | None = None) -> Any:
     """Keras's TensorFlow train function, with amp_rewrite.function in place of tf.function.
 
     Mirrors ``keras.src.backend.tensorflow.trainer.TensorFlowTrainer._make_function`` (Keras
-    3.15).  ``steps_per_execution`` steps run as a Python loop over the rewritten step.
+    3.15), which builds the test function too: ``step_function`` is ``model.train_step``
+    (default) or ``model.test_step``, ``name`` names the rewritten runner (and XLA's module)
+    and ``description`` the log lines.  ``steps_per_execution`` steps run as a Python loop
+    over the rewritten step.
 
     XLA as Keras decides it: ``model.jit_compile`` is the value ``model.compile`` resolved
     (Keras's own ``_resolve_auto_jit_compile`` for ``"auto"``: XLA when a non-CPU device is
     present, no distribution strategy is set and every layer supports it; its setter turns an
     unsupported ``True`` into ``False``).  When it is true the rewritten step is compiled with
     XLA (:class:`~amp_rewrite.training.tf_function.Function` with ``jit_compile=True``, which
-    falls back, with one WARNING, where XLA cannot compile the rewritten graph).  Only the
-    train step is rewritten; Keras's own predict and test functions honour ``jit_compile``
-    themselves.
+    falls back, with one WARNING, where XLA cannot compile the rewritten graph).  The test
+    and predict functions (:func:`_make_test_function`, :func:`_make_predict_function`) do
+    the same.
     """
-    from keras.src.backend.tensorflow.trainer import reduce_per_replica
+    # Keras's reduce_per_replica, except under MultiWorkerMirroredStrategy, where Keras's
+    # cannot reduce a scalar loss (see _keras_multiworker).
+    from ._keras_multiworker import reduce_per_replica
 
-    step_function = model.train_step
+    if step_function is None:
+        step_function = model.train_step
+    if description is None:
+        description = f"Keras train step of model {model.name!r}"
     # The resolved value (a bool); the property resolves a model compiled before Keras
     # resolved "auto" eagerly, exactly as Keras's own train function would.
     jit_compile = bool(model.jit_compile)
-    log.debug("amp_rewrite: Keras train step of %s: jit_compile=%s", model.name, jit_compile)
+    log.debug("amp_rewrite: %s: jit_compile=%s", description, jit_compile)
 
     def one_step_on_data(data: Any) -> Any:
         outputs = model.distribute_strategy.run(step_function, args=(data,))
         return reduce_per_replica(outputs, model.distribute_strategy, reduction="auto")
 
+    # The name names the runner's FunctionDef and XLA's HLO module (amp_rewrite_<name>).
+    one_step_on_data.__name__ = one_step_on_data.__qualname__ = name
     one_step = Function(one_step_on_data, autograph=False, reduce_retracing=True,
-                        jit_compile=jit_compile, rewrite_options=options)
+                        jit_compile=jit_compile, rewrite_options=options, description=description)
 
     def run_step(data: Any) -> Any:
-        # Keras's _autoconvert_optionals: a missing element (an empty Optional) becomes None.
-        data = tf.nest.map_structure(
-            lambda x: None if isinstance(x, tf.experimental.Optional) else x, data
-        )
-        return one_step(data)
+        return one_step(_without_optionals(data))
 
     def function(iterator: Any) -> Any:
         outputs = None

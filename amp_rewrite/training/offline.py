@@ -28,8 +28,18 @@ Assumptions (each violation is an :class:`~amp_rewrite.AmpRewriteError` naming i
 one train op (or ``train_op=`` names it); gradients come from ``tf.gradients`` with its default
 seed; variables are updated only by ``Apply*`` ops (a sparse ``GradientDescent`` update, which
 uses ``ScatterAdd``, is rejected rather than trained with scaled gradients); the graph is not
-already loss-scaled.  The MetaGraphDef's ``saver_def`` is kept as it was, so a ``Saver`` built
-from it does not save the loss-scale variables.
+already loss-scaled.
+
+Checkpoints: when the MetaGraphDef has a ``saver_def``, a new ``Saver`` is built in the graph
+(``save_1/`` or the next free scope; the old saver's ops stay, unused) that saves everything the
+old one saved, under the same checkpoint keys, plus the three loss-scale variables, and the
+``saver_def`` is replaced by the new saver's: ``import_meta_graph`` then returns a saver whose
+checkpoints carry the scale and counters, so a restored job resumes with its loss scale.
+A checkpoint written by the *original* graph's saver lacks those three keys; restore it with a
+``Saver`` over the model's own variables and initialize the loss-scale variables.  A graph whose
+saver cannot be rebuilt (a saved tensor that is not a whole variable, such as a partitioned
+variable's slice) keeps its ``saver_def``, and a WARNING says that the loss-scale variables are
+not checkpointed.
 """
 
 from __future__ import annotations
@@ -153,6 +163,78 @@ def _grad_index(op: Any) -> int:
         raise AmpRewriteError(f"update op {op.name} ({op.type}) has no single 'grad' input",
                               node=op.name, op=op.type)
     return names.index(key)
+
+
+def _saved_variables(graph: Any, saver_def: Any) -> dict[str, Any] | None:
+    """Checkpoint key -> variable, for every tensor the saver of ``saver_def`` saves.
+
+    Pure (reads ``graph``).  The keys and tensors are read from the saver's ``SaveV2`` ops
+    (one per shard): their ``tensor_names`` constant pairs with their ``tensors`` inputs.  A
+    saved tensor is traced back through ``Identity``/``ReadVariableOp`` to the variable it reads.
+    Returns ``None`` when some saved tensor is not a whole variable of ``GLOBAL_VARIABLES`` (a
+    slice of a partitioned variable, a tensor computed from one) or the saver writes the V1
+    format: such a saver cannot be rebuilt from a list of variables.
+    """
+    import tensorflow as tf
+    from tensorflow.python.framework import tensor_util
+
+    scope = saver_def.save_tensor_name.rsplit("/", 1)[0] + "/"
+    variables = {v.op.name: v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
+    saves = [op for op in graph.get_operations()
+             if op.type in ("SaveV2", "Save", "SaveSlices") and op.name.startswith(scope)]
+    if not saves:
+        return None
+    out: dict[str, Any] = {}
+    for save in saves:
+        if save.type != "SaveV2":
+            return None  # the V1 checkpoint format: not rebuilt
+        names = tensor_util.constant_value(save.inputs[1])
+        slices = tensor_util.constant_value(save.inputs[2])
+        if names is None or slices is None or any(slices):
+            return None
+        for name, tensor in zip(names, save.inputs[3:]):
+            op = tensor.op
+            while op.name not in variables and op.type in ("Identity", "ReadVariableOp") and op.inputs:
+                op = op.inputs[0].op
+            if op.name not in variables:
+                return None
+            out[name.decode()] = variables[op.name]
+    return out
+
+
+def _saver_with_loss_scale(graph: Any, saver_def: Any, loss_scale_variables: Sequence[Any]) -> Any:
+    """A ``SaverDef`` that saves what ``saver_def`` saves plus ``loss_scale_variables``.
+
+    Mutates ``graph`` (the caller's working copy): adds the new saver's ops.  Returns ``None``
+    (and logs a WARNING) when the old saver cannot be rebuilt; see :func:`_saved_variables`.
+    """
+    import tensorflow as tf
+
+    var_list = _saved_variables(graph, saver_def)
+    if var_list is None:
+        log.warning(
+            "amp_rewrite: the training graph's Saver (%s) saves something other than whole "
+            "variables, so it is kept as it was and does not checkpoint the loss-scale "
+            "variables (%s/*): a restored job restarts from the initial loss scale",
+            saver_def.save_tensor_name, _SCOPE,
+        )
+        return None
+    for variable in loss_scale_variables:
+        var_list[variable.op.name] = variable
+    keep_hours = saver_def.keep_checkpoint_every_n_hours
+    # A scope of its own: after an import, TensorFlow's name scopes do not know "save" is
+    # taken and would mix the new saver's ops into the old saver's scope.
+    prefixes = {op.name.split("/", 1)[0] for op in graph.get_operations()}
+    name = next(f"save_{i}" for i in range(1, len(prefixes) + 2) if f"save_{i}" not in prefixes)
+    saver = tf.compat.v1.train.Saver(
+        var_list=var_list, sharded=saver_def.sharded,
+        max_to_keep=saver_def.max_to_keep,
+        # 0 in a SaverDef means "not set"; the Saver's own default is 10000 hours.
+        keep_checkpoint_every_n_hours=keep_hours if keep_hours > 0 else 10000.0,
+        write_version=saver_def.version or tf.compat.v1.train.SaverDef.V2,
+        name=name,
+    )
+    return saver.as_saver_def()
 
 
 def rewrite_training_meta_graph(
@@ -301,6 +383,10 @@ def rewrite_training_meta_graph(
             )
         train._add_control_input(update)  # noqa: SLF001
 
+        saver_def = None
+        if meta.HasField("saver_def"):
+            saver_def = _saver_with_loss_scale(graph, meta.saver_def,
+                                               [scale_var, good_var, skipped_var])
         out = tf.compat.v1.train.export_meta_graph(graph=graph, clear_devices=False)
     # Keep what the export does not know about: signatures, saver, assets, meta info.
     # The export's meta_info_def has the right stripped_op_list (it now needs Switch,
@@ -312,7 +398,7 @@ def rewrite_training_meta_graph(
     for key, sig in meta.signature_def.items():
         out.signature_def[key].CopyFrom(sig)
     if meta.HasField("saver_def"):
-        out.saver_def.CopyFrom(meta.saver_def)
+        out.saver_def.CopyFrom(saver_def if saver_def is not None else meta.saver_def)
     out.asset_file_def.extend(meta.asset_file_def)
     report = dict(result.report)
     report["training"] = {
@@ -322,6 +408,10 @@ def rewrite_training_meta_graph(
         "loss_scale": repr(scale_config),
         "loss_scale_variables": [f"{_SCOPE}/current_loss_scale", f"{_SCOPE}/good_steps",
                                  f"{_SCOPE}/skipped_steps"],
+        # Whether the Saver that import_meta_graph builds checkpoints those variables: the
+        # rebuilt saver_def's does; without a saver_def it builds one over all global
+        # variables, theirs included; a kept saver_def's does not (see the module docstring).
+        "loss_scale_checkpointed": saver_def is not None or not meta.HasField("saver_def"),
     }
     log.info("amp_rewrite: loss scaling written into the training graph: %d update op(s), "
              "%d gradient seed(s)", len(applies), len(seeds))

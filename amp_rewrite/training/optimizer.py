@@ -33,6 +33,7 @@ from ._common import (
     LossScaleSettings,
     building_unrewritten_function,
     check_rewrite_options,
+    graph_is_rewritten,
     note_rewrite_options,
     warn_once,
 )
@@ -331,8 +332,28 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
         graph = tf.compat.v1.get_default_graph()
         if not tf.executing_eagerly() and not getattr(graph, "building_function", False):
             _graph_options[graph] = dict(self._amp_rewrite_options)
+            self._warn_if_graph_not_rewritten(graph)
         grads_and_vars = self._optimizer.compute_gradients(scaled_loss, var_list, *args, **kwargs)
         return [(loss_scale_module.unscale(g, scale), v) for g, v in grads_and_vars]
+
+    def _warn_if_graph_not_rewritten(self, graph: Any) -> None:
+        """One WARNING per optimizer, when it builds a train op in a TF1 graph that nothing
+        has said it will run rewritten.
+
+        A plain ``tf.compat.v1.Session`` runs the graph as built: float32 with loss scaling,
+        silently.  Python sees no hook when such a session runs a graph, so this is said
+        here, unless the graph already has an ``amp_rewrite.Session``, session creator or
+        ``rewrite_graph`` call, or the launcher (``amp-rewrite run``) rewrites every session.
+        """
+        if graph_is_rewritten(graph):
+            return
+        warn_once(self, "tf1-graph", (
+            f"amp_rewrite: optimizer {self.get_name()!r} built a train op in a TF1 graph, which "
+            "runs rewritten only through amp_rewrite.Session(graph=...), "
+            "amp_rewrite.training.MonitoredTrainingSession (or MixedPrecisionSessionCreator) or "
+            "amp_rewrite.rewrite_graph(graph); a plain tf.compat.v1.Session runs it in float32 "
+            "(with loss scaling). `amp-rewrite run script.py` does this for an unmodified script"
+        ))
 
     def apply_gradients(self, grads_and_vars: Any, global_step: Any = None,
                         name: str | None = None) -> Any:

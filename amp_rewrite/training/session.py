@@ -5,6 +5,10 @@ the serializable collections: variables, train_op, losses, savers...), rewrites 
 with :func:`amp_rewrite.rewrite_graph_def`, and imports both into a new ``tf.Graph``.  Every op
 keeps its name (the rewrite only adds Cast nodes), so fetching and feeding by name work.
 
+``rewrite_graph`` uses the options of the loss-scaled optimizer that built a train op in the
+graph (:func:`amp_rewrite.enable_mixed_precision_graph_rewrite`'s ``target``, ``precision``...),
+overridden by the options passed to it.
+
 ``Session`` is a drop-in for ``tf.compat.v1.Session`` that runs the rewritten graph.  It takes
 fetches and feeds from the *original* graph (tensors, ops, variables or names) and maps them
 by name.  A fetched tensor that the rewrite turned into float16/bfloat16 is cast back to its
@@ -21,29 +25,63 @@ works like ``run``: names of the original graph, values in their original dtypes
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.client import session as _tf_session
 from tensorflow.python.client.session import SessionInterface
 from tensorflow.python.framework import meta_graph
 from tensorflow.python.framework import stack as tf_stack
 
 from ..api import RewriteResult, rewrite_graph_def
 from ..errors import AmpRewriteError
-from ._common import check_rewrite_options
+from ._common import check_rewrite_options, mark_graph_rewritten, report_rewrite
 from .optimizer import graph_rewrite_options
 
-__all__ = ["rewrite_graph", "rewrite_graph_with_result", "Session"]
+__all__ = ["rewrite_graph", "rewrite_graph_with_result", "graph_options", "Session"]
 
 log = logging.getLogger(__name__)
+
+# TensorFlow's own Session class, taken at import: the launcher (amp-rewrite run) replaces
+# tf.compat.v1.Session with amp_rewrite's, which must still open TensorFlow's underneath.
+_TFSession = _tf_session.Session
+
+
+def graph_options(graph: tf.Graph, rewrite_options: Mapping[str, Any] | None = None,
+                  fetches: Sequence[str] | None = None) -> tuple[dict[str, Any], list[str] | None]:
+    """The rewrite options and fetches for ``graph``: those of the loss-scaled optimizer that
+    built a train op in it, overridden by ``rewrite_options``; the fetches are the union of
+    ``fetches`` and both option sets' ``fetches`` (``None`` when none names any).  Pure.
+
+    Raises
+    ------
+    AmpRewriteError
+        For an unknown rewrite option.
+    """
+    registered = graph_rewrite_options(graph) or {}
+    explicit = dict(rewrite_options or {})
+    names: set[str] | None = None
+    for source in (fetches, registered.pop("fetches", None), explicit.pop("fetches", None)):
+        if source is not None:
+            names = (names or set()) | set(source)
+    options = check_rewrite_options({**registered, **explicit})
+    return options, None if names is None else sorted(names)
 
 
 def rewrite_graph_with_result(
     graph: tf.Graph, *, fetches: Sequence[str] | None = None, **rewrite_options: Any
 ) -> tuple[tf.Graph, RewriteResult]:
-    """:func:`rewrite_graph` that also returns the :class:`~amp_rewrite.RewriteResult`."""
-    options = check_rewrite_options(rewrite_options)
+    """:func:`rewrite_graph` that also returns the :class:`~amp_rewrite.RewriteResult`
+    (``.report`` says what was converted, or in ``skipped`` why nothing was).
+
+    Logs one INFO line per graph with what was converted, or one WARNING with the reason when
+    nothing was (the graph would train in float32).
+    """
+    options, fetches = graph_options(graph, rewrite_options, fetches)
+    mark_graph_rewritten(graph)
+    start = time.perf_counter()
     with graph.as_default():  # TensorFlow exports meta graphs only in graph mode
         meta = tf.compat.v1.train.export_meta_graph(graph=graph, clear_devices=False)
     result = rewrite_graph_def(meta.graph_def, fetches=fetches, **options)
@@ -53,6 +91,7 @@ def rewrite_graph_with_result(
     with new_graph.as_default():
         meta_graph.import_scoped_meta_graph(meta, clear_devices=False, graph=new_graph)
     _copy_unserializable_collections(graph, new_graph)
+    report_rewrite(graph, "TF1 graph", result.report, time.perf_counter() - start)
     return new_graph, result
 
 
@@ -63,7 +102,8 @@ def rewrite_graph(
 
     Does not mutate ``graph``.  ``fetches`` are node names whose dtypes must not change
     (default: the graph's outputs, the nodes nothing reads from); ``rewrite_options`` go to
-    :func:`amp_rewrite.rewrite_graph_def` (``target`` defaults to ``"auto"``).  Collections
+    :func:`amp_rewrite.rewrite_graph_def` (``target`` defaults to ``"auto"``), over the options
+    of the loss-scaled optimizer that built a train op in ``graph``.  Collections
     that TensorFlow cannot serialize are copied where their items are ops or tensors (mapped
     by name) and otherwise dropped with a DEBUG log line.
     """
@@ -178,6 +218,7 @@ class Session(SessionInterface):
     ) -> None:
         self._graph = graph if graph is not None else tf.compat.v1.get_default_graph()
         check_rewrite_options(rewrite_options or {})  # fail now, not at the first run
+        mark_graph_rewritten(self._graph)  # its optimizers need not warn that it is not
         self._explicit_options = dict(rewrite_options or {})
         self._fetches = list(fetches) if fetches is not None else None
         self._target = target
@@ -214,33 +255,34 @@ class Session(SessionInterface):
 
     def rewrite_options(self) -> dict[str, Any]:
         """The options the graph is (or will be) rewritten with."""
-        options = graph_rewrite_options(self._graph) or {}
-        options.update(self._explicit_options)
-        return check_rewrite_options(options)
+        return graph_options(self._graph, self._explicit_options)[0]
 
     def _ensure_started(self) -> None:
         if self._closed:
             raise RuntimeError("Attempted to use a closed Session.")
         if self._session is None:
-            options = self.rewrite_options()
             # `fetches` may come from the optimizer's options as well as from this Session:
-            # the rewrite keeps the nodes both name.
-            extra = options.pop("fetches", None)
-            fetches = self._fetches
-            if extra is not None:
-                fetches = list(extra) if fetches is None else sorted(set(fetches) | set(extra))
-            self._rewritten, self._result = rewrite_graph_with_result(
-                self._graph, fetches=fetches, **options
+            # the rewrite keeps the nodes both name (graph_options).
+            rewritten, result = rewrite_graph_with_result(
+                self._graph, fetches=self._fetches, **self._explicit_options
             )
-            self._version = self._graph.version
-            self._session = tf.compat.v1.Session(self._target, graph=self._rewritten,
-                                                 config=self._config)
+            self._adopt(rewritten, result, _TFSession(self._target, graph=rewritten,
+                                                      config=self._config))
         elif self._graph.version != self._version:
             raise AmpRewriteError(
                 "the graph changed after this amp_rewrite.Session first ran it; build the whole "
                 "graph (including Savers and summaries) before the first run, or open a new "
                 "Session"
             )
+
+    def _adopt(self, rewritten: tf.Graph, result: RewriteResult, session: Any) -> None:
+        """Run ``session`` (TensorFlow's, on ``rewritten``, the rewrite of this Session's graph
+        described by ``result``) from now on.  Used at the first run, and by
+        :class:`~amp_rewrite.training.monitored.MixedPrecisionSessionCreator`, whose session
+        TensorFlow's SessionManager opened and initialized.  Mutates this Session."""
+        self._rewritten, self._result = rewritten, result
+        self._version = self._graph.version
+        self._session = session
 
     def run(self, fetches: Any, feed_dict: Mapping[Any, Any] | None = None,
             options: Any = None, run_metadata: Any = None) -> Any:

@@ -45,11 +45,12 @@ import itertools
 import logging
 import re
 import threading
+import time
 import weakref
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import AmpRewriteError
-from ._common import check_rewrite_options, rewrite_trace, warn_once
+from ._common import check_rewrite_options, report_rewrite, rewrite_trace, warn_once
 
 __all__ = ["function", "Function", "rename_functions"]
 
@@ -310,7 +311,9 @@ class Function:
 
     Build it with :func:`function`.  Calling it traces (once per input signature), rewrites,
     and runs the rewritten graph.  ``rewrite_results`` and ``executed_graphs()`` expose what
-    was rewritten and what ran.
+    was rewritten and what ran.  The first rewrite logs one INFO line (what was converted, how
+    long it took), or one WARNING with the reason when nothing was converted; ``description``
+    names the function in those lines (default: ``amp_rewrite.function 'name'``).
     """
 
     def __init__(
@@ -322,6 +325,7 @@ class Function:
         reduce_retracing: bool = False,
         jit_compile: bool | None = None,
         rewrite_options: Mapping[str, Any] | None = None,
+        description: str | None = None,
     ) -> None:
         import tensorflow as tf
 
@@ -346,8 +350,10 @@ class Function:
         self._lock = threading.Lock()
         self._bound: weakref.WeakKeyDictionary[Any, Function] = weakref.WeakKeyDictionary()
         self._init_kwargs = dict(input_signature=input_signature, autograph=autograph,
-                                 reduce_retracing=reduce_retracing, jit_compile=jit_compile)
+                                 reduce_retracing=reduce_retracing, jit_compile=jit_compile,
+                                 description=description)
         functools.update_wrapper(self, python_function)
+        self._description = description or f"amp_rewrite.function {getattr(self, '__name__', 'step')!r}"
 
     @property
     def python_function(self) -> Callable[..., Any]:
@@ -417,12 +423,13 @@ class Function:
         with self._lock:
             runner = self._runners.get(concrete.name)
             if runner is None:
+                start = time.perf_counter()
                 runner = _Runner(concrete, self._plan_options(concrete), jit_compile=self._jit_compile,
                                  name=getattr(self, "__name__", "step"), owner=self)
                 self._runners[concrete.name] = runner
-                report = runner.result.report
-                log.debug("amp_rewrite.function %s: %s", getattr(self, "__name__", "?"),
-                          report["skipped"] or f"{report['converted_nodes']} nodes converted")
+                # Built at the first call of each signature, so this is the first step's line.
+                report_rewrite(self, self._description, runner.result.report,
+                               time.perf_counter() - start)
             return runner
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

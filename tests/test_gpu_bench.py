@@ -1,0 +1,110 @@
+"""The GPU benchmark (bench/gpu_bench.py) in its CPU smoke mode, so CI keeps it runnable for the
+session that gets a GPU: every variant and model runs, times are finite, the A/A control is
+there, and our variants really rewrote the Keras train step."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import gpu_bench  # noqa: E402  (importing it loads no TensorFlow: its models build lazily)
+
+
+def test_variant_names_map_to_their_settings():
+    """Each variant name says what it runs; an unknown one is refused."""
+    assert gpu_bench.variant_spec("float32_strict").tf32 is False
+    assert gpu_bench.variant_spec("tf_amp").tf_amp is True
+    assert gpu_bench.variant_spec("keras_mixed_xla") == gpu_bench.VariantSpec(
+        "keras_mixed_xla", policy="mixed", jit_compile=True)
+    assert gpu_bench.variant_spec("ours_optimal_xla").lists == "optimal"
+    assert gpu_bench.variant_spec("ours_optimal_xla").jit_compile is True
+    assert gpu_bench.variant_spec("ours_default").jit_compile is False
+    with pytest.raises(ValueError):
+        gpu_bench.variant_spec("ours_magic")
+
+
+def test_placement_estimates_sum_every_planned_graph():
+    """The predicted ratio is read from every section the optimal planner priced."""
+    section = {"placement": {"estimated_us": {"float32": 10.0, "greedy": 8.0, "optimal": 6.0}}}
+    report = {**section, "functions": {"f": section, "g": {"nodes": {}}}}
+    assert gpu_bench.placement_estimates(report) == {"float32": 20.0, "greedy": 16.0, "optimal": 12.0}
+    assert gpu_bench.placement_estimates({"functions": {}}) is None
+
+
+def test_merge_keeps_each_workload_once(tmp_path):
+    """Runs split over device calls merge into one table; a later record of a workload wins."""
+    def run(name: str, workloads: list[str], step: float) -> str:
+        rec = {"workload": None, "train": True, "batch": 2, "repeats": 1, "steps": 1, "warmup": 0,
+               "variants": {}, "failed": {}, "aa_gap": 0.01, "seconds": 1.0}
+        data = {"machine": {"date": "d"}, "config": {"precision": "float16", "target": "auto", "repeats": 1,
+                                                    "steps": 1, "warmup": 0, "reduced": False},
+                "workloads": [{**rec, "workload": w, "seconds": step} for w in workloads],
+                "skipped_workloads": ["b"]}
+        path = tmp_path / name
+        path.write_text(json.dumps(data))
+        return str(path)
+
+    merged = gpu_bench.merge([run("1.json", ["a"], 1.0), run("2.json", ["a", "b"], 2.0)])
+    assert [r["workload"] for r in merged["workloads"]] == ["a", "b"]
+    assert all(r["seconds"] == 2.0 for r in merged["workloads"])
+    assert merged["skipped_workloads"] == []
+    assert "## a" in gpu_bench.render_markdown(merged)
+
+
+def test_reduced_run_measures_every_variant_and_model(tmp_path):
+    """``--reduced`` end to end in a subprocess, as CI and CONTRIBUTING.md run it."""
+    out = tmp_path / "GPU_RESULTS.md"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "gpu_bench.py"), "--reduced", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "GPU_RESULTS.json").read_text())
+    assert "A/A gap" in out.read_text()
+
+    names = list(gpu_bench.REDUCED_DEFAULT)
+    assert [r["workload"] for r in results["workloads"]] == names
+    assert results["machine"]["tensorflow"] and results["machine"]["keras"]
+    for rec in results["workloads"]:
+        where = rec["workload"]
+        assert rec["failed"] == {}, where
+        assert set(rec["variants"]) == set(gpu_bench.VARIANTS), where
+        assert rec["repeats"] == 2
+        assert rec["aa_gap"] is not None and math.isfinite(rec["aa_gap"]), where
+        for name, v in rec["variants"].items():
+            assert math.isfinite(v["step_ms"]) and v["step_ms"] > 0, (where, name)
+            assert len(v["step_ms_per_repeat"]) == 2, (where, name)
+            assert math.isfinite(v["first_step_s"]) and v["first_step_s"] > 0, (where, name)
+            assert v["peak_mem_mib"] is None  # no GPU here: reported as n/a, never invented
+            err = v["rel_err_vs_float32_strict"]
+            assert err is not None and math.isfinite(err), (where, name)
+        assert rec["variants"]["float32_strict"]["rel_err_vs_float32_strict"] == 0.0
+        for name, v in rec["variants"].items():
+            if not name.startswith("ours_"):
+                assert "rewrite" not in v
+                continue
+            rw = v["rewrite"]
+            assert rw["target"].startswith("cpu") and rw["precision"] == "bfloat16", (where, name)
+            assert rw["total_nodes"] > 0, (where, name)
+            assert v["measured_ratio"] is not None and math.isfinite(v["measured_ratio"]), (where, name)
+            assert v["predicted_ratio"] is not None and v["predicted_ratio"] > 0, (where, name)
+            assert rw["xla_compiled"] == [name.endswith("_xla")], (where, name)
+            if "optimal" in name:
+                # The optimal planner may keep a tiny step float32 (estimated gain under its
+                # margin): then the report must say so, and its estimates must exist.
+                assert rw["converted_nodes"] > 0 or rw["skipped"], (where, name)
+                assert rw["placement_estimated_us"] is not None, (where, name)
+            else:
+                assert rw["converted_nodes"] > 0, (where, name)
+        # A rewrite changes the arithmetic: TensorFlow's lists convert the dense ops, so the
+        # loss moves off float32's (a variant that silently ran float32 would show 0).
+        assert rec["variants"]["ours_tensorflow"]["rel_err_vs_float32_strict"] > 0, where
+        assert rec["variants"]["keras_mixed"]["rel_err_vs_float32_strict"] > 0, where
