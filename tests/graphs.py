@@ -70,3 +70,15 @@ def run(gd: tf.compat.v1.GraphDef, feeds: dict[str, np.ndarray], fetches: Sequen
     config.graph_options.rewrite_options.disable_meta_optimizer = True
     with v1.Session(graph=g, config=config) as sess:
         return [np.asarray(x) for x in sess.run(list(fetches), feeds)]
+
+
+class SmallModule(tf.Module):
+    """A TF2 module for SavedModel tests: ``y = softmax(relu(x) @ w)`` with seeded weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = tf.Variable(np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32, name="x")])
+    def __call__(self, x):
+        return {"y": tf.nn.softmax(tf.matmul(tf.nn.relu(x), self.w))}

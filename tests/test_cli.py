@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from amp_rewrite.cli import main
-from graphs import graph_def, v1
+from graphs import SmallModule, graph_def, v1
 
 GPU = ["--target", "gpu:8.0"]
 CPU_BF16 = ["--target", "cpu", "--precision", "bfloat16"]
@@ -30,20 +30,10 @@ def pb(tmp_path):
     return path
 
 
-class _Model(tf.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.w = tf.Variable(np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32))
-
-    @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32, name="x")])
-    def __call__(self, x):
-        return {"y": tf.nn.softmax(tf.matmul(tf.nn.relu(x), self.w))}
-
-
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory) -> pathlib.Path:
     path = tmp_path_factory.mktemp("cli") / "model"
-    m = _Model()
+    m = SmallModule()
     tf.saved_model.save(m, str(path), signatures={"serving_default": m.__call__})
     return path
 

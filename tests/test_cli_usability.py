@@ -53,7 +53,8 @@ def keras_dir(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
     out = keras.layers.Dense(8, name="dense")(x)
     path = tmp_path_factory.mktemp("keras") / "model"
-    keras.Model(inp, out).export(str(path), verbose=False)
+    # Named: an automatic name counts the models built before in the process.
+    keras.Model(inp, out, name="functional").export(str(path), verbose=False)
     return path
 
 

@@ -29,26 +29,16 @@ from amp_rewrite import demo
 from amp_rewrite import saved_model as sm
 from amp_rewrite.cli import main
 from amp_rewrite.errors import AmpRewriteError, GraphFormatError
-from graphs import graph_def, v1
+from graphs import SmallModule, graph_def, v1
 
 CPU_BF16 = dict(target="cpu", precision="bfloat16", use_env=False)
 GPU = ["--target", "gpu:8.0"]
 
 
-class _Model(tf.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.w = tf.Variable(np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32))
-
-    @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32, name="x")])
-    def __call__(self, x):
-        return {"y": tf.nn.softmax(tf.matmul(tf.nn.relu(x), self.w))}
-
-
 @pytest.fixture(scope="module")
 def saved_original(tmp_path_factory) -> pathlib.Path:
     path = tmp_path_factory.mktemp("hostile") / "model"
-    m = _Model()
+    m = SmallModule()
     tf.saved_model.save(m, str(path), signatures={"serving_default": m.__call__})
     (path / "assets" / "vocab.txt").write_text("a\nb\n")
     return path
