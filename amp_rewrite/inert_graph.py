@@ -35,6 +35,7 @@ from collections import deque
 from typing import Any, Callable, Iterable, Mapping
 
 from . import dtypes as dt
+from .graph_io import _attr_values
 from .op_registry import OpRegistry, OpSignature
 from .tensor_names import CONTROL, parse_graph_input
 from .type_attrs import output_dtypes
@@ -119,12 +120,7 @@ def _is_call(node_def: Any, library: set[str]) -> bool:
         return True
     if node_def.op in _SHAPED_CONTROL_FLOW:
         return False
-    for key in node_def.attr:
-        value = node_def.attr[key]
-        kind = value.WhichOneof("value")
-        if kind == "func" or (kind == "list" and len(value.list.func)):
-            return True
-    return False
+    return bool(_attr_values(node_def)[3])  # the functions its func / list(func) attrs name
 
 
 def _const_shape(node_def: Any) -> tuple[int, ...] | None:
@@ -144,11 +140,6 @@ def _recorded_shape(node_def: Any, port: int) -> Any | None:
         if port < len(shapes):
             return shapes[port]
     return None
-
-
-def _n_outputs(node_def: Any, sig: OpSignature | None) -> int:
-    dtypes = _node_output_dtypes(sig, node_def)
-    return len(dtypes) if dtypes else 1
 
 
 #: Integer dtypes: the operands of shape arithmetic.  A severed node gives up one of its
@@ -181,6 +172,7 @@ class _Analysis:
                     refs.append((ref.node, ref.port, pos))
             self.inputs[nd.name] = refs
         self.signature = signature
+        self._dtypes: dict[str, list[int] | None] = {}
         #: node -> True if the refiner could compute its value from constants alone.
         self.foldable: dict[str, bool] = {}
         #: node -> upper bound of its value's rank (foldable nodes only).
@@ -208,9 +200,17 @@ class _Analysis:
                 if pending[dst] == 0:
                     ready.append(dst)
 
+    def output_dtypes(self, name: str) -> list[int] | None:
+        """The dtype of each output port of ``name`` (``None`` if it cannot be told); memoized,
+        as the walk asks for a node once per consumer."""
+        if name not in self._dtypes:
+            nd = self.nodes[name]
+            types, ints = _attr_values(nd)[:2]
+            self._dtypes[name] = output_dtypes(self.signature(nd.op), types, ints)
+        return self._dtypes[name]
+
     def output_dtype(self, name: str, port: int) -> int:
-        nd = self.nodes[name]
-        dtypes = _node_output_dtypes(self.signature(nd.op), nd)
+        dtypes = self.output_dtypes(name)
         if dtypes is None or port >= len(dtypes):
             return dt.INVALID
         return dtypes[port]
@@ -251,7 +251,7 @@ class _Analysis:
             rank = dims[0] if dims is not None and len(dims) == 1 else _MAX_PLUMBING_RANK + 1
         limit = 1 if op in _VECTOR_ONLY else _MAX_PLUMBING_RANK
         if op in SHAPE_PLUMBING and rank <= limit and all(
-                self.output_dtype(name, port) in _INTEGER for port in range(_n_outputs(nd, sig))):
+                d in _INTEGER for d in self.output_dtypes(name) or (dt.INVALID,)):
             self.foldable[name] = True
             self.rank[name] = rank
             return
@@ -306,22 +306,6 @@ class _Analysis:
         for key in chain:
             known[key] = shape
         return shape
-
-
-def _node_output_dtypes(sig: OpSignature | None, node_def: Any) -> list[int] | None:
-    """The dtype of each output port of ``node_def`` (``None`` if it cannot be told)."""
-    types: dict[str, int | tuple[int, ...]] = {}
-    ints: dict[str, int] = {}
-    for key in node_def.attr:
-        value = node_def.attr[key]
-        kind = value.WhichOneof("value")
-        if kind == "type":
-            types[key] = value.type
-        elif kind == "list" and len(value.list.type):
-            types[key] = tuple(value.list.type)
-        elif kind == "i":
-            ints[key] = value.i
-    return output_dtypes(sig, types, ints)
 
 
 def placeholder_sources(copy: Any) -> dict[str, tuple[str, int]]:
