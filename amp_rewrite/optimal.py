@@ -333,10 +333,13 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
     # recurrent cell of tiny MatMuls whose Casts cost more than they save).  Its members are
     # tied by an uncuttable hyperedge below, and they pass freedom on like any eligible
     # vertex (the ops feeding a TensorList reach the MatMuls of the loop only through it).
-    # Other groups keep their greedy colour.
+    # Other groups keep their greedy colour.  A deny-list member does not stop a group that the
+    # passes painted low (recurrent matching ties a loop's plumbing across it): float32 for the
+    # whole group is still the original graph, and keeping the group low because one of its
+    # members is on the deny list would convert *more* as the deny list grows.
     free_groups = [] if min_casts else [
         g for g in groups
-        if all(v in greedy and p.is_f32(v) and p.v_proc[v] and v not in p.deny
+        if all(v in greedy and p.is_f32(v) and p.v_proc[v]
                and p.ops[tg.node[v]] != "Cast" for v in g)]
     elig = [eligible(v) for v in range(n)]
     for g in free_groups:
@@ -480,11 +483,14 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
         guarded = guarded_low is not low
         low = guarded_low
 
-    all_high = [f == LOW for f in fixed]
+    all_high = [False] * n
     below_margin = False
     if not min_casts and low != all_high:
         f32_cost = objective(problem, all_high)
         if f32_cost - objective(problem, low) < MIN_ESTIMATED_GAIN * f32_cost:
+            # Below the margin the whole plan is declined, the vertices the cut did not decide
+            # included: keeping a loop's tied plumbing low while its MatMul goes back to
+            # float32 would add Casts for nothing.  All float32 is the original graph.
             low, below_margin = all_high, True
     summary_costs = (objective(problem, all_high), objective(problem, before), objective(problem, low))
 
@@ -508,7 +514,7 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
                 to_low += 1
                 p.reason[v] = (f"{cat[v]} op placed in {p.precision} by the min-cut planner "
                                "(fewer or cheaper Casts)")
-        elif v in greedy and fixed[v] == FREE:
+        elif v in greedy and (fixed[v] == FREE or below_margin):
             to_high += 1
             if below_margin:
                 p.reason[v] = (
