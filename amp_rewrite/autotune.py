@@ -21,8 +21,13 @@ Two entry points:
 * :func:`autotune` -- a GraphDef, with the caller's feeds and fetches (or the caller's own
   runner, e.g. one that feeds variables);
 * :func:`autotune_model` -- a model file (a SavedModel's signature or a frozen GraphDef's
-  placeholders), with random inputs of a given batch size; ``amp-rewrite rewrite --autotune``
-  is this.
+  placeholders), with random inputs of a given batch size or the caller's arrays
+  (:attr:`AutotuneOptions.inputs`, ``--autotune-inputs FILE.npz``, read by
+  :func:`load_inputs`, which never unpickles); ``amp-rewrite rewrite --autotune`` is this.
+
+Every result says why it won in words (:func:`decision_rule`, :func:`result_line`): each
+candidate's median time, its ratio to float32, the rounds it won out of those timed, and the
+rule that decided.  Long runs report each round to a :class:`~amp_rewrite.progress.Progress`.
 
 It runs graphs, so naturally it has to run on a machine of the kind the graph is rewritten
 for.  The caller's graph and model are never modified.
@@ -33,9 +38,11 @@ from __future__ import annotations
 import logging
 import math
 import os
+import stat
 import statistics
 import tempfile
 import time
+import zipfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -43,8 +50,10 @@ import numpy as np
 
 from .api import RewriteResult, rewrite_graph_def
 from .errors import AmpRewriteError
+from .progress import Progress
 
 __all__ = [
+    "AutotuneInputError",
     "AutotuneOptions",
     "AutotuneResult",
     "CANDIDATES",
@@ -56,9 +65,14 @@ __all__ = [
     "autotune_model",
     "candidate_options",
     "compare",
+    "decision_rule",
     "default_max_repeats",
+    "InputArrays",
+    "load_inputs",
+    "result_line",
     "session_config",
     "sign_test_p",
+    "wins_needed",
 ]
 
 log = logging.getLogger(__name__)
@@ -102,6 +116,148 @@ def candidate_options(candidates: Sequence[str] | Mapping[str, Mapping[str, Any]
     return out
 
 
+# ------------------------------------------------------------------------ the caller's inputs
+
+
+class AutotuneInputError(AmpRewriteError):
+    """The caller's autotune inputs (``--autotune-inputs FILE.npz`` or
+    :attr:`AutotuneOptions.inputs`) cannot be read or do not fit the model."""
+
+
+@dataclass(frozen=True, eq=False)
+class InputArrays:
+    """Arrays to time with, keyed by input name, and where they came from: ``source`` names
+    the file (or says they were the caller's arrays) in messages and in the report, ``path``
+    is the file or ``None``.  The arrays are plain (no object dtype) and are not modified."""
+
+    arrays: Mapping[str, np.ndarray]
+    source: str
+    path: str | None = None
+
+
+#: The magic of a lone ``.npy`` array (numpy.save), told apart from an ``.npz`` archive.
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def load_inputs(path: str | os.PathLike[str]) -> InputArrays:
+    """The arrays of the ``.npz`` archive at ``path`` (``numpy.savez``), keyed by its names.
+
+    Reads with ``allow_pickle=False``: an archive that holds Python objects (an object
+    array, stored as a pickle) is refused, never unpickled -- loading a pickle runs code
+    chosen by whoever wrote the file.  Raises :class:`AutotuneInputError`, one line naming
+    the file, for a missing path, something that is not a regular file, a file that is not
+    an ``.npz`` archive (a lone ``.npy`` array included), a member that is not an array or
+    cannot be read, and an archive with no arrays.  Reads the whole file; writes nothing.
+    """
+    p = os.fspath(path)
+    try:
+        mode = os.stat(p).st_mode
+    except FileNotFoundError:
+        raise AutotuneInputError("no such file (autotune inputs)", path=p) from None
+    except OSError as exc:
+        raise AutotuneInputError(f"cannot read autotune inputs: {exc.strerror or exc}", path=p) from None
+    # A FIFO or device would block or stream forever; a directory is a common slip.
+    if not stat.S_ISREG(mode):
+        what = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        raise AutotuneInputError(f"is {what}; autotune inputs are an .npz file (numpy.savez)", path=p)
+    with open(p, "rb") as f:
+        head = f.read(len(_NPY_MAGIC))
+    if head == _NPY_MAGIC:
+        raise AutotuneInputError("is a single .npy array; autotune inputs are an .npz archive of arrays "
+                                 "keyed by input name (numpy.savez(FILE, x=..., ...))", path=p)
+    if not zipfile.is_zipfile(p):
+        raise AutotuneInputError("is not an .npz archive (numpy.savez); cannot read autotune inputs", path=p)
+    arrays: dict[str, np.ndarray] = {}
+    try:
+        with np.load(p, allow_pickle=False) as npz:
+            for name in npz.files:
+                arrays[name] = _read_member(npz, name, p)
+    except AutotuneInputError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise AutotuneInputError(f"is not a readable .npz archive: {_first_line(exc)}", path=p) from None
+    if not arrays:
+        raise AutotuneInputError("holds no arrays; autotune inputs need one per model input", path=p)
+    return InputArrays(arrays, p, p)
+
+
+def _read_member(npz: Any, name: str, path: str) -> np.ndarray:
+    """One array of an open archive; raises :class:`AutotuneInputError` for a pickle or a
+    member that is not a ``.npy`` array (``np.load`` returns such members as bytes)."""
+    try:
+        value = npz[name]
+    except ValueError as exc:
+        if "pickle" in str(exc).lower():
+            raise AutotuneInputError(
+                f"array {name!r} holds Python objects (stored as a pickle); autotune inputs are never "
+                "unpickled -- save numeric arrays", path=path) from None
+        raise AutotuneInputError(f"array {name!r} cannot be read: {_first_line(exc)}", path=path) from None
+    if not isinstance(value, np.ndarray):
+        raise AutotuneInputError(f"member {name!r} is not a .npy array", path=path)
+    return value
+
+
+def _input_arrays(inputs: str | os.PathLike[str] | Mapping[str, Any] | InputArrays) -> InputArrays:
+    """:attr:`AutotuneOptions.inputs` as :class:`InputArrays` (a path is read with
+    :func:`load_inputs`).  Raises :class:`AutotuneInputError` for object arrays or no arrays."""
+    if isinstance(inputs, InputArrays):
+        return inputs
+    if isinstance(inputs, (str, os.PathLike)):
+        return load_inputs(inputs)
+    if not isinstance(inputs, Mapping):
+        raise AutotuneInputError(f"autotune inputs must be an .npz path or a mapping of arrays, "
+                                 f"not {type(inputs).__name__}")
+    arrays = {}
+    for name, value in inputs.items():
+        array = np.asarray(value)
+        if array.dtype.kind == "O":
+            raise AutotuneInputError(f"autotune input {name!r} holds Python objects; give numeric arrays")
+        arrays[str(name)] = array
+    if not arrays:
+        raise AutotuneInputError("autotune inputs hold no arrays; give one per model input")
+    return InputArrays(arrays, "the caller's arrays")
+
+
+def _dims_text(dims: Sequence[int | None] | None) -> str:
+    """``(?, 4)`` for a signature's dims (unknown rank: ``<any shape>``).  Pure."""
+    if dims is None:
+        return "<any shape>"
+    return "(" + ", ".join("?" if d is None or d < 0 else str(d) for d in dims) + (",)" if len(dims) == 1 else ")")
+
+
+def _fit_inputs(given: InputArrays, specs: Mapping[str, tuple[Any, Sequence[int | None] | None]],
+                required: Sequence[str], what: str) -> dict[str, np.ndarray]:
+    """The caller's arrays checked against the model's inputs: ``specs`` maps each input
+    name to ``(numpy dtype, dims or None)``, ``required`` lists those that need a value,
+    ``what`` names the inputs in messages (``"signature 'serving_default'"``).  Returns the
+    arrays by name (the same objects).  Raises :class:`AutotuneInputError`, one line, for an
+    unknown or missing name, or a dtype, rank or shape the model does not take."""
+    path = given.path
+    names = ", ".join(sorted(specs)) or "none"
+    unknown = sorted(set(given.arrays) - set(specs))
+    if unknown:
+        raise AutotuneInputError(f"autotune inputs name {', '.join(map(repr, unknown))}, not an input of the "
+                                 f"{what} (its inputs: {names})", path=path)
+    missing = sorted(set(required) - set(given.arrays))
+    if missing:
+        raise AutotuneInputError(f"autotune inputs lack {', '.join(map(repr, missing))} (the {what} takes: "
+                                 f"{names})", path=path)
+    for name, array in given.arrays.items():
+        want, dims = specs[name]
+        want = np.dtype(want)
+        # TensorFlow's strings are numpy objects; fixed-width bytes or str arrays feed them.
+        ok = array.dtype.kind in "SU" if want.kind == "O" else array.dtype == want
+        if not ok:
+            raise AutotuneInputError(f"autotune input {name!r} is {array.dtype}; the {what} takes "
+                                     f"{'strings' if want.kind == 'O' else want}", path=path)
+        if dims is None:
+            continue
+        if array.ndim != len(dims) or any(d is not None and d >= 0 and d != n for d, n in zip(dims, array.shape)):
+            raise AutotuneInputError(f"autotune input {name!r} has shape {_dims_text(array.shape)}; the {what} "
+                                     f"takes {_dims_text(dims)}", path=path)
+    return dict(given.arrays)
+
+
 @dataclass(frozen=True)
 class AutotuneOptions:
     """How :func:`autotune_model` measures.
@@ -116,6 +272,15 @@ class AutotuneOptions:
     ``min_gain`` (a fraction of float32's step time); ``seed`` makes the random inputs reproducible;
     the rounds are spread over ``sessions`` fresh sessions (or loads) of every graph, since a
     graph's speed also depends on the session it runs in (:func:`_tune`).
+
+    ``inputs`` replaces the random inputs with the caller's data, for the timing and for the
+    output error check alike: an ``.npz`` path (read by :func:`load_inputs`, never
+    unpickled), a mapping of arrays, or :class:`InputArrays`, keyed by input name (a
+    SavedModel signature's input keys, a GraphDef's placeholder names); every input that
+    has no default needs one, of the model's dtype and a shape it takes.  ``batch`` and
+    ``shapes`` shape random inputs and cannot go with it.  ``progress`` (a
+    :class:`~amp_rewrite.progress.Progress`) is told of each candidate's rewrite and each
+    round (:meth:`~amp_rewrite.progress.Progress.event`); it is no part of the measurement.
     """
 
     candidates: Sequence[str] | Mapping[str, Mapping[str, Any]] = DEFAULT_CANDIDATES
@@ -129,10 +294,19 @@ class AutotuneOptions:
     min_gain: float = 0.02
     seed: int = 0
     sessions: int = DEFAULT_SESSIONS
+    inputs: str | os.PathLike[str] | Mapping[str, Any] | InputArrays | None = None
+    progress: Progress | None = field(default=None, compare=False, repr=False)
 
     def check(self) -> None:
-        """Raises :class:`AmpRewriteError` for settings that cannot be measured."""
+        """Raises :class:`AmpRewriteError` for settings that cannot be measured, and
+        :class:`AutotuneInputError` for ``inputs`` that cannot be read (a path is read here,
+        and again when the model is timed)."""
         _check_rounds(self.repeats, self.steps, self.sessions, self.max_repeats)
+        if self.inputs is not None:
+            if self.batch != 1 or self.shapes:
+                raise AmpRewriteError("autotune's batch and shapes shape random inputs; they cannot go "
+                                      "with the caller's inputs")
+            _input_arrays(self.inputs)
         if self.batch < 1:
             raise AmpRewriteError("autotune needs a batch size >= 1")
         if not 0 <= self.min_gain < 1:
@@ -157,7 +331,9 @@ class AutotuneResult:
     changed nothing), which were not timed separately; ``ratio_to_float32`` each candidate's
     median over rounds of its step time over float32's in the same round, ``wins`` the rounds
     it beat float32 by ``min_gain``, ``rounds`` the rounds timed and ``sessions`` the sets
-    of fresh sessions they were spread over.
+    of fresh sessions they were spread over; ``rule`` the clause saying why ``choice`` won
+    (:func:`decision_rule`), ``p_value`` each candidate's sign test.  :meth:`line` puts it
+    all in one line.
     """
 
     choice: str
@@ -170,6 +346,15 @@ class AutotuneResult:
     wins: Mapping[str, int] = field(default_factory=dict)
     rounds: int = 0
     sessions: int = 1
+    rule: str = ""
+    p_value: Mapping[str, float] = field(default_factory=dict)
+    min_gain: float = 0.02
+
+    def line(self) -> str:
+        """:func:`result_line` for this result."""
+        return result_line(step_ms=self.step_ms, ratio=self.ratio_to_float32, wins=self.wins,
+                           rel_error=self.rel_error, same_as=self.same_as, rounds=self.rounds,
+                           sessions=self.sessions, min_gain=self.min_gain, rule=self.rule)
 
 
 # ------------------------------------------------------------------------ measuring
@@ -276,10 +461,98 @@ def _decide(samples: Mapping[str, Sequence[float]], rel_error: Mapping[str, floa
     return choice, settled
 
 
+def wins_needed(rounds: int, alpha: float = ALPHA) -> int | None:
+    """Fewest rounds won out of ``rounds`` that the sign test counts as beyond chance at
+    ``alpha`` (:func:`sign_test_p`); ``None`` when even winning all of them would not (fewer
+    than :data:`MIN_PROOF_ROUNDS` rounds at 5%).  Pure."""
+    return next((k for k in range(rounds + 1) if sign_test_p(k, rounds) <= alpha), None)
+
+
+def _percent(fraction: float) -> str:
+    return f"{fraction * 100:g}%"
+
+
+def decision_rule(samples: Mapping[str, Sequence[float]], rel_error: Mapping[str, float],
+                  max_rel_error: float | None, min_gain: float, *, alpha: float = ALPHA,
+                  untimed: Sequence[str] = ()) -> str:
+    """The clause that says which rule decided :func:`_decide`'s choice for these samples,
+    in fixed words with the numbers filled in: ``chosen: X -- the only candidate faster than
+    float32 by >= 2% in >= 12 of 15 rounds (sign test p <= 0.05); it won 14 (p=0.00049)``,
+    or ``kept float32: no candidate won enough rounds -- ...; most: X 9/15 (p=0.3)``.
+    ``untimed`` names candidates not timed because their graph is float32's.  Pure.
+
+    Winning ``wins_needed`` rounds implies a median ratio of at most ``1 - min_gain`` (more
+    than half the rounds are that fast), so the rounds are the whole rule in practice; the
+    clause still names the median where it alone decided.
+    """
+    choice, _ = _decide(samples, rel_error, max_rel_error, min_gain, alpha)
+    comps = compare(samples, min_gain) if FLOAT32 in samples else {}
+    rounds = len(samples.get(FLOAT32, ()))
+    need = wins_needed(rounds, alpha)
+    within = "" if max_rel_error is None else f" within relative error {max_rel_error:g}"
+    faster = f"faster than float32 by >= {_percent(min_gain)}"
+    enough = f"in >= {need} of {rounds} rounds (sign test p <= {alpha:g})"
+    admissible = [n for n in comps if max_rel_error is None or rel_error.get(n, math.inf) <= max_rel_error]
+    proven = [n for n in admissible if comps[n].proven(min_gain, alpha)]
+    if choice != FLOAT32:
+        won = comps[choice]
+        if len(proven) == 1:
+            return (f"chosen: {choice} -- the only candidate{within} {faster} {enough}; "
+                    f"it won {won.wins} (p={won.p_value:.2g})")
+        others = ", ".join(f"{n} {comps[n].ratio:.3f}" for n in proven if n != choice)
+        return (f"chosen: {choice} -- of the {len(proven)} candidates{within} {faster} {enough}, the "
+                f"lowest median ratio to float32 ({won.ratio:.3f}; {others})")
+    if not comps:
+        if untimed:
+            return "kept float32: every candidate's graph is the same as float32's"
+        return "kept float32: no candidate could run"
+    if not admissible:
+        return f"kept float32: no candidate's outputs are within relative error {max_rel_error:g} of float32's"
+    # The candidate closest to being chosen: most rounds won, then the lower ratio.
+    best = max(admissible, key=lambda n: (comps[n].wins, -comps[n].ratio))
+    near = comps[best]
+    if need is None:
+        return (f"kept float32: no candidate won enough rounds -- {rounds} rounds are too few to show one "
+                f"{faster} beyond chance (the sign test at p <= {alpha:g} needs >= {MIN_PROOF_ROUNDS}); "
+                f"most: {best} {near.wins}/{rounds} (p={near.p_value:.2g})")
+    if near.wins >= need:
+        return (f"kept float32: no candidate{within} is {faster} in the median ratio; {best} won "
+                f"{near.wins}/{rounds} rounds but its median ratio is {near.ratio:.3f}")
+    return (f"kept float32: no candidate{within} won enough rounds -- {faster} {enough}; "
+            f"most: {best} {near.wins}/{rounds} (p={near.p_value:.2g})")
+
+
+def result_line(*, step_ms: Mapping[str, float], ratio: Mapping[str, float], wins: Mapping[str, int],
+                rel_error: Mapping[str, float], same_as: Mapping[str, str], rounds: int, sessions: int,
+                min_gain: float, rule: str) -> str:
+    """The one line that reports an autotune run: per candidate its median time per step,
+    its ratio to float32 (its step time over float32's in the same round, median over
+    rounds; not the ratio of the two medians, which can disagree with it), the rounds it won
+    against float32 out of those run, its output error, then ``rule``
+    (:func:`decision_rule`).  Fixed wording; only numbers and names vary.  Pure."""
+    parts = []
+    for name, ms in step_ms.items():
+        source = same_as.get(name)
+        if name == FLOAT32:
+            parts.append(f"float32 {ms:.2f} ms")
+        elif source == FLOAT32:
+            parts.append(f"{name}: same graph as float32, not timed")
+        elif source is not None:
+            parts.append(f"{name}: same graph as {source}")
+        else:
+            error = f", rel. error {rel_error[name]:.1e}" if name in rel_error else ""
+            parts.append(f"{name} {ms:.2f} ms, ratio {ratio.get(name, math.inf):.3f}, "
+                         f"won {wins.get(name, 0)}/{rounds}{error}")
+    return (f"autotune over {rounds} rounds in {sessions} set(s) of sessions (ms: median per step; ratio: "
+            f"its step time / float32's in the same round, median over rounds; won: rounds with ratio <= "
+            f"{1 - min_gain:.4g}): {'; '.join(parts)}. {rule}")
+
+
 def _measure(steps_fns: Mapping[str, StepFn], repeats: int, steps: int, max_repeats: int,
              settled: Callable[[Mapping[str, Sequence[float]], int], bool], *,
              renew: Callable[[], Mapping[str, StepFn]] | None = None,
-             per_session: int = 0) -> dict[str, list[float]]:
+             per_session: int = 0,
+             on_round: Callable[[int, int], None] | None = None) -> dict[str, list[float]]:
     """Per-round seconds per step of each step function (each the median of ``steps``
     steps), sampled round-robin so that drift on a shared machine hits every candidate alike.
     ``repeats`` rounds, then more, up to ``max_repeats``, until ``settled(samples,
@@ -288,16 +561,22 @@ def _measure(steps_fns: Mapping[str, StepFn], repeats: int, steps: int, max_repe
 
     With ``renew``, every ``per_session`` rounds the step functions are replaced by
     ``renew()``'s (fresh sessions; see :func:`_tune`).  A name it no longer returns could not
-    run again: its samples are dropped, so it loses.
+    run again: its samples are dropped, so it loses.  ``on_round(rounds, session)`` is
+    called before each round (1-based: the round about to be timed, the set of sessions it
+    runs in), for progress reports.
     """
     fns = dict(steps_fns)
     samples: dict[str, list[float]] = {n: [] for n in fns}
     rounds = 0
+    session = 1
     while True:
         if renew is not None and per_session > 0 and rounds and rounds % per_session == 0:
+            session += 1
             fns = dict(renew())
             for gone in [n for n in samples if n not in fns]:
                 del samples[gone]
+        if on_round is not None:
+            on_round(rounds + 1, session)
         for name, step in fns.items():
             times = []
             for _ in range(steps):
@@ -346,8 +625,10 @@ class Tuning:
 
     ``step_ms``: median ms per step; ``ratio``: median over rounds of (time / float32's
     time); ``wins``: rounds a candidate beat float32 by the required gain; ``rel_error``:
-    output error against float32; ``rounds``: rounds timed.  Candidates whose graph is the
-    same as an earlier one's carry that one's numbers.  All in the order of the makers.
+    output error against float32; ``rounds``: rounds timed; ``rule``: why the choice won
+    (:func:`decision_rule`); ``p_value``: each candidate's sign test.  Candidates whose
+    graph is the same as an earlier one's carry that one's numbers.  All in the order of the
+    makers.
     """
 
     choice: str
@@ -357,12 +638,14 @@ class Tuning:
     wins: dict[str, int]
     rounds: int
     sessions: int = 1
+    rule: str = ""
+    p_value: dict[str, float] = field(default_factory=dict)
 
 
 def _tune(makers: Mapping[str, Callable[[], tuple[StepFn, Callable[[], None]]]], *, repeats: int,
           steps: int, max_rel_error: float | None, min_gain: float,
           same_as: Mapping[str, str] | None = None, max_repeats: int | None = None,
-          sessions: int = 1) -> Tuning:
+          sessions: int = 1, progress: Progress | None = None) -> Tuning:
     """Build every runner (float32 first), compare outputs, time, choose (:func:`_decide`).
 
     ``makers`` maps a name to a function returning ``(step, close)``, float32 first, then
@@ -379,6 +662,9 @@ def _tune(makers: Mapping[str, Callable[[], tuple[StepFn, Callable[[], None]]]],
     the same graph in four sessions of one process, ran 87-102 ms per step, each session
     steadily (measured 2026-11-25; where its buffers land, presumably).  Paired rounds cannot
     cancel that, since it follows a session for its whole life; several sessions average it.
+
+    ``progress`` hears of each set of sessions opened and each round
+    (:meth:`~amp_rewrite.progress.Progress.event`), and of the choice.
     """
     _check_rounds(repeats, steps, sessions, max_repeats)
     same_as = dict(same_as or {})
@@ -394,6 +680,9 @@ def _tune(makers: Mapping[str, Callable[[], tuple[StepFn, Callable[[], None]]]],
         nonlocal opened
         first = opened == 0
         opened += 1
+        if progress is not None:
+            # Loading a SavedModel and the warm-up step can take as long as many rounds.
+            progress.event(f"autotune: loading and warming up every model, session {_of(opened, sessions)}")
         for name, make in makers.items():
             if name in same_as or (not first and name not in runners):
                 continue
@@ -422,21 +711,34 @@ def _tune(makers: Mapping[str, Callable[[], tuple[StepFn, Callable[[], None]]]],
         open_all()
         return {n: r[0] for n, r in runners.items()}
 
+    per_session = math.ceil(repeats / sessions) if sessions > 1 else 0
+
+    def on_round(done: int, session: int) -> None:
+        if progress is None:
+            return
+        # Rounds past ``repeats`` are timed only while the choice is undecided: say so.
+        which = f"round {done}/{repeats}" if done <= repeats else f"extra round {done}/{limit} (undecided)"
+        progress.event(f"autotune: {which}, session {_of(session, sessions)}",
+                       milestone=done == 1 or (per_session > 0 and (done - 1) % per_session == 0))
+
     try:
         open_all()
         errors = {n: relative_error(outputs[n], outputs[FLOAT32]) for n in runners if n != FLOAT32}
         samples = _measure({n: r[0] for n, r in runners.items()}, repeats, steps, limit,
                            lambda s, left: _decide(s, errors, max_rel_error, min_gain, rounds_left=left)[1],
-                           renew=renew, per_session=math.ceil(repeats / sessions) if sessions > 1 else 0)
+                           renew=renew, per_session=per_session, on_round=on_round)
     finally:
         for _, close in runners.values():
             close()
     choice, _ = _decide(samples, errors, max_rel_error, min_gain)
+    rule = decision_rule(samples, errors, max_rel_error, min_gain,
+                         untimed=[n for n, s in same_as.items() if s == FLOAT32])
     comps = compare(samples, min_gain)
     step_ms: dict[str, float] = {}
     rel_error: dict[str, float] = {}
     ratio: dict[str, float] = {}
     wins: dict[str, int] = {}
+    p_value: dict[str, float] = {}
     for name in makers:
         source = same_as.get(name, name)
         if source not in samples:
@@ -446,13 +748,19 @@ def _tune(makers: Mapping[str, Callable[[], tuple[StepFn, Callable[[], None]]]],
             rel_error[name] = 0.0 if source == FLOAT32 else errors[source]
             ratio[name] = 1.0 if source == FLOAT32 else comps[source].ratio
             wins[name] = 0 if source == FLOAT32 else comps[source].wins
+            p_value[name] = 1.0 if source == FLOAT32 else comps[source].p_value
     rounds = len(samples[FLOAT32])
-    log.info("autotune: %s -> %s after %d rounds in %d sets of sessions", ", ".join(
-        f"{n} {ms:.2f} ms" + (f" (x{ratio[n]:.3f} of float32, faster in {wins[n]}/{rounds} rounds, "
-                              f"rel. error {rel_error[n]:.1e})" if n in rel_error else "")
-        + (f" (same graph as {same_as[n]})" if n in same_as else "")
-        for n, ms in step_ms.items()), choice, rounds, opened)
-    return Tuning(choice, step_ms, rel_error, ratio, wins, rounds, opened)
+    log.info("%s", result_line(step_ms=step_ms, ratio=ratio, wins=wins, rel_error=rel_error, same_as=same_as,
+                               rounds=rounds, sessions=opened, min_gain=min_gain, rule=rule))
+    if progress is not None:
+        progress.event(f"autotune: done after {rounds} rounds; {rule.split(' -- ')[0]}")
+    return Tuning(choice, step_ms, rel_error, ratio, wins, rounds, opened, rule, p_value)
+
+
+def _of(session: int, planned: int) -> str:
+    """``2/3`` for the second of three planned sets of sessions; ``4`` for one opened past
+    the plan (extra rounds of an undecided choice).  Pure."""
+    return f"{session}/{planned}" if session <= planned else str(session)
 
 
 def _check_rounds(repeats: int, steps: int, sessions: int, max_repeats: int | None) -> None:
@@ -516,6 +824,7 @@ def autotune(
     runner: Callable[[Any], tuple[StepFn, Callable[[], None]]] | None = None,
     max_repeats: int | None = None,
     sessions: int = DEFAULT_SESSIONS,
+    progress: Progress | None = None,
     **rewrite_options: Any,
 ) -> AutotuneResult:
     """Rewrite ``graph_def`` once per candidate, time each and float32, return the fastest.
@@ -529,7 +838,8 @@ def autotune(
     :func:`_decide`); while a rewrite looks faster but is not proven, more rounds are timed,
     up to ``max_repeats`` (default :func:`default_max_repeats`).  The rounds are spread over
     ``sessions`` fresh runners per graph (``runner`` is called once per set), since a graph's
-    speed also depends on the session it runs in (:func:`_tune`).  Other options go to
+    speed also depends on the session it runs in (:func:`_tune`).  ``progress`` hears of
+    each round (:meth:`~amp_rewrite.progress.Progress.event`).  Other options go to
     :func:`~amp_rewrite.api.rewrite_graph_def`, under each candidate's.
 
     Raises :class:`AmpRewriteError` for bad settings or when the original graph cannot run.
@@ -550,10 +860,11 @@ def autotune(
     make = runner if runner is not None else (lambda gd: _graph_runner(gd, feeds or {}, fetches))
     t = _tune({n: (lambda gd=gd: make(gd)) for n, gd in graphs.items()}, repeats=repeats, steps=steps,
               max_rel_error=max_rel_error, min_gain=min_gain, same_as=same_as, max_repeats=max_repeats,
-              sessions=sessions)
+              sessions=sessions, progress=progress)
     chosen = results.get(t.choice)
     return AutotuneResult(t.choice, graph_def if chosen is None else chosen.graph_def, chosen, t.step_ms,
-                          t.rel_error, same_as, t.ratio, t.wins, t.rounds, t.sessions)
+                          t.rel_error, same_as, t.ratio, t.wins, t.rounds, t.sessions, t.rule, t.p_value,
+                          min_gain)
 
 
 # ------------------------------------------------------------------------ model files
@@ -562,7 +873,9 @@ def autotune(
 @dataclass(frozen=True)
 class ModelAutotune:
     """The winner of :func:`autotune_model`.  ``rewrite`` is the winning candidate's
-    :class:`~amp_rewrite.saved_model.ModelRewrite`, ``None`` when float32 won."""
+    :class:`~amp_rewrite.saved_model.ModelRewrite`, ``None`` when float32 won; ``rule`` why
+    (:func:`decision_rule`); ``input_source`` where the inputs came from (random, or the
+    caller's file or arrays).  The other fields are :class:`AutotuneResult`'s."""
 
     choice: str
     rewrite: Any
@@ -576,16 +889,36 @@ class ModelAutotune:
     wins: Mapping[str, int] = field(default_factory=dict)
     rounds: int = 0
     sessions: int = 1
+    rule: str = ""
+    p_value: Mapping[str, float] = field(default_factory=dict)
+    min_gain: float = 0.02
+    max_rel_error: float | None = None
+    input_source: str = "random"
+
+    def line(self) -> str:
+        """:func:`result_line` for this result: what the CLI prints."""
+        return result_line(step_ms=self.step_ms, ratio=self.ratio_to_float32, wins=self.wins,
+                           rel_error=self.rel_error, same_as=self.same_as, rounds=self.rounds,
+                           sessions=self.sessions, min_gain=self.min_gain, rule=self.rule)
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready, for the report."""
+        """JSON-ready, for the report: the measurements, the rule (``decision``: the clause
+        of :func:`decision_rule`; ``wins_needed``: the rounds the sign test asks for, or
+        ``None``) and the whole line (``summary``, :meth:`line`)."""
         return {
             "choice": self.choice,
+            "summary": self.line(),
+            "decision": self.rule,
             "step_ms": {k: round(v, 4) for k, v in self.step_ms.items()},
             "ratio_to_float32": {k: round(v, 4) for k, v in self.ratio_to_float32.items()},
             "faster_rounds": dict(self.wins),
+            "sign_test_p": {k: float(f"{v:.4g}") for k, v in self.p_value.items()},
+            "wins_needed": wins_needed(self.rounds),
+            "min_gain": self.min_gain,
+            "max_rel_error": self.max_rel_error,
             "rounds": self.rounds,
             "sessions": self.sessions,
+            "input_source": self.input_source,
             "rel_error": dict(self.rel_error),
             "same_graph_as": dict(self.same_as),
             "signature": self.signature,
@@ -623,20 +956,33 @@ def _input_value(name: str, dtype: Any, dims: Sequence[int | None], opts: Autotu
                           "use amp_rewrite.autotune with your own feeds")
 
 
-def _graph_def_inputs(graph_def: Any, opts: AutotuneOptions) -> dict[str, np.ndarray]:
+def _graph_def_inputs(graph_def: Any, opts: AutotuneOptions, given: InputArrays | None) -> dict[str, np.ndarray]:
+    """Feeds (``"name:0"`` -> array) for a frozen GraphDef's placeholders: the caller's
+    ``given`` arrays, checked against the placeholders' dtypes and shapes
+    (:func:`_fit_inputs`; a PlaceholderWithDefault may be left out), else random values
+    (:func:`_input_value`).  Raises :class:`AmpRewriteError`; reads ``graph_def`` only."""
     import tensorflow as tf
 
     rng = np.random.default_rng(opts.seed)
-    feeds = {}
+    specs: dict[str, tuple[Any, list[int] | None]] = {}
+    required = []
     for node in graph_def.node:
         if node.op not in ("Placeholder", "PlaceholderWithDefault"):
             continue
-        if node.op == "PlaceholderWithDefault" and node.name not in opts.shapes:
-            continue  # it has a value already
         dtype = tf.dtypes.as_dtype(node.attr["dtype"].type).as_numpy_dtype
         shape = node.attr["shape"].shape
         dims = None if shape.unknown_rank or "shape" not in node.attr else [d.size for d in shape.dim]
-        feeds[node.name + ":0"] = _input_value(node.name, dtype, dims, opts, rng)
+        specs[node.name] = (dtype, dims)
+        if node.op == "Placeholder":
+            required.append(node.name)
+    if given is not None:
+        return {name + ":0": value for name, value in
+                _fit_inputs(given, specs, required, "graph's placeholders").items()}
+    feeds = {}
+    for name, (dtype, dims) in specs.items():
+        if name not in required and name not in opts.shapes:
+            continue  # a PlaceholderWithDefault has a value already
+        feeds[name + ":0"] = _input_value(name, dtype, dims, opts, rng)
     return feeds
 
 
@@ -665,8 +1011,12 @@ def _saved_model_runner(path: str, tags: Sequence[str] | None, signature: str,
     return step, lambda: None
 
 
-def _signature_inputs(path: str, tags: Sequence[str] | None, want: str | None,
-                      opts: AutotuneOptions) -> tuple[str, dict[str, np.ndarray]]:
+def _signature_inputs(path: str, tags: Sequence[str] | None, want: str | None, opts: AutotuneOptions,
+                      given: InputArrays | None) -> tuple[str, dict[str, np.ndarray]]:
+    """The signature to time (``want``, else ``serving_default``, else the first) and its
+    inputs by key: the caller's ``given`` arrays, checked against the signature's specs
+    (:func:`_fit_inputs`), else random values.  Raises :class:`AmpRewriteError`; loads the
+    SavedModel, writes nothing."""
     import tensorflow as tf
 
     loaded = tf.saved_model.load(path, tags=list(tags) if tags else None)
@@ -677,26 +1027,27 @@ def _signature_inputs(path: str, tags: Sequence[str] | None, want: str | None,
     if key not in keys:
         raise AmpRewriteError(f"no signature {key!r} to time (the model has: {', '.join(keys)})")
     specs = loaded.signatures[key].structured_input_signature[1]
+    shapes = {name: (spec.dtype.as_numpy_dtype, None if spec.shape.rank is None else list(spec.shape.as_list()))
+              for name, spec in specs.items()}
+    if given is not None:
+        return key, _fit_inputs(given, shapes, sorted(shapes), f"signature {key!r}")
     rng = np.random.default_rng(opts.seed)
-    inputs = {}
-    for name in sorted(specs):
-        spec = specs[name]
-        dims = None if spec.shape.rank is None else list(spec.shape.as_list())
-        inputs[name] = _input_value(name, spec.dtype.as_numpy_dtype, dims, opts, rng)
-    return key, inputs
+    return key, {name: _input_value(name, dtype, dims, opts, rng) for name, (dtype, dims) in sorted(shapes.items())}
 
 
 def autotune_model(model: Any, opts: AutotuneOptions, *, tags: Sequence[str] | None = None,
                    **rewrite_options: Any) -> ModelAutotune:
     """Rewrite ``model`` (a :class:`~amp_rewrite.saved_model.ModelFile`) once per candidate
     with :func:`~amp_rewrite.saved_model.rewrite_model`, time each and float32 on random
-    inputs, and return the fastest.
+    inputs or the caller's (``opts.inputs``), and return the fastest.
 
     A SavedModel is timed through one signature (``opts.signature``), each candidate
     written to a temporary directory and loaded with ``tf.saved_model.load``; a frozen
     GraphDef through its placeholders and output nodes.  A MetaGraphDef cannot be run
-    without its checkpoint and is refused.  Raises :class:`AmpRewriteError`; ``model`` is
-    not modified and nothing is left on disk.
+    without its checkpoint and is refused.  The inputs are made (or the caller's checked
+    against the model) before any rewrite.  ``opts.progress`` hears of each rewrite and
+    round.  Raises :class:`AmpRewriteError` (:class:`AutotuneInputError` for inputs that do
+    not fit); ``model`` is not modified and nothing is left on disk.
     """
     from .saved_model import _graph_outputs, rewrite_model, stage_model
     from .staging import Staging
@@ -706,25 +1057,31 @@ def autotune_model(model: Any, opts: AutotuneOptions, *, tags: Sequence[str] | N
     if model.format == "meta_graph":
         raise AmpRewriteError("autotune runs SavedModels and frozen GraphDefs; a MetaGraphDef (.meta) "
                               "needs its checkpoint to run")
-    rewrites = {name: rewrite_model(model, tags=tags, **{**rewrite_options, **o}) for name, o in options.items()}
-    same_as = _same_as({FLOAT32: None, **{
-        n: None if _unchanged(r.report) else r.message.SerializeToString(deterministic=True)
-        for n, r in rewrites.items()}})
-
+    given = None if opts.inputs is None else _input_arrays(opts.inputs)
+    source = given.source if given is not None else f"random (seed {opts.seed})"
     if model.format == "graph_def":
-        feeds = _graph_def_inputs(model.message, opts)
+        feeds = _graph_def_inputs(model.message, opts, given)
         fetches = _graph_def_fetches(model.message, sorted(_graph_outputs(model.message)))
         if not fetches:
             raise AmpRewriteError("the graph has no outputs to time")
+    else:
+        key, values = _signature_inputs(model.path, tags, opts.signature, opts, given)
+    rewrites = {}
+    for i, (name, o) in enumerate(options.items(), 1):
+        if opts.progress is not None:
+            opts.progress.event(f"autotune: rewriting candidate {i}/{len(options)} ({name})")
+        rewrites[name] = rewrite_model(model, tags=tags, **{**rewrite_options, **o})
+    same_as = _same_as({FLOAT32: None, **{
+        n: None if _unchanged(r.report) else r.message.SerializeToString(deterministic=True)
+        for n, r in rewrites.items()}})
+    tune: dict[str, Any] = dict(repeats=opts.repeats, steps=opts.steps, max_rel_error=opts.max_rel_error, min_gain=opts.min_gain,
+                same_as=same_as, max_repeats=opts.max_repeats, sessions=opts.sessions, progress=opts.progress)
+    if model.format == "graph_def":
         graphs = {FLOAT32: model.message, **{n: r.message for n, r in rewrites.items()}}
-        makers = {n: (lambda gd=gd: _graph_runner(gd, feeds, fetches)) for n, gd in graphs.items()}
-        tuned = _tune(makers, repeats=opts.repeats, steps=opts.steps, max_rel_error=opts.max_rel_error,
-                      min_gain=opts.min_gain, same_as=same_as, max_repeats=opts.max_repeats,
-                      sessions=opts.sessions)
+        tuned = _tune({n: (lambda gd=gd: _graph_runner(gd, feeds, fetches)) for n, gd in graphs.items()}, **tune)
         inputs = {k.rsplit(":", 1)[0]: tuple(v.shape) for k, v in feeds.items()}
         signature = None
     else:
-        key, values = _signature_inputs(model.path, tags, opts.signature, opts)
         with tempfile.TemporaryDirectory(prefix="amp-rewrite-autotune-") as tmp:
             paths = {FLOAT32: model.path}
             for name, rw in rewrites.items():
@@ -732,11 +1089,10 @@ def autotune_model(model: Any, opts: AutotuneOptions, *, tags: Sequence[str] | N
                 with Staging() as staging:
                     stage_model(staging, rw, paths[name])
                     staging.commit()
-            makers = {n: (lambda p=p: _saved_model_runner(p, tags, key, values)) for n, p in paths.items()}
-            tuned = _tune(makers, repeats=opts.repeats, steps=opts.steps, max_rel_error=opts.max_rel_error,
-                          min_gain=opts.min_gain, same_as=same_as, max_repeats=opts.max_repeats,
-                          sessions=opts.sessions)
+            tuned = _tune({n: (lambda p=p: _saved_model_runner(p, tags, key, values)) for n, p in paths.items()},
+                          **tune)
         inputs = {k: tuple(v.shape) for k, v in values.items()}
         signature = key
     return ModelAutotune(tuned.choice, rewrites.get(tuned.choice), tuned.step_ms, tuned.rel_error, inputs,
-                         signature, options, same_as, tuned.ratio, tuned.wins, tuned.rounds, tuned.sessions)
+                         signature, options, same_as, tuned.ratio, tuned.wins, tuned.rounds, tuned.sessions,
+                         tuned.rule, tuned.p_value, opts.min_gain, opts.max_rel_error, source)

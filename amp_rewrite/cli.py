@@ -17,7 +17,8 @@ Known errors (:class:`~amp_rewrite.errors.AmpRewriteError`, and OS errors on pat
 one line on stderr and exit with status 1; ``rewrite --fail-if-unchanged`` exits with 3
 (:data:`EXIT_UNCHANGED`) when nothing was converted; Ctrl-C exits with 130 and SIGTERM with 143, after
 the library has removed its temporaries.  A progress line is drawn on stderr only when it is
-a terminal.
+a terminal; elsewhere (a pipe, a CI log) ``--autotune``, which can take minutes, writes plain
+progress lines instead (:meth:`~amp_rewrite.progress.Progress.event`).  ``--quiet`` silences both.
 TensorFlow's own ``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_*`` variables are honoured (they
 are read in :mod:`amp_rewrite.api`).
 """
@@ -179,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --loss-scale: the train op, when the train_op collection has several")
     tune = rw.add_argument_group(
         "autotuning", "time each candidate rewrite and the float32 model on this machine (random "
-                      "inputs) and write the fastest; float32 wins when no rewrite is faster")
+                      "inputs, or --autotune-inputs) and write the fastest; float32 wins when no rewrite "
+                      "is faster by the margin in enough rounds (see docs/autotune.md)")
     tune.add_argument("--autotune", action="store_true", help="measure instead of trusting one plan")
     tune.add_argument("--autotune-candidates", metavar="NAME[,NAME]", default="tensorflow,greedy,optimal",
                       help="candidates to time besides float32: tensorflow (TensorFlow's lists), greedy, "
@@ -188,6 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="batch size for inputs whose first dimension is unknown (default: 1)")
     tune.add_argument("--autotune-shape", action="append", default=[], metavar="INPUT=D0,D1,...",
                       help="the shape of one input (repeatable)")
+    tune.add_argument("--autotune-inputs", metavar="FILE.npz",
+                      help="time and check the output error on these arrays instead of random ones: an .npz "
+                           "(numpy.savez) keyed by input name (the signature's input keys, or a GraphDef's "
+                           "placeholder names); never unpickled")
     tune.add_argument("--autotune-signature", metavar="KEY",
                       help="the SavedModel signature to time (default: serving_default, else the first)")
     tune.add_argument("--autotune-repeats", type=int, default=5, metavar="N",
@@ -292,17 +298,28 @@ def _model_options(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
-def _autotune_options(args: argparse.Namespace) -> Any:
+def _autotune_options(args: argparse.Namespace, progress: Any = None) -> Any:
     """``--autotune*`` as :class:`~amp_rewrite.autotune.AutotuneOptions` (``None`` without
-    ``--autotune``).  Raises :class:`AmpRewriteError` for a malformed ``--autotune-shape``."""
+    ``--autotune``), reporting rounds to ``progress``.  ``--autotune-inputs`` is read here,
+    before anything looks at OUTPUT, so a bad file is reported as such.  Raises
+    :class:`AmpRewriteError` for a malformed ``--autotune-shape``, random-input flags with
+    ``--autotune-inputs``, or a file that cannot be read."""
     tuning_flags = (args.autotune_shape or args.autotune_signature or args.autotune_max_error is not None
                     or args.autotune_batch != 1 or args.autotune_repeats != 5 or args.autotune_min_gain != 0.02
-                    or args.autotune_max_repeats is not None or args.autotune_sessions is not None)
+                    or args.autotune_max_repeats is not None or args.autotune_sessions is not None
+                    or args.autotune_inputs is not None)
     if not args.autotune:
         if tuning_flags:
             raise AmpRewriteError("the --autotune-* options need --autotune")
         return None
-    from .autotune import DEFAULT_SESSIONS, AutotuneOptions
+    from .autotune import DEFAULT_SESSIONS, AutotuneOptions, load_inputs
+
+    inputs = None
+    if args.autotune_inputs is not None:
+        if args.autotune_shape or args.autotune_batch != 1:
+            raise AmpRewriteError("--autotune-batch and --autotune-shape shape random inputs; they cannot go "
+                                  "with --autotune-inputs, whose arrays have their shapes")
+        inputs = load_inputs(args.autotune_inputs)
 
     shapes = {}
     for item in args.autotune_shape:
@@ -318,6 +335,7 @@ def _autotune_options(args: argparse.Namespace) -> Any:
         max_repeats=args.autotune_max_repeats, batch=args.autotune_batch, shapes=shapes, signature=args.autotune_signature,
         max_rel_error=args.autotune_max_error, min_gain=args.autotune_min_gain,
         sessions=DEFAULT_SESSIONS if args.autotune_sessions is None else args.autotune_sessions,
+        inputs=inputs, progress=progress,
     )
 
 
@@ -422,7 +440,7 @@ def _dry_run(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
 def _cmd_rewrite(args: argparse.Namespace, progress: Any) -> int:
     from .saved_model import rewrite_saved_model, summary_line, summary_table
 
-    autotune = _autotune_options(args)
+    autotune = _autotune_options(args, progress)
     if args.dry_run:
         _check_dry_run(args, autotune)
     if args.loss_scale is not None:
@@ -449,7 +467,13 @@ def _cmd_rewrite(args: argparse.Namespace, progress: Any) -> int:
         if not count:
             log.warning("--exclude %r matches no node (see: amp-rewrite nodes INPUT REGEX)", pattern)
     if not args.quiet:
-        print(terminal_safe(f"{summary_line(report)}{_hint(report, args.target)}"))
+        # The autotune section gets a line of its own (its summary says why the choice won),
+        # not summary_line's short form of it.
+        tuned = report.get("autotune")
+        brief = {k: v for k, v in report.items() if k != "autotune"}
+        print(terminal_safe(f"{summary_line(brief)}{_hint(report, args.target)}"))
+        if tuned:
+            print(terminal_safe(tuned["summary"]))
         for line in summary_table(report):
             print(terminal_safe(line))
         if args.dry_run:

@@ -1,11 +1,17 @@
-"""A progress line for long work: drawn on a terminal, silent when the output is piped.
+"""A progress line for long work: drawn on a terminal, plain lines for long work elsewhere.
 
 :class:`Progress` shows ``amp-rewrite: <stage> [#####-----] i/n  12.3s`` on one line of a
 terminal and redraws it in place; a small daemon thread refreshes the elapsed time while a
-long stage (one call into the core) runs, so the line never looks frozen.  When the stream
-is not a terminal (a pipe, a file, a test's capture) nothing is ever written, so logs and
-pipes stay clean.  The library takes a ``Progress`` as an optional argument; only the CLI
-creates one.
+long stage (one call into the core) runs, so the line never looks frozen.
+
+When the stream is not a terminal (a pipe, a CI log, a test's capture) nothing is drawn:
+:meth:`Progress.stage` writes nothing, so the output of a rewrite, which takes seconds,
+stays clean.  Work that can take minutes (autotuning) reports through
+:meth:`Progress.event` instead, which there writes plain lines, one per event, each ending
+in a newline: every milestone (a new candidate, a new set of sessions), and other events
+at most one per :data:`PLAIN_INTERVAL_S` seconds, so a log shows that the work goes on
+without a line per step.  The library takes a ``Progress`` as an optional argument; only
+the CLI creates one.
 """
 
 from __future__ import annotations
@@ -22,22 +28,33 @@ log = logging.getLogger(__name__)
 
 _BAR_WIDTH = 20
 _REFRESH_S = 0.25
+#: Off a terminal, the least time between two plain lines of events that are not milestones.
+PLAIN_INTERVAL_S = 5.0
 
 
 class Progress:
     """One progress line on ``stream`` (default ``sys.stderr``).
 
-    ``enabled=None`` means "only if ``stream`` is a terminal".  Use as a context manager or
-    call :meth:`close`; closing erases the line.  Thread-safe for the calls below.  Not
-    re-entrant: one ``Progress`` draws one line.
+    ``enabled=None`` means "only if ``stream`` is a terminal".  ``plain`` says whether
+    :meth:`event` writes plain lines; ``None`` means "when ``enabled`` was left to the
+    stream and it is not a terminal" (so ``enabled=False``, e.g. ``--quiet``, silences
+    everything).  ``plain_interval`` is the least time between two plain lines of events
+    that are not milestones.  Use as a context manager or call :meth:`close`; closing erases
+    the line.  Thread-safe for the calls below.  Not re-entrant: one ``Progress`` draws one
+    line.
     """
 
-    def __init__(self, stream: TextIO | None = None, *, enabled: bool | None = None) -> None:
+    def __init__(self, stream: TextIO | None = None, *, enabled: bool | None = None,
+                 plain: bool | None = None, plain_interval: float = PLAIN_INTERVAL_S) -> None:
         self.stream = stream if stream is not None else sys.stderr
+        auto = enabled is None
         if enabled is None:
             isatty = getattr(self.stream, "isatty", None)
             enabled = bool(isatty and isatty())
         self.enabled = enabled
+        self.plain = (auto and not enabled) if plain is None else plain
+        self.plain_interval = plain_interval
+        self._last_plain: float | None = None
         self._lock = threading.Lock()
         self._draw_lock = threading.Lock()  # the ticker thread and the caller both draw
         self._stage = ""
@@ -57,6 +74,26 @@ class Progress:
         log.debug("progress: %s %s/%s", label, done, total)
         self._draw()
         self._ensure_ticker()
+
+    def event(self, label: str, *, milestone: bool = True) -> None:
+        """Report one event of long work (``label`` says what and how far, e.g. ``autotune:
+        round 3/5, session 2/3``).  On a terminal it is shown as :meth:`stage` shows a
+        label.  Otherwise, with ``plain``, it is written as a line of its own
+        (``amp-rewrite: <label>  12.3s``) when it is a ``milestone`` or when
+        ``plain_interval`` seconds have passed since the last line: one line per step of a
+        fast loop would flood a log."""
+        if self.enabled:
+            self.stage(label)
+            return
+        if not self.plain:
+            return
+        now = time.monotonic()
+        with self._lock:
+            if not milestone and self._last_plain is not None and now - self._last_plain < self.plain_interval:
+                return
+            self._last_plain = now
+        log.debug("progress event: %s", label)
+        self._write(f"amp-rewrite: {label}  {now - self._start:.1f}s\n")
 
     def advance(self, n: int = 1) -> None:
         """Count ``n`` more units of the current stage as done."""
@@ -109,8 +146,8 @@ class Progress:
             self.stream.write(text)
             self.stream.flush()
         except (OSError, ValueError):
-            # A closed terminal must not turn into an error of the rewrite itself.
-            self.enabled = False
+            # A closed terminal or pipe must not turn into an error of the rewrite itself.
+            self.enabled = self.plain = False
 
     def _ensure_ticker(self) -> None:
         if not self.enabled or self._thread is not None:
