@@ -240,7 +240,7 @@ def _fit_inputs(given: InputArrays, specs: Mapping[str, tuple[Any, Sequence[int 
                                  f"{what} (its inputs: {names})", path=path)
     missing = sorted(set(required) - set(given.arrays))
     if missing:
-        raise AutotuneInputError(f"autotune inputs lack {', '.join(map(repr, missing))} (the {what} takes: "
+        raise AutotuneInputError(f"autotune inputs lack {', '.join(map(repr, missing))} (inputs of the {what}: "
                                  f"{names})", path=path)
     for name, array in given.arrays.items():
         want, dims = specs[name]

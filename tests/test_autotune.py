@@ -7,8 +7,11 @@ stay close to float32, inputs are untouched, and bad settings fail before any ou
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import pathlib
+import sys
 
 import numpy as np
 import pytest
@@ -16,17 +19,27 @@ import tensorflow as tf
 
 import amp_rewrite
 from amp_rewrite.autotune import (
+    AutotuneInputError,
     AutotuneOptions,
     Comparison,
+    InputArrays,
     _decide,
+    _fit_inputs,
     _measure,
     _tune,
     candidate_options,
+    compare,
+    decision_rule,
     default_max_repeats,
+    load_inputs,
     relative_error,
+    result_line,
     sign_test_p,
+    wins_needed,
 )
 from amp_rewrite.cli import main
+from amp_rewrite.progress import Progress
+from amp_rewrite.saved_model import load_model
 from graphs import graph_def, run, v1
 
 CPU_BF16 = ["--target", "cpu", "--precision", "bfloat16"]
@@ -392,3 +405,241 @@ def test_cli_autotune_needs_shapes_it_cannot_guess(tmp_path, capsys):
     assert not (tmp_path / "o.pb").exists()
     assert main(["rewrite", str(pb), str(tmp_path / "o.pb"), *CPU_BF16, "--autotune", "--autotune-repeats",
                  "1", "--autotune-shape", "x=8,32", "-q"]) == 0
+
+
+# ------------------------------------------------------------------ the line, the rule (issue 23 item 7)
+
+
+def test_wins_needed_is_the_fewest_rounds_the_sign_test_accepts():
+    assert wins_needed(15) == 12 and sign_test_p(12, 15) <= 0.05 < sign_test_p(11, 15)
+    assert wins_needed(5) == 5 and wins_needed(10) == 9
+    assert wins_needed(4) is None and wins_needed(0) is None  # 4 of 4 is p = 1/16
+
+
+def _line(samples, errors, max_error=None, gain=0.02, same_as=None):
+    """The rule and the line for synthetic per-round samples, as _tune builds them."""
+    comps = compare(samples, gain)
+    rule = decision_rule(samples, errors, max_error, gain)
+    rounds = len(samples["float32"])
+    line = result_line(step_ms={n: 1e3 * float(np.median(v)) for n, v in samples.items()},
+                       ratio={n: c.ratio for n, c in comps.items()}, wins={n: c.wins for n, c in comps.items()},
+                       rel_error=errors, same_as=same_as or {}, rounds=rounds, sessions=3, min_gain=gain, rule=rule)
+    return rule, line
+
+
+def test_the_line_says_why_a_rewrite_with_the_slower_median_time_won():
+    # The complaint: "greedy 10.40 ms (x0.871)" lost to "tensorflow 10.78 ms (x0.769)".  Here
+    # float32's speed drifts between the sets of sessions, so medians of times and medians
+    # of per-round ratios disagree: greedy has the lower median time, tensorflow the lower
+    # ratio and the rounds.  The line must show the rounds and the rule that decided.
+    base = [0.010] * 7 + [0.014] * 8
+    greedy_r = [0.871] * 7 + [0.74] + [1.0] * 7
+    s = {"float32": base, "tensorflow": [b * 0.769 for b in base],
+         "greedy": [b * r for b, r in zip(base, greedy_r)]}
+    errors = {"tensorflow": 3e-3, "greedy": 3e-3}
+    assert _decide(s, errors, None, 0.02) == ("tensorflow", True)
+    rule, line = _line(s, errors)
+    assert rule == ("chosen: tensorflow -- the only candidate faster than float32 by >= 2% in >= 12 of 15 rounds "
+                    "(sign test p <= 0.05); it won 15 (p=3.1e-05)")
+    assert line == ("autotune over 15 rounds in 3 set(s) of sessions (ms: median per step; ratio: its step time / "
+                    "float32's in the same round, median over rounds; won: rounds with ratio <= 0.98): "
+                    "float32 14.00 ms; tensorflow 10.77 ms, ratio 0.769, won 15/15, rel. error 3.0e-03; "
+                    "greedy 10.36 ms, ratio 0.871, won 8/15, rel. error 3.0e-03. " + rule)
+    assert line.endswith(". " + rule)
+
+
+def test_the_rule_of_several_winners_is_the_lowest_median_ratio():
+    s = _rounds([10.0] * 6, tensorflow=0.9, greedy=0.8)
+    rule, _ = _line(s, {"tensorflow": 0.0, "greedy": 0.0})
+    assert rule == ("chosen: greedy -- of the 2 candidates faster than float32 by >= 2% in >= 6 of 6 rounds "
+                    "(sign test p <= 0.05), the lowest median ratio to float32 (0.800; tensorflow 0.900)")
+
+
+def test_the_line_says_why_float32_was_kept():
+    nine_of_fifteen = _rounds([0.010] * 15, greedy=[0.87] * 9 + [1.0] * 6, optimal=[0.9] * 3 + [1.0] * 12)
+    errors = {"greedy": 1e-3, "optimal": 1e-3}
+    rule, line = _line(nine_of_fifteen, errors)
+    assert rule == ("kept float32: no candidate won enough rounds -- faster than float32 by >= 2% in >= 12 of 15 "
+                    "rounds (sign test p <= 0.05); most: greedy 9/15 (p=0.3)")
+    assert "greedy 8.70 ms, ratio 0.870, won 9/15, rel. error 1.0e-03; optimal 10.00 ms, ratio 1.000, won 3/15" in line
+    # A bound on the error is part of the rule it names.
+    assert decision_rule(nine_of_fifteen, errors, 1e-2, 0.02).startswith(
+        "kept float32: no candidate within relative error 0.01 won enough rounds -- ")
+    assert decision_rule(_rounds([10.0] * 6, greedy=0.5), {"greedy": 0.1}, 1e-3, 0.02) == (
+        "kept float32: no candidate's outputs are within relative error 0.001 of float32's")
+    assert decision_rule(_rounds([10.0] * 3, greedy=0.5), {"greedy": 0.0}, None, 0.02) == (
+        "kept float32: no candidate won enough rounds -- 3 rounds are too few to show one faster than float32 "
+        "by >= 2% beyond chance (the sign test at p <= 0.05 needs >= 5); most: greedy 3/3 (p=0.12)")
+    assert decision_rule({"float32": [1.0] * 5}, {}, None, 0.02, untimed=["greedy"]) == (
+        "kept float32: every candidate's graph is the same as float32's")
+    same = _rounds([0.010] * 5, greedy=0.5)
+    _, line = _line({**same, "optimal": same["greedy"], "min-casts": same["float32"]}, {"greedy": 0.0},
+                    same_as={"optimal": "greedy", "min-casts": "float32"})
+    assert ("greedy 5.00 ms, ratio 0.500, won 5/5, rel. error 0.0e+00; optimal: same graph as greedy; "
+            "min-casts: same graph as float32, not timed. chosen: greedy") in line
+
+
+# ------------------------------------------------------------------ --autotune-inputs
+
+
+class _Unpickled:
+    """Unpickling this makes a directory: proof that a pickle was executed."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.mkdir, (self.marker,)
+
+
+def _cli(*args) -> int:
+    return main(["rewrite", *map(str, args)])
+
+
+def test_autotune_inputs_files_are_checked_before_output_and_never_unpickled(saved, tmp_path, capsys):
+    marker = tmp_path / "unpickled"
+    np.savez(tmp_path / "pickle.npz", x=np.array([_Unpickled(str(marker))], dtype=object))
+    np.save(tmp_path / "one.npy", np.zeros((2, 64), np.float32))
+    (tmp_path / "text.npz").write_text("x = 1\n")
+    np.savez(tmp_path / "empty.npz")
+    (tmp_path / "dir.npz").mkdir()
+    out = tmp_path / "out"
+    out.write_text("keep me")  # an existing OUTPUT: the inputs' error must come first
+    for name, message in [("missing.npz", "no such file"), ("pickle.npz", "holds Python objects"),
+                          ("one.npy", "is a single .npy array"), ("text.npz", "is not an .npz archive"),
+                          ("empty.npz", "holds no arrays"), ("dir.npz", "is a directory")]:
+        assert _cli(saved, out, *CPU_BF16, "--autotune", "--autotune-inputs", tmp_path / name) == 1, name
+        err = _one_error_line(capsys)
+        assert f"{tmp_path / name}: " in err and message in err, err
+    assert not marker.exists() and out.read_text() == "keep me"
+    with pytest.raises(AutotuneInputError, match="never unpickled"):
+        load_inputs(tmp_path / "pickle.npz")
+    assert not marker.exists()
+    with pytest.raises(AutotuneInputError, match="Python objects"):
+        AutotuneOptions(inputs={"x": np.array([object()])}).check()
+
+
+def test_autotune_inputs_need_autotune_and_no_random_input_flags(saved, tmp_path, capsys):
+    np.savez(tmp_path / "in.npz", x=np.zeros((2, 64), np.float32))
+    assert _cli(saved, tmp_path / "o", *CPU_BF16, "--autotune-inputs", tmp_path / "in.npz") == 1
+    assert "need --autotune" in _one_error_line(capsys)
+    assert _cli(saved, tmp_path / "o", *CPU_BF16, "--autotune", "--autotune-inputs", tmp_path / "in.npz",
+                "--autotune-batch", "4") == 1
+    assert "cannot go with --autotune-inputs" in _one_error_line(capsys)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("arrays, message", [
+    ({"y": np.zeros((2, 64), np.float32)}, "inputs name 'y', not an input of the signature 'serving_default' "
+                                           "(its inputs: x)"),
+    ({"x": np.zeros((2, 64), np.float64)}, "input 'x' is float64; the signature 'serving_default' takes float32"),
+    ({"x": np.zeros((2, 63), np.float32)}, "input 'x' has shape (2, 63); the signature 'serving_default' takes "
+                                           "(?, 64)"),
+    ({"x": np.zeros((2, 1, 64), np.float32)}, "has shape (2, 1, 64)"),
+])
+def test_cli_autotune_inputs_that_do_not_fit_the_saved_model_fail_in_one_line(saved, tmp_path, capsys, arrays,
+                                                                             message):
+    np.savez(tmp_path / "in.npz", **arrays)
+    out = tmp_path / "out"
+    assert _cli(saved, out, *CPU_BF16, "--autotune", "--autotune-inputs", tmp_path / "in.npz") == 1
+    err = _one_error_line(capsys)
+    assert message in err and err.startswith(f"amp-rewrite: error: {tmp_path / 'in.npz'}: "), err
+    assert not out.exists()
+
+
+def test_fit_inputs_names_missing_inputs_and_takes_any_shape_of_unknown_rank():
+    specs = {"a": (np.float32, [None, 3]), "b": (np.int32, None), "c": (np.float32, [])}
+    given = InputArrays({"a": np.zeros((5, 3), np.float32)}, "f.npz", "f.npz")
+    with pytest.raises(AutotuneInputError, match=r"^f.npz: autotune inputs lack 'b' \(inputs of the graph's "
+                                                 r"placeholders: a, b, c\)$"):
+        _fit_inputs(given, specs, ["a", "b"], "graph's placeholders")
+    ok = InputArrays({"a": np.zeros((1, 3), np.float32), "b": np.zeros((2, 2, 2), np.int32)}, "f.npz", "f.npz")
+    assert set(_fit_inputs(ok, specs, ["a", "b"], "graph's placeholders")) == {"a", "b"}
+    with pytest.raises(AutotuneInputError, match=r"'c' has shape \(2,\); .* takes \(\)"):
+        _fit_inputs(InputArrays({**ok.arrays, "c": np.zeros(2, np.float32)}, "f.npz"), specs, ["a"], "graph")
+
+
+def test_cli_autotune_inputs_saved_model_times_the_users_arrays(saved, tmp_path, capsys):
+    np.savez(tmp_path / "in.npz", x=np.zeros((5, 64), np.float32))
+    out, report_file = tmp_path / "out", tmp_path / "r.json"
+    assert _cli(saved, out, *CPU_BF16, "--autotune", "--autotune-repeats", "1", "--autotune-sessions", "1",
+                "--autotune-candidates", "greedy", "--autotune-inputs", tmp_path / "in.npz",
+                "--report", report_file) == 0
+    tuned = json.loads(report_file.read_text())["autotune"]
+    assert tuned["inputs"] == {"x": [5, 64]} and tuned["input_source"] == str(tmp_path / "in.npz")
+    assert tuned["decision"] and tuned["summary"].endswith(tuned["decision"])
+    stdout = capsys.readouterr().out
+    assert tuned["summary"] in stdout.splitlines() and "; autotune over" not in stdout.splitlines()[0]
+
+
+def test_cli_autotune_inputs_graph_def_error_check_and_progress_in_a_pipe(tmp_path, capsys, monkeypatch):
+    # On the user's zeros every candidate's outputs equal float32's (relative error 0), so
+    # even --autotune-max-error 0 admits them; on random inputs bfloat16 rounding shows.
+    pb, out, report_file = tmp_path / "in.pb", tmp_path / "out.pb", tmp_path / "r.json"
+    pb.write_bytes(_mlp_graph(None).SerializeToString())
+    np.savez(tmp_path / "zeros.npz", x=np.zeros((7, 256), np.float32))
+    args = ["rewrite", str(pb), str(out), *CPU_BF16, "--autotune", "--autotune-repeats", "4",
+            "--autotune-max-repeats", "5", "--autotune-sessions", "2", "--autotune-candidates", "greedy",
+            "--autotune-max-error", "0", "--autotune-inputs", str(tmp_path / "zeros.npz"), "--report", str(report_file)]
+    # stderr is a real pipe (not a terminal), read once the command is done.
+    read_end, write_end = os.pipe()
+    with open(write_end, "w", buffering=1) as pipe, open(read_end) as reader:
+        monkeypatch.setattr(sys, "stderr", pipe)
+        assert main(args) == 0
+        monkeypatch.undo()
+        pipe.close()
+        stderr = reader.read()
+    stdout = capsys.readouterr().out
+    tuned = json.loads(report_file.read_text())["autotune"]
+    assert tuned["inputs"] == {"x": [7, 256]} and tuned["rel_error"] == {"greedy": 0.0}
+    assert "outputs are within" not in tuned["decision"]
+    assert tuned["summary"] in stdout
+    # stderr is a pipe: plain progress lines, one per event, no carriage returns.
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("amp-rewrite: autotune: ")]
+    assert "\r" not in stderr
+    assert lines[0].startswith("amp-rewrite: autotune: rewriting candidate 1/1 (greedy)")
+    assert any(ln.startswith("amp-rewrite: autotune: round 1/4, session 1/2") for ln in lines)
+    assert any(ln.startswith("amp-rewrite: autotune: loading and warming up every model, session 2/2")
+               for ln in lines)
+    assert lines[-1].startswith("amp-rewrite: autotune: done after ")
+    # The same graph on random inputs: bfloat16 rounding is an error above 0, so float32 stays.
+    random = amp_rewrite.autotune_model(
+        load_model(str(pb)),
+        AutotuneOptions(candidates=("greedy",), repeats=1, sessions=1, max_rel_error=0.0),
+        target="cpu", precision="bfloat16", use_env=False)
+    assert random.rel_error["greedy"] > 0 and random.choice == "float32"
+    assert random.rule == "kept float32: no candidate's outputs are within relative error 0 of float32's"
+
+
+# ------------------------------------------------------------------ progress off a terminal
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_events_are_plain_lines_off_a_terminal_at_a_modest_rate():
+    piped = io.StringIO()
+    with Progress(piped, plain_interval=3600) as p:
+        p.stage("rewriting")  # stages stay silent off a terminal, as before
+        p.event("autotune: round 1/5, session 1/2")
+        p.event("autotune: round 2/5, session 1/2", milestone=False)  # within the interval: dropped
+        p.event("autotune: round 3/5, session 2/2")
+    lines = piped.getvalue().splitlines()
+    assert [ln.rsplit("  ", 1)[0] for ln in lines] == [
+        "amp-rewrite: autotune: round 1/5, session 1/2", "amp-rewrite: autotune: round 3/5, session 2/2"]
+    assert piped.getvalue().endswith("s\n") and "\r" not in piped.getvalue()
+    often = io.StringIO()
+    with Progress(often, plain_interval=0) as p:
+        for i in range(3):
+            p.event(f"autotune: round {i + 1}/3", milestone=False)
+    assert len(often.getvalue().splitlines()) == 3
+    quiet = io.StringIO()
+    with Progress(quiet, enabled=False) as p:
+        p.event("autotune: round 1/5")
+    assert quiet.getvalue() == ""
+    tty = _Tty()
+    with Progress(tty) as p:
+        p.event("autotune: round 1/5, session 1/2")
+    assert "\ramp-rewrite: autotune: round 1/5, session 1/2" in tty.getvalue() and "\n" not in tty.getvalue()
