@@ -713,33 +713,42 @@ def _tune(makers: Mapping[str, Callable[[], tuple[StepFn, Callable[[], None]]]],
 
     per_session = math.ceil(repeats / sessions) if sessions > 1 else 0
 
-    def on_round(done: int, session: int) -> None:
-        if progress is None:
-            return
-        # Rounds past ``repeats`` are timed only while the choice is undecided: say so.
-        which = f"round {done}/{repeats}" if done <= repeats else f"extra round {done}/{limit} (undecided)"
-        progress.event(f"autotune: {which}, session {_of(session, sessions)}",
-                       milestone=done == 1 or (per_session > 0 and (done - 1) % per_session == 0))
-
     try:
         open_all()
         errors = {n: relative_error(outputs[n], outputs[FLOAT32]) for n in runners if n != FLOAT32}
         samples = _measure({n: r[0] for n, r in runners.items()}, repeats, steps, limit,
                            lambda s, left: _decide(s, errors, max_rel_error, min_gain, rounds_left=left)[1],
-                           renew=renew, per_session=per_session, on_round=on_round)
+                           renew=renew, per_session=per_session,
+                           on_round=_round_reporter(progress, repeats, limit, sessions, per_session))
     finally:
         for _, close in runners.values():
             close()
     choice, _ = _decide(samples, errors, max_rel_error, min_gain)
     rule = decision_rule(samples, errors, max_rel_error, min_gain,
                          untimed=[n for n, s in same_as.items() if s == FLOAT32])
+    step_ms, rel_error, ratio, wins, p_value = _per_candidate(list(makers), same_as, samples, errors, min_gain)
+    rounds = len(samples[FLOAT32])
+    log.info("%s", result_line(step_ms=step_ms, ratio=ratio, wins=wins, rel_error=rel_error, same_as=same_as,
+                               rounds=rounds, sessions=opened, min_gain=min_gain, rule=rule))
+    if progress is not None:
+        progress.event(f"autotune: done after {rounds} rounds; {rule.split(' -- ')[0]}")
+    return Tuning(choice, step_ms, rel_error, ratio, wins, rounds, opened, rule, p_value)
+
+
+def _per_candidate(names: Sequence[str], same_as: Mapping[str, str], samples: Mapping[str, Sequence[float]],
+                   errors: Mapping[str, float], min_gain: float
+                   ) -> tuple[dict[str, float], dict[str, float], dict[str, float], dict[str, int], dict[str, float]]:
+    """:class:`Tuning`'s per-candidate numbers in the order of ``names``: median ms per step,
+    output error, median ratio, rounds won and sign test p.  A candidate in ``same_as`` gets
+    the numbers of the graph it shares (float32's: ratio 1, no wins, no error); one absent
+    from ``samples`` (it could not run) gets none.  Pure."""
     comps = compare(samples, min_gain)
     step_ms: dict[str, float] = {}
     rel_error: dict[str, float] = {}
     ratio: dict[str, float] = {}
     wins: dict[str, int] = {}
     p_value: dict[str, float] = {}
-    for name in makers:
+    for name in names:
         source = same_as.get(name, name)
         if source not in samples:
             continue
@@ -749,12 +758,24 @@ def _tune(makers: Mapping[str, Callable[[], tuple[StepFn, Callable[[], None]]]],
             ratio[name] = 1.0 if source == FLOAT32 else comps[source].ratio
             wins[name] = 0 if source == FLOAT32 else comps[source].wins
             p_value[name] = 1.0 if source == FLOAT32 else comps[source].p_value
-    rounds = len(samples[FLOAT32])
-    log.info("%s", result_line(step_ms=step_ms, ratio=ratio, wins=wins, rel_error=rel_error, same_as=same_as,
-                               rounds=rounds, sessions=opened, min_gain=min_gain, rule=rule))
-    if progress is not None:
-        progress.event(f"autotune: done after {rounds} rounds; {rule.split(' -- ')[0]}")
-    return Tuning(choice, step_ms, rel_error, ratio, wins, rounds, opened, rule, p_value)
+    return step_ms, rel_error, ratio, wins, p_value
+
+
+def _round_reporter(progress: Progress | None, repeats: int, limit: int, sessions: int,
+                    per_session: int) -> Callable[[int, int], None] | None:
+    """``on_round`` for :func:`_measure` that tells ``progress`` of each round (``None``
+    without one).  The first round of each set of sessions is a milestone, so a log shows
+    every set; the other rounds are rate-limited by the :class:`Progress`."""
+    if progress is None:
+        return None
+
+    def on_round(done: int, session: int) -> None:
+        # Rounds past ``repeats`` are timed only while the choice is undecided: say so.
+        which = f"round {done}/{repeats}" if done <= repeats else f"extra round {done}/{limit} (undecided)"
+        progress.event(f"autotune: {which}, session {_of(session, sessions)}",
+                       milestone=done == 1 or (per_session > 0 and (done - 1) % per_session == 0))
+
+    return on_round
 
 
 def _of(session: int, planned: int) -> str:
