@@ -390,6 +390,7 @@ _MAX_COLUMN = 1300  # px: a drawing taller than this is wrapped into columns
 _MAX_COLUMNS = 40
 _COL_GAP = 56  # px between columns: the channel for edges from one column to the next
 _ASPECT = 1.5  # width / height the column count aims at (a landscape screen)
+_MAX_SIDE = 2800  # px: a column count that keeps both sides below this is preferred
 
 
 def _acyclic(succ: Mapping[int, Sequence[int]]) -> dict[int, list[int]]:
@@ -494,17 +495,18 @@ def _pack(sizes: Sequence[tuple[float, float]], target: float) -> list[list[int]
 
 def _columns(sizes: Sequence[tuple[float, float]]) -> list[list[int]]:
     """Layers split into columns: one column while the drawing is at most ``_MAX_COLUMN``
-    px tall, else the column count whose drawing comes closest to ``_ASPECT``.  Pure."""
+    px tall, else the column count whose drawing comes closest to ``_ASPECT``, among those
+    no side of which is over ``_MAX_SIDE`` px when there are any.  Pure."""
     natural = sum(h for _, h in sizes) + _GAP_Y * (len(sizes) - 1)
     if natural <= _MAX_COLUMN:
         return [list(range(len(sizes)))]
-    best: tuple[float, list[list[int]]] | None = None
+    best: tuple[tuple[bool, float], list[list[int]]] | None = None
     for count in range(1, min(len(sizes), _MAX_COLUMNS) + 1):
         cols = _pack(sizes, natural / count)
         width = sum(max(sizes[i][0] for i in c) for c in cols) + _COL_GAP * len(cols)
         height = max(sum(sizes[i][1] + _GAP_Y for i in c) for c in cols)
-        score = abs(math.log(width / height / _ASPECT))
-        if best is None or score < best[0] - 1e-9:
+        score = (max(width, height) > _MAX_SIDE, abs(math.log(width / height / _ASPECT)))
+        if best is None or score < (best[0][0], best[0][1] - 1e-9):
             best = (score, cols)
     assert best is not None
     return best[1]
@@ -567,7 +569,7 @@ _STYLE = (
 
 #: What a collapsed box's bars mean, shown in the legend next to a sample box.
 BARS_LEGEND = ("collapsed box: a name scope (for a Keras model, one layer) drawn as one box; "
-               "each coloured bar's width is the share of its nodes with that decision")
+               "each coloured bar is as wide as the share of its nodes with that decision")
 _BARS_SAMPLE = (("allow", 5), ("infer", 2), ("unchanged", 2), ("cast", 1))
 
 
@@ -847,11 +849,14 @@ def _results(rewrite: "ModelRewrite | RewriteResult") -> list[tuple[str, "Rewrit
     return out
 
 
-def _heading(label: str, graph: str, sigs: Mapping[str, Sequence[str]]) -> str:
-    """A decision table's heading: the signatures that run ``graph`` and which graph it is."""
-    keys = sorted(k for k, graphs in sigs.items() if graph in graphs)
+def _heading(label: str, graph: str, sigs: Mapping[str, Sequence[str]]) -> tuple[tuple[str, ...], str]:
+    """A decision table's heading: the signatures that run ``graph`` (sorted) and the text
+    naming them and which graph it is."""
+    keys = tuple(sorted(k for k, graphs in sigs.items() if graph in graphs))
     what = f"{label}: " + (f"function {graph}" if graph else "main graph")
-    return (("signature " if len(keys) == 1 else "signatures ") + ", ".join(keys) + f" ({what})") if keys else what
+    if not keys:
+        return keys, what
+    return keys, ("signature " if len(keys) == 1 else "signatures ") + ", ".join(keys) + f" ({what})"
 
 
 def render_file(rewrite: "ModelRewrite | RewriteResult", path: str | os.PathLike[str], *,
@@ -873,10 +878,12 @@ def render_file(rewrite: "ModelRewrite | RewriteResult", path: str | os.PathLike
                f"{report['casts_to_high']} to float32; target {report['target']}, lists {report['lists']}")
     tables = []
     for label, r, sigs in results:
-        tables.append(_table(_heading(label, "", sigs), r.report))
-        for fname, section in r.report.get("functions", {}).items():
-            tables.append(_table(_heading(label, fname, sigs), section))
-    return to_html(panels, title=title, summary=summary, tables=[t for t in tables if t],
+        sections = [("", r.report), *r.report.get("functions", {}).items()]
+        for graph, section in sections:
+            keys, heading = _heading(label, graph, sigs)
+            tables.append((not keys, keys[:1], len(tables), _table(heading, section)))
+    # In the order of the drawings: by first signature key, graphs no signature runs last.
+    return to_html(panels, title=title, summary=summary, tables=[t for *_, t in sorted(tables) if t],
                    overview=_overview(report)).encode("utf-8")
 
 
