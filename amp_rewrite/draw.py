@@ -8,10 +8,16 @@ its functions).  A panel with more than ``max_nodes`` nodes is collapsed by name
 are opened from the top, largest first, while the drawing stays within ``max_nodes`` boxes
 (:func:`collapse`), and each closed box shows how many of its nodes got each decision.
 
+With a SavedModel's signatures (``render_file`` reads them from the report), each panel is
+titled by the signature keys that run it.  Labels are shortened in the middle, keeping the
+start and the layer and op at the end; the full name is in each box's ``<title>``.
+
 The layout is a simple layered one computed here (no graphviz binary needed): cycles are
 broken by reversing DFS back edges, layers come from longest paths (sources pulled down to
 just above their first consumer), and nodes in a layer are ordered by a few barycentre
-sweeps.  Everything is deterministic: the same rewrite gives the same bytes.
+sweeps.  A tall drawing is wrapped into columns (the layer sequence read left to right) so
+that it stays near 3:2.  Everything is deterministic: the same rewrite gives the same bytes.
+The HTML page puts the summary and the decision tables first, then one drawing per panel.
 
 Node names come from untrusted files, so every piece of text is escaped for its format
 (XML/HTML escaping plus removal of characters XML forbids; DOT string escaping), and the HTML
