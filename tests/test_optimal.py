@@ -782,3 +782,47 @@ def test_bad_variable_shapes_are_refused_with_the_products_error(shapes, error, 
         amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", lists="optimal", use_env=False,
                                       variable_shapes=shapes)
     assert gd.SerializeToString(deterministic=True) == before
+
+
+def _v1_matmul_loop(n: int) -> tf.compat.v1.GraphDef:
+    """A TF1 while loop (control flow v1: Enter/Merge/Switch/NextIteration/Exit) whose float32
+    state goes through one n x n MatMul per iteration."""
+    from tensorflow.python.ops import control_flow_util
+
+    was_v2 = control_flow_util.ENABLE_CONTROL_FLOW_V2
+    tf.compat.v1.disable_control_flow_v2()
+    try:
+        def build() -> None:
+            x = v1.placeholder(tf.float32, [n, n], name="x")
+            w = v1.placeholder(tf.float32, [n, n], name="w")
+            _, out = v1.while_loop(lambda i, v: i < 3, lambda i, v: (i + 1, tf.matmul(v, w)),
+                                   [tf.constant(0), x])
+            tf.identity(out, name="output")
+
+        return graph_def(build)
+    finally:
+        if was_v2:
+            tf.compat.v1.enable_control_flow_v2()
+
+
+@pytest.mark.parametrize("n", [4, 512])
+@pytest.mark.parametrize("level", ["DEFAULT", "TREAT_INFER_AS_DENY"])
+@pytest.mark.parametrize("target, precision", [("gpu:8.0", "float16"), ("cpu", "bfloat16")])
+def test_moving_next_iteration_to_deny_never_converts_a_loop_more(n, level, target, precision):
+    """Regression (issue 24, found by the deep property run): with NextIteration on the deny
+    list, recurrent matching ties the loop's plumbing (Enter/Merge/Switch/NextIteration) into
+    a group painted low.  The planner used to fix such a group low because a member is on the
+    deny list, and its below-margin revert kept the undecided groups low too, so a larger deny
+    list converted *more* (3-6 loop nodes newly in low precision).  Both loop sizes are
+    checked: at n=4 nothing pays, at n=512 the MatMul does."""
+    from amp_rewrite.testing import check_monotone
+
+    gd = _v1_matmul_loop(n)
+    options = dict(lists="optimal", target=target, precision=precision, level=level,
+                   fetches=["output"], use_env=False)
+    result = amp_rewrite.rewrite_graph_def(gd, **options)
+    # The rewrite decided something real: at n=512 the loop's MatMul converts.
+    matmuls = [k for k, v in result.report["nodes"].items() if v["op"] == "MatMul"]
+    assert matmuls and all(result.report["nodes"][k]["dtype"] == (precision if n == 512 else "float32")
+                           for k in matmuls)
+    check_monotone(gd, result.graph_def, result.report, ops=["NextIteration"], **options)
