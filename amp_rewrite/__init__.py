@@ -21,6 +21,7 @@ from .api import RewriteResult, resolve_lists, resolve_target, rewrite_graph_def
 from .autotune import AutotuneOptions, AutotuneResult, autotune, autotune_model
 from .errors import (
     AmpRewriteError,
+    AutotuneInputError,
     GraphFormatError,
     InvalidGraphError,
     ListError,
@@ -83,6 +84,7 @@ __all__ = [
     "Device",
     "parse_target",
     "AmpRewriteError",
+    "AutotuneInputError",
     "GraphFormatError",
     "InvalidGraphError",
     "ListError",

@@ -49,7 +49,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from .api import RewriteResult, rewrite_graph_def
-from .errors import AmpRewriteError
+from .errors import AmpRewriteError, AutotuneInputError
 from .progress import Progress
 
 __all__ = [
@@ -117,11 +117,6 @@ def candidate_options(candidates: Sequence[str] | Mapping[str, Mapping[str, Any]
 
 
 # ------------------------------------------------------------------------ the caller's inputs
-
-
-class AutotuneInputError(AmpRewriteError):
-    """The caller's autotune inputs (``--autotune-inputs FILE.npz`` or
-    :attr:`AutotuneOptions.inputs`) cannot be read or do not fit the model."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -59,3 +59,8 @@ class TargetError(AmpRewriteError):
 
 class RewriteError(AmpRewriteError):
     """The rewrite could not be carried out (an internal consistency check failed)."""
+
+
+class AutotuneInputError(AmpRewriteError):
+    """The caller's autotune inputs (``--autotune-inputs FILE.npz`` or
+    ``AutotuneOptions.inputs``) cannot be read or do not fit the model."""

@@ -1042,10 +1042,9 @@ def summary_line(report: Mapping[str, Any]) -> str:
         line += f"; nothing rewritten: {report['skipped']}"
     tuned = report.get("autotune")
     if tuned:
-        ratios = tuned.get("ratio_to_float32", {})
-        times = ", ".join(f"{name} {ms:.2f} ms" + (f" (x{ratios[name]:.3f})" if name in ratios else "")
-                          for name, ms in tuned["step_ms"].items())
-        line += f"; autotune over {tuned.get('rounds', 0)} rounds: {times} -> {tuned['choice']}"
+        # The autotune section's own summary names each candidate's rounds won and the rule
+        # that decided; a bare list of times and ratios read as self-contradictory.
+        line += f"; {tuned['summary']}" if "summary" in tuned else f"; autotune chose {tuned['choice']}"
     return line
 
 
