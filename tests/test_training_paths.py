@@ -333,6 +333,67 @@ def test_run_trains_an_unmodified_keras_script_rewritten(tmp_path: pathlib.Path,
     assert last < first
 
 
+#: The flags of a CPU with fast bfloat16 (this project's reference machine: AMD EPYC with
+#: AVX512-BF16, no AMX).  The machines the tests run on vary (some have AVX2 only), so the
+#: tests that check the *default* precision on such a CPU present it through ``cpu_features``,
+#: the one place ``target="auto"`` reads the CPU from.
+FAST_BF16_CPU = frozenset({"avx2", "avx512f", "avx512bw", "avx512_bf16"})
+
+#: ``amp-rewrite`` run by a Python that presents :data:`FAST_BF16_CPU` first.
+FAST_BF16_CLI = [sys.executable, "-c",
+                 "import sys, amp_rewrite.targets as t; "
+                 f"t.cpu_features = lambda *a, **k: frozenset({sorted(FAST_BF16_CPU)!r}); "
+                 "from amp_rewrite.cli import main; sys.exit(main())"]
+
+
+def test_default_keras_fit_converts_with_bfloat16_on_a_cpu_with_fast_bfloat16(
+        monkeypatch: Any, caplog: Any) -> None:
+    """Issue 23's first done-when line: ``enable_mixed_precision_graph_rewrite(Adam())`` and
+    ``fit``, with every option left at its default, train in bfloat16 on such a CPU."""
+    from amp_rewrite import targets
+
+    monkeypatch.setattr(targets, "cpu_features", lambda *a, **k: FAST_BF16_CPU)
+    x, y = _data(96)
+    model = _keras_model()  # no target, no precision: both "auto"
+    with caplog.at_level(logging.INFO, logger="amp_rewrite"):
+        history = model.fit(x, y, batch_size=32, epochs=3, verbose=0)
+    step = model.train_function.amp_function
+    report = step.rewrite_results[0].report
+    assert report["precision"] == "bfloat16" and "avx512_bf16" in report["precision_reason"]
+    assert report["converted_nodes"] > 0 and report["casts_to_low"] > 0
+    assert "bfloat16" in _matmul_dtypes(step.executed_graphs())
+    assert not _records(caplog, logging.WARNING, "was not rewritten")
+    assert history.history["loss"][-1] < history.history["loss"][0]
+
+
+def test_switch_on_runs_an_unmodified_keras_script_in_bfloat16_on_such_a_cpu(
+        tmp_path: pathlib.Path, user_environ: dict[str, str]) -> None:
+    """``TF_ENABLE_AUTO_MIXED_PRECISION=1 amp-rewrite run script.py`` with no option converts
+    with bfloat16 on a CPU with fast bfloat16."""
+    env = {**user_environ, "TF_ENABLE_AUTO_MIXED_PRECISION": "1"}
+    done = _run(FAST_BF16_CLI, tmp_path, KERAS_SCRIPT, env, [], ["2"])
+    summaries = _lines(done.stderr, "amp-rewrite run: ")
+    assert summaries and "Keras train step of model" in summaries[0], done.stderr[-3000:]
+    for line in summaries:
+        converted = int(line.split("converted ")[1].split()[0])
+        assert converted > 0 and "ops to bfloat16" in line, line
+    assert _lines(done.stdout, "optimizer")[0] == "optimizer amp_rewrite.training.keras_optimizer"
+
+
+def test_switch_on_warns_with_the_true_reason_on_a_cpu_that_cannot_profit(
+        tmp_path: pathlib.Path, user_environ: dict[str, str]) -> None:
+    """The same script on a CPU with no fast low-precision type (AVX2 only) trains in float32,
+    and says why on stderr instead of passing silently."""
+    slow_cli = [FAST_BF16_CLI[0], "-c", FAST_BF16_CLI[2].replace(repr(sorted(FAST_BF16_CPU)),
+                                                                  repr(["avx", "avx2", "f16c"]))]
+    env = {**user_environ, "TF_ENABLE_AUTO_MIXED_PRECISION": "1"}
+    done = _run(slow_cli, tmp_path, KERAS_SCRIPT, env, [], ["2"])
+    warned = [line for line in done.stderr.splitlines() if "was not rewritten" in line]
+    assert warned and "Keras train step of model" in warned[0], done.stderr[-3000:]
+    assert "no fast" in warned[0] or "cannot profit" in warned[0] or "float32" in warned[0], warned[0]
+    assert not [line for line in _lines(done.stderr, "amp-rewrite run: ") if "ops to bfloat16" in line]
+
+
 def test_run_trains_an_unmodified_tf1_script_rewritten_and_loss_scaled(
         tmp_path: pathlib.Path, user_environ: dict[str, str]) -> None:
     # The console script, with TensorFlow's own switch set: it is honoured, then removed so
