@@ -9,14 +9,15 @@ Public API::
     from amp_rewrite import rewrite_saved_model
     report = rewrite_saved_model("model_dir", "model_bf16", target="cpu", precision="bfloat16")
 
-Stages (one module each): :mod:`~amp_rewrite.graph_io` (protobuf <-> networkx),
-:mod:`~amp_rewrite.decide` (painting -> plan), :mod:`~amp_rewrite.rewrite` (plan -> casts and
-types), export in :mod:`~amp_rewrite.graph_io`; lists in :mod:`~amp_rewrite.lists`,
-targets in :mod:`~amp_rewrite.targets`.
+Stages (one module each): :mod:`~amp_rewrite.graph.io` (protobuf <-> networkx),
+:mod:`~amp_rewrite.plan.painter` (painting -> plan), :mod:`~amp_rewrite.rewrite` (plan -> casts and
+types), export in :mod:`~amp_rewrite.graph.io`; lists in :mod:`~amp_rewrite.plan.lists`,
+targets in :mod:`~amp_rewrite.plan.targets`.
 """
 
 from __future__ import annotations
 
+from . import _moved
 from .api import RewriteResult, resolve_lists, resolve_target, rewrite_graph_def
 from .autotune import AutotuneOptions, AutotuneResult, autotune, autotune_model
 from .errors import (
@@ -28,10 +29,12 @@ from .errors import (
     RewriteError,
     TargetError,
 )
-from .explain import Explanation, explain_node
-from .graph_io import load_graph_def, parse_graph_def
-from .saved_model import ModelRewrite, load_model, rewrite_model, rewrite_saved_model
-from .targets import Device, Target, parse_target
+from .report.explain import Explanation, explain_node
+from .graph.io import load_graph_def, parse_graph_def
+from .models.saved_model import ModelRewrite, load_model, rewrite_model, rewrite_saved_model
+from .plan.targets import Device, Target, parse_target
+
+_moved.install()
 
 # The training API (amp_rewrite.training) imports TensorFlow, and Keras for Keras optimizers;
 # its names are resolved on first use so that `import amp_rewrite` stays fast and light.

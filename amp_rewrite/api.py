@@ -25,19 +25,19 @@ from typing import Any, Collection, Iterable, Iterator, Literal, Mapping, Sequen
 
 import networkx as nx
 
-from .decide import DecideOptions, Plan, decide
+from .plan.painter import DecideOptions, Plan, decide
 from .errors import AmpRewriteError, InvalidGraphError, ListError, TargetError
-from .exclude import NameMatcher, keras_scoped
-from .graph_io import export_graph_def, import_graph_def, loop_functions, parse_graph_def, reachable_functions
-from .lists import PLANNERS, ListContext, ListEdit, OpLists, edits_from_environ, load_lists, tf_major_minor
-from .op_registry import OpRegistry, default_registry
-from .report import build_report
+from .plan.exclude import NameMatcher, keras_scoped
+from .graph.io import export_graph_def, import_graph_def, loop_functions, parse_graph_def, reachable_functions
+from .plan.lists import PLANNERS, ListContext, ListEdit, OpLists, edits_from_environ, load_lists, tf_major_minor
+from .graph.op_registry import OpRegistry, default_registry
+from .report.build import build_report
 from .rewrite import RewriteStats, apply_plan
-from .shape_inference import check_variable_shapes, function_shapes, graph_shapes
+from .graph.shapes import check_variable_shapes, function_shapes, graph_shapes
 from .option_types import (check_bool, check_list_edits, check_names, check_optional_str, check_path,
                            check_str)
-from .targets import Target, detect_target, parse_target, resolve_precision
-from .tensor_names import node_name
+from .plan.targets import Target, detect_target, parse_target, resolve_precision
+from .graph.tensor_names import node_name
 
 __all__ = ["RewriteResult", "rewrite_graph_def", "resolve_lists", "resolve_target", "installed_tf_version",
            "tensorflow_lists_version"]
@@ -62,7 +62,7 @@ class RewriteResult:
     timings: Mapping[str, float] = field(default_factory=dict)
     #: The nodes with at least one type attribute converted, per graph (``""`` and function
     #: names, as ``plans``): what per-signature summaries count
-    #: (:func:`amp_rewrite.saved_model.signature_summaries`).
+    #: (:func:`amp_rewrite.models.saved_model.signature_summaries`).
     converted: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
@@ -160,7 +160,7 @@ def resolve_lists(
 ) -> tuple[OpLists, str]:
     """Build the effective lists (and level) for a target, in the documented order.
 
-    ``precision`` is any spelling :func:`~amp_rewrite.targets.parse_precision` accepts
+    ``precision`` is any spelling :func:`~amp_rewrite.plan.targets.parse_precision` accepts
     (``"auto"`` chooses for ``target``).  ``environ`` is read for TensorFlow's list
     variables; pass ``{}`` to ignore them.  ``tf_version`` (``"2.16"``) picks that TensorFlow
     release's lists; ``None``: the :func:`tensorflow_lists_version` in force, else the installed
@@ -382,10 +382,10 @@ def rewrite_graph_def(
     target
         ``"auto"`` (this machine), ``"gpu:8.0"`` (a GPU of that compute capability; several
         comma-separated capabilities describe GPU:0, GPU:1, ...), ``"cpu"``, or a
-        :class:`~amp_rewrite.targets.Target`.
+        :class:`~amp_rewrite.plan.targets.Target`.
     precision
         ``"auto"`` (the default: float16 on a GPU, bfloat16 on a CPU with fast bfloat16
-        math; see :func:`~amp_rewrite.targets.auto_precision`), ``"float16"`` or
+        math; see :func:`~amp_rewrite.plan.targets.auto_precision`), ``"float16"`` or
         ``"bfloat16"``, in any usual spelling (``fp16``, ``half``, ``bf16``, ``tf.float16``).
         The report's ``precision`` and ``precision_reason`` say what was used and why.
     lists
@@ -404,11 +404,11 @@ def rewrite_graph_def(
         it matches (:func:`re.fullmatch`, anchored) its whole name or one ``/``-separated
         component of it, such as a Keras layer name: ``"conv2d_1"`` excludes
         ``model/conv2d_1/Conv2D`` but not ``model/conv2d_10/Conv2D`` (see
-        :mod:`amp_rewrite.exclude`).  Each excluded node's reason names its pattern, and the
+        :mod:`amp_rewrite.plan.exclude`).  Each excluded node's reason names its pattern, and the
         report's ``excluded`` maps each pattern to the number of nodes it matched.
     keep_float32
         Node names (exact) kept float32 like excluded nodes, in the main graph and every
-        function; :func:`~amp_rewrite.saved_model.rewrite_model` passes what the selected
+        function; :func:`~amp_rewrite.models.saved_model.rewrite_model` passes what the selected
         signatures do not run.
     functions
         ``"all"`` rewrites every function of the library (a SavedModel's signatures may call
@@ -435,7 +435,7 @@ def rewrite_graph_def(
     compiled
         The graph will run under XLA (``jit_compile=True``, ``amp-rewrite rewrite --xla``):
         the cost-aware planners price Casts and element-wise ops as XLA fuses them
-        (:func:`amp_rewrite.cost_model.node_cost`).  The greedy planner ignores it.
+        (:func:`amp_rewrite.plan.cost_model.node_cost`).  The greedy planner ignores it.
 
     Returns
     -------

@@ -889,7 +889,7 @@ def autotune(
 @dataclass(frozen=True)
 class ModelAutotune:
     """The winner of :func:`autotune_model`.  ``rewrite`` is the winning candidate's
-    :class:`~amp_rewrite.saved_model.ModelRewrite`, ``None`` when float32 won; ``rule`` why
+    :class:`~amp_rewrite.models.saved_model.ModelRewrite`, ``None`` when float32 won; ``rule`` why
     (:func:`decision_rule`); ``input_source`` where the inputs came from (random, or the
     caller's file or arrays).  The other fields are :class:`AutotuneResult`'s."""
 
@@ -1053,8 +1053,8 @@ def _signature_inputs(path: str, tags: Sequence[str] | None, want: str | None, o
 
 def autotune_model(model: Any, opts: AutotuneOptions, *, tags: Sequence[str] | None = None,
                    **rewrite_options: Any) -> ModelAutotune:
-    """Rewrite ``model`` (a :class:`~amp_rewrite.saved_model.ModelFile`) once per candidate
-    with :func:`~amp_rewrite.saved_model.rewrite_model`, time each and float32 on random
+    """Rewrite ``model`` (a :class:`~amp_rewrite.models.saved_model.ModelFile`) once per candidate
+    with :func:`~amp_rewrite.models.saved_model.rewrite_model`, time each and float32 on random
     inputs or the caller's (``opts.inputs``), and return the fastest.
 
     A SavedModel is timed through one signature (``opts.signature``), each candidate
@@ -1065,8 +1065,8 @@ def autotune_model(model: Any, opts: AutotuneOptions, *, tags: Sequence[str] | N
     round.  Raises :class:`AmpRewriteError` (:class:`AutotuneInputError` for inputs that do
     not fit); ``model`` is not modified and nothing is left on disk.
     """
-    from .saved_model import _graph_outputs, rewrite_model, stage_model
-    from .staging import Staging
+    from .models.saved_model import _graph_outputs, rewrite_model, stage_model
+    from .models.staging import Staging
 
     opts.check()
     options = candidate_options(opts.candidates)

@@ -2,11 +2,11 @@
 
 Subcommands, each a call into one typed library function:
 
-* ``rewrite INPUT OUTPUT``: :func:`amp_rewrite.saved_model.rewrite_saved_model` (SavedModel
+* ``rewrite INPUT OUTPUT``: :func:`amp_rewrite.models.saved_model.rewrite_saved_model` (SavedModel
   directory, ``.meta`` MetaGraphDef, or ``.pb``/``.pbtxt`` frozen GraphDef);
-* ``explain INPUT NODE``: :func:`amp_rewrite.saved_model.rewrite_model` in memory, then
-  :func:`amp_rewrite.explain.explain_query` (NODE: a name, op type, layer name or substring);
-* ``nodes INPUT REGEX...``: :func:`amp_rewrite.exclude.matching_nodes`, a preview of what
+* ``explain INPUT NODE``: :func:`amp_rewrite.models.saved_model.rewrite_model` in memory, then
+  :func:`amp_rewrite.report.explain.explain_query` (NODE: a name, op type, layer name or substring);
+* ``nodes INPUT REGEX...``: :func:`amp_rewrite.plan.exclude.matching_nodes`, a preview of what
   ``--exclude REGEX`` keeps float32;
 * ``lists``: :func:`amp_rewrite.api.resolve_lists`, printed;
 * ``demo``: :func:`amp_rewrite.demo.run_demo`;
@@ -47,8 +47,8 @@ EXIT_UNCHANGED = 3
 
 
 def _precision(text: str) -> str:
-    """``--precision``: any spelling :func:`amp_rewrite.targets.parse_precision` accepts."""
-    from .targets import parse_precision
+    """``--precision``: any spelling :func:`amp_rewrite.plan.targets.parse_precision` accepts."""
+    from .plan.targets import parse_precision
 
     try:
         return parse_precision(text)
@@ -58,7 +58,7 @@ def _precision(text: str) -> str:
 
 def _tf_version(text: str) -> str:
     """``--tf-version``: a TensorFlow release, ``major.minor`` (``2.16``) or a full version."""
-    from .lists import tf_major_minor
+    from .plan.lists import tf_major_minor
 
     try:
         return tf_major_minor(text)
@@ -359,8 +359,8 @@ def _cmd_rewrite_training(args: argparse.Namespace) -> int:
     """``rewrite --loss-scale``: a TF1 training MetaGraphDef, optimizer included."""
     import json
 
-    from .saved_model import load_model
-    from .staging import Staging, check_distinct_outputs, check_not_input, check_output, check_writable
+    from .models.saved_model import load_model
+    from .models.staging import Staging, check_distinct_outputs, check_not_input, check_output, check_writable
     from .training import rewrite_training_meta_graph
 
     if not args.input.endswith(".meta"):
@@ -400,8 +400,8 @@ def _cmd_rewrite_training(args: argparse.Namespace) -> int:
 
 
 def _check_model_options(args: argparse.Namespace) -> None:
-    """:func:`amp_rewrite.saved_model.check_options` for the parsed options."""
-    from .saved_model import check_options
+    """:func:`amp_rewrite.models.saved_model.check_options` for the parsed options."""
+    from .models.saved_model import check_options
 
     options = _model_options(args)
     check_options(args.input, **{k: options[k] for k in (
@@ -428,7 +428,7 @@ def _nothing_converted(report: dict[str, Any]) -> str | None:
 
 def _dry_run(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
     """``rewrite --dry-run``: the rewrite in memory, its report; nothing is written."""
-    from .saved_model import load_model, rewrite_model
+    from .models.saved_model import load_model, rewrite_model
 
     model = load_model(args.input)
     if args.xla and model.format != "saved_model":
@@ -438,7 +438,7 @@ def _dry_run(args: argparse.Namespace, progress: Any) -> dict[str, Any]:
 
 
 def _cmd_rewrite(args: argparse.Namespace, progress: Any) -> int:
-    from .saved_model import rewrite_saved_model, summary_line, summary_table
+    from .models.saved_model import rewrite_saved_model, summary_line, summary_table
 
     autotune = _autotune_options(args, progress)
     if args.dry_run:
@@ -490,8 +490,8 @@ def _cmd_rewrite(args: argparse.Namespace, progress: Any) -> int:
 
 
 def _cmd_explain(args: argparse.Namespace, progress: Any) -> int:
-    from .explain import explain_query, explain_text
-    from .saved_model import load_model, rewrite_model
+    from .report.explain import explain_query, explain_text
+    from .models.saved_model import load_model, rewrite_model
 
     if args.limit < 0:
         raise AmpRewriteError(f"--limit must be 0 (all) or more, not {args.limit}")
@@ -527,8 +527,8 @@ def _cmd_explain(args: argparse.Namespace, progress: Any) -> int:
 
 def _cmd_nodes(args: argparse.Namespace) -> int:
     """``nodes INPUT REGEX...``: what each pattern would exclude, graph by graph."""
-    from .exclude import NameMatcher, matching_nodes
-    from .saved_model import load_model
+    from .plan.exclude import NameMatcher, matching_nodes
+    from .models.saved_model import load_model
 
     if not args.patterns:
         raise AmpRewriteError("nodes needs at least one REGEX to match node names with")

@@ -8,7 +8,7 @@ No files and no network are needed.  The demo
    has fast math for (:func:`best_precision`: bfloat16 on a CPU with AMX-BF16/AVX512-BF16,
    float16 on a GPU with Tensor Cores).  If this machine has neither, it rewrites for a CPU
    that does and says plainly that this machine cannot run the result fast;
-3. rewrites the SavedModel with :func:`amp_rewrite.saved_model.rewrite_saved_model`;
+3. rewrites the SavedModel with :func:`amp_rewrite.models.saved_model.rewrite_saved_model`;
 4. loads both with ``tf.saved_model.load`` and prints one table: nodes converted, casts,
    output difference, and the step time of float32 and of the rewritten model, measured
    side by side (interleaved calls, median of many).
@@ -30,8 +30,8 @@ from typing import Any, Callable, TextIO
 import numpy as np
 
 from .errors import AmpRewriteError
-from .staging import Staging, check_replaceable, check_writable
-from .targets import CPU_FEATURES, Target
+from .models.staging import Staging, check_replaceable, check_writable
+from .plan.targets import CPU_FEATURES, Target
 
 __all__ = ["best_precision", "build_demo_model", "time_side_by_side", "run_demo"]
 
@@ -111,7 +111,7 @@ def _choose(target: str, precision: str) -> tuple[Target, str, str, list[str]]:
     """The target and precision to rewrite for, the ``--target`` text that names the target,
     and sentences saying why."""
     from .api import resolve_target
-    from .targets import detect_target
+    from .plan.targets import detect_target
 
     local = detect_target()
     tgt = resolve_target(target)
@@ -154,7 +154,7 @@ def _example_nodes(report: dict[str, Any]) -> list[str]:
 def _check_save(save: str, overwrite: bool) -> None:
     """Refuse ``--save DIR`` before any work: ``DIR`` must be a directory or not exist yet,
     and ``DIR/float32`` and ``DIR/rewritten`` are replaced only with ``overwrite`` (as
-    :func:`~amp_rewrite.staging.check_replaceable` says; a device or FIFO never).  Reads
+    :func:`~amp_rewrite.models.staging.check_replaceable` says; a device or FIFO never).  Reads
     the file system only."""
     if os.path.lexists(save) and not os.path.isdir(save):
         raise AmpRewriteError(f"--save {save} is not a directory; it names the directory to keep both models in")
@@ -187,7 +187,7 @@ def run_demo(out: TextIO, target: str = "auto", precision: str = "auto", save: s
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
-    from .saved_model import rewrite_saved_model
+    from .models.saved_model import rewrite_saved_model
 
     tgt, chosen, target_arg, notes = _choose(target, precision)
     model = build_demo_model()

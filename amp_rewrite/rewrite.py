@@ -1,4 +1,4 @@
-"""The rewrite stage: carry out a :class:`~amp_rewrite.decide.Plan` on the IR.
+"""The rewrite stage: carry out a :class:`~amp_rewrite.plan.painter.Plan` on the IR.
 
 It changes the type attributes the plan converts, renames FusedBatchNorm nodes, and
 inserts one ``Cast`` per (producer output, direction) wherever a low-precision tensor meets
@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from . import dtypes as dt
-from . import ir
-from .decide import Plan
-from .type_attrs import TypeAttr, get_dtype
+from .graph import dtypes as dt
+from .graph import ir
+from .plan.painter import Plan
+from .graph.type_attrs import TypeAttr, get_dtype
 
 __all__ = ["CastInfo", "RewriteStats", "apply_plan"]
 
@@ -174,7 +174,7 @@ def _fold_cast_chains(
 def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> RewriteStats:
     """Carry out ``plan`` on ``g``.  **Mutates** ``g`` (callers pass an IR they own).
 
-    Assumes ``plan`` was made by :func:`~amp_rewrite.decide.decide` for this very graph.
+    Assumes ``plan`` was made by :func:`~amp_rewrite.plan.painter.decide` for this very graph.
     ``fold_casts`` removes Cast -> Cast chains (off for exact parity with TensorFlow, which
     leaves them).
     """

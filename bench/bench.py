@@ -66,7 +66,7 @@ import tensorflow as tf  # noqa: E402
 
 import amp_rewrite  # noqa: E402
 from amp_rewrite.autotune import session_config  # noqa: E402
-from amp_rewrite.targets import cpu_features  # noqa: E402
+from amp_rewrite.plan.targets import cpu_features  # noqa: E402
 from models import ALL_MODELS, QUICK_MODELS, corpus, item_names, register  # noqa: E402
 from tf_oracle import (  # noqa: E402
     amp_cast_count,
@@ -553,7 +553,7 @@ os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 sys.path.insert(0, {root!r}); sys.path.insert(0, {here!r})
 from synthetic import optimal_chain_graph, synthetic_graph
 import amp_rewrite
-import amp_rewrite.optimal
+import amp_rewrite.plan.optimal
 def hwm_kb():
     # VmHWM: this process's peak RSS.  (ru_maxrss survives exec, so after a fork from a big
     # parent it reports the parent's peak.)
@@ -568,7 +568,7 @@ planner = sys.argv[2] if len(sys.argv) > 2 else "greedy"
 # the module's function times every call of it.  Its CPU time too: on a shared machine the
 # wall time also counts the other processes' turns.
 planner_s = [0.0, 0.0]
-_place = amp_rewrite.optimal.place_optimally
+_place = amp_rewrite.plan.optimal.place_optimally
 def _timed_place(*args, **kwargs):
     t0, c0 = time.perf_counter(), time.process_time()
     try:
@@ -576,7 +576,7 @@ def _timed_place(*args, **kwargs):
     finally:
         planner_s[0] += time.perf_counter() - t0
         planner_s[1] += time.process_time() - c0
-amp_rewrite.optimal.place_optimally = _timed_place
+amp_rewrite.plan.optimal.place_optimally = _timed_place
 if planner == "optimal":
     # One long free chain of allow, infer and clear ops: the min cut's worst case for its size.
     gd = optimal_chain_graph(n)

@@ -43,8 +43,8 @@ import tensorflow as tf  # noqa: E402
 import bench  # noqa: E402  (Runner: a session as users run one)
 import corpus  # noqa: E402
 import models  # noqa: E402  (bench/models.py: the benchmark's larger models)
-from amp_rewrite.shape_inference import check_variable_shapes, graph_shapes  # noqa: E402
-from amp_rewrite.tensor_names import node_name  # noqa: E402
+from amp_rewrite.graph.shapes import check_variable_shapes, graph_shapes  # noqa: E402
+from amp_rewrite.graph.tensor_names import node_name  # noqa: E402
 
 FLOAT = tf.float32.as_datatype_enum
 PREFIX = "calibrate_cast"

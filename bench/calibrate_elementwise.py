@@ -13,7 +13,7 @@ counted.  Float32 and low precision are sampled alternately, ``--rounds`` times;
 
 It prints, per op, the float32 time against the cost model's memory-bound estimate for this
 device class (``elements read and written * 4 bytes / bandwidth``) and the low/float32 ratio:
-the two numbers :data:`amp_rewrite.cost_model.DEVICE_COSTS` keeps per op in its
+the two numbers :data:`amp_rewrite.plan.cost_model.DEVICE_COSTS` keeps per op in its
 ``elementwise`` table (geometric mean over the sizes).  On this repository's benchmark CPU
 (AMD EPYC, AVX512-BF16, no AMX) transcendental functions and most gradient kernels run 1.5-6x
 slower in bfloat16 than in float32 (the ISA converts bf16 but has no bf16 arithmetic, and
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="cost-model device class whose bandwidth the memory-bound estimate uses")
     args = ap.parse_args(argv)
 
-    from amp_rewrite.cost_model import DEVICE_COSTS
+    from amp_rewrite.plan.cost_model import DEVICE_COSTS
 
     bandwidth = DEVICE_COSTS[args.cls].bandwidth
     low = tf.dtypes.as_dtype(args.precision)

@@ -17,12 +17,12 @@ bfloat16 in the rewritten graph count.
 
 Per op (and per size band, for dense ops: a small convolution gains far less than a large
 one), it prints the summed float32 time over the cost model's float32 estimate for the same
-nodes (:func:`amp_rewrite.cost_model.node_cost`, with the device class given by ``--class``,
+nodes (:func:`amp_rewrite.plan.cost_model.node_cost`, with the device class given by ``--class``,
 its per-op tables set aside) and the summed bfloat16 time over the summed float32 time, also
 net of the class's weight re-layout (``low_dense_overhead``, which the model adds apart, to
 dense ops whose weights are not constant).  Sums, not medians of per-node ratios, because the
 planner adds node times: the large nodes are the ones that matter.  These are the numbers
-:data:`amp_rewrite.cost_model.DEVICE_COSTS` keeps per op (``dense``, whose bands and ratio
+:data:`amp_rewrite.plan.cost_model.DEVICE_COSTS` keeps per op (``dense``, whose bands and ratio
 are the "net" column, and ``elementwise``).  ``--dump`` writes every dense node's times, to
 check a table against single models.
 """
@@ -49,9 +49,9 @@ sys.path[:0] = [os.path.join(HERE, ".."), HERE]
 import tensorflow as tf  # noqa: E402
 
 import bench  # noqa: E402  (Runner: a session as users run one)
-from amp_rewrite.cost_model import DENSE_OPS, DEVICE_COSTS, X86_BF16_DENSE, node_cost  # noqa: E402
-from amp_rewrite.shape_inference import check_variable_shapes, graph_shapes  # noqa: E402
-from amp_rewrite.tensor_names import parse_graph_input  # noqa: E402
+from amp_rewrite.plan.cost_model import DENSE_OPS, DEVICE_COSTS, X86_BF16_DENSE, node_cost  # noqa: E402
+from amp_rewrite.graph.shapes import check_variable_shapes, graph_shapes  # noqa: E402
+from amp_rewrite.graph.tensor_names import parse_graph_input  # noqa: E402
 from models import corpus, register  # noqa: E402
 
 DEFAULT_ITEMS = tuple(f"{model}/{kind}" for model in ("efficientnetb0", "mobilenetv2", "resnet50",

@@ -39,7 +39,7 @@ from amp_rewrite.autotune import (
 )
 from amp_rewrite.cli import main
 from amp_rewrite.progress import Progress
-from amp_rewrite.saved_model import load_model
+from amp_rewrite.models.saved_model import load_model
 from graphs import graph_def, run, v1
 
 CPU_BF16 = ["--target", "cpu", "--precision", "bfloat16"]

@@ -67,8 +67,8 @@ def test_a_fused_node_is_charged_to_the_dense_op_at_its_head():
 def test_in_place_bands_are_the_cost_models_and_frozen_weights_are_recognized():
     """The calibration prints dense ops per the size bands the cost model keeps, and nets
     out the weight re-layout only where the model adds it (weights that are not constant)."""
-    from amp_rewrite.cost_model import X86_BF16_DENSE
-    from amp_rewrite.tensor_names import parse_graph_input
+    from amp_rewrite.plan.cost_model import X86_BF16_DENSE
+    from amp_rewrite.graph.tensor_names import parse_graph_input
 
     for bands in X86_BF16_DENSE.values():
         edges = tuple(b.below_flops for b in bands[:-1])

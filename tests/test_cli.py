@@ -167,8 +167,7 @@ def test_a_real_process_prints_exactly_one_line(tmp_path):
 
 
 def test_ctrl_c_exits_130_and_writes_nothing(saved, tmp_path, monkeypatch, capsys):
-    from amp_rewrite import saved_model
-
+    from amp_rewrite.models import saved_model
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 

@@ -14,10 +14,10 @@ import pytest
 import tensorflow as tf
 
 import amp_rewrite
-from amp_rewrite import saved_model as sm
+from amp_rewrite.models import saved_model as sm
 from amp_rewrite.cli import EXIT_UNCHANGED, main
 from amp_rewrite.errors import AmpRewriteError, GraphFormatError
-from amp_rewrite.exclude import NameMatcher, keras_scoped
+from amp_rewrite.plan.exclude import NameMatcher, keras_scoped
 from graphs import graph_def, v1
 
 GPU = ["--target", "gpu:8.0", "--precision", "float16"]

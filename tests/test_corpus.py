@@ -19,8 +19,8 @@ import tensorflow as tf
 
 import amp_rewrite
 import corpus
-from amp_rewrite.graph_io import export_graph_def, import_graph_def
-from amp_rewrite.op_registry import default_registry
+from amp_rewrite.graph.io import export_graph_def, import_graph_def
+from amp_rewrite.graph.op_registry import default_registry
 from tf_oracle import amp_cast_count, converted_type_attrs, tf_amp_rewrite
 
 HEAVY = {"resnet50", "mobilenetv2"}

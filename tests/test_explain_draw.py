@@ -9,10 +9,10 @@ import pytest
 import tensorflow as tf
 
 import amp_rewrite
-from amp_rewrite import draw
+from amp_rewrite.report.build import draw
 from amp_rewrite.api import resolve_lists, resolve_target
 from amp_rewrite.errors import AmpRewriteError
-from amp_rewrite.explain import decided_by, explain_node, explain_text
+from amp_rewrite.report.explain import decided_by, explain_node, explain_text
 from graphs import graph_def, v1
 
 
@@ -184,8 +184,7 @@ def test_graph_format_from_file_name():
 
 
 def test_tensorboard_event_files_hold_the_graphs(tmp_path):
-    from amp_rewrite import saved_model as sm
-
+    from amp_rewrite.models import saved_model as sm
     src = tmp_path / "g.pb"
     src.write_bytes(graph_def(_build).SerializeToString())
     rewrite = sm.rewrite_model(sm.load_model(src), target="gpu:8.0", use_env=False)

@@ -15,7 +15,7 @@ import tensorflow as tf
 from tensorflow.python.ops import list_ops
 
 import amp_rewrite
-from amp_rewrite.op_registry import KernelSpec, TensorFlowRegistry
+from amp_rewrite.graph.op_registry import KernelSpec, TensorFlowRegistry
 from graphs import converted, differential, graph_def, run, v1
 
 F32 = tf.float32

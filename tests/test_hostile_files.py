@@ -26,7 +26,7 @@ import pytest
 import tensorflow as tf
 
 from amp_rewrite import demo
-from amp_rewrite import saved_model as sm
+from amp_rewrite.models import saved_model as sm
 from amp_rewrite.cli import main
 from amp_rewrite.errors import AmpRewriteError, GraphFormatError
 from graphs import SmallModule, graph_def, v1
@@ -469,7 +469,7 @@ def test_demo_save_writes_both_models_together_or_neither(quick_demo, tmp_path, 
 
 _SLOW_STAGING = """
 import sys, time
-import amp_rewrite.saved_model as sm
+import amp_rewrite.models.saved_model as sm
 from amp_rewrite.cli import main
 
 real = sm._fingerprint

@@ -14,8 +14,8 @@ from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, t
 
 import amp_rewrite
 from amp_rewrite.errors import AmpRewriteError, GraphFormatError, InvalidGraphError, ListError
-from amp_rewrite.graph_io import MAX_CALL_DEPTH
-from amp_rewrite.shape_inference import function_shapes, graph_shapes
+from amp_rewrite.graph.io import MAX_CALL_DEPTH
+from amp_rewrite.graph.shapes import function_shapes, graph_shapes
 
 F32 = types_pb2.DT_FLOAT
 

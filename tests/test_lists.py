@@ -1,4 +1,4 @@
-"""Tests of amp_rewrite.lists: the packaged op lists, the loader, the environment edits.
+"""Tests of amp_rewrite.plan.lists: the packaged op lists, the loader, the environment edits.
 
 The ``tensorflow`` profile is checked against TensorFlow itself: TF writes the lists it uses to
 a "paintbuckets" file when ``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_LOG_PATH`` is set (design doc
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from amp_rewrite import lists as lists_mod
+from amp_rewrite.plan import lists as lists_mod
 from amp_rewrite.errors import ListError
-from amp_rewrite.lists import (
+from amp_rewrite.plan.lists import (
     CATEGORIES,
     ListContext,
     ListEdit,
@@ -244,7 +244,7 @@ def test_tensorflow_profile_matches_tensorflow(tf_dumps, run_id, context):
 
 
 def test_fp16_onednn_matches_tensorflow_or_tensorflow_skips_for_the_cpu_flags(tf_dumps):
-    from amp_rewrite.targets import cpu_features
+    from amp_rewrite.plan.targets import cpu_features
 
     result = tf_dumps["fp16_cpu"]
     if result.get("lists") is None:
@@ -298,7 +298,7 @@ def test_environment_edits_match_tensorflow(tf_dumps):
 def test_tensor_cores_only_matches_tensorflow(tf_dumps, caplog):
     edits, level = edits_from_environ(TCO_ENV)
     assert level == "TENSOR_CORES_ONLY"
-    with caplog.at_level(logging.WARNING, logger="amp_rewrite.lists"):
+    with caplog.at_level(logging.WARNING, logger="amp_rewrite.plan.lists"):
         got = load_lists("tensorflow", context=CUDA, edits=edits, level=level, tf_version=installed())
     assert sets(got) == tf_lists(tf_dumps, "cuda_tco")
     assert not got.infer and not got.deny and not got.clear
@@ -447,7 +447,7 @@ def test_installed_layout_finds_package_data(tmp_path):
         shutil.copy(REPO / "amp_rewrite" / name, package / name)
     shutil.copytree(LISTS_DIR, package / "_lists")
     code = (
-        "from amp_rewrite import lists as m\n"
+        "from amp_rewrite.plan import lists as m\n"
         "print(m._lists_dir())\n"
         "print(m.available_profiles())\n"
         "ctx = m.ListContext('float16', 'cuda')\n"
@@ -710,7 +710,7 @@ def test_edits_from_environ_order_and_origins(caplog):
         f"{P}INFERLIST_ADD": "I1",
         "UNRELATED": "X",
     }
-    with caplog.at_level(logging.WARNING, logger="amp_rewrite.lists"):
+    with caplog.at_level(logging.WARNING, logger="amp_rewrite.plan.lists"):
         edits, level = edits_from_environ(environ)
     assert level is None
     assert [(e.action, e.category, e.op) for e in edits] == [
@@ -725,7 +725,7 @@ def test_edits_from_environ_order_and_origins(caplog):
 
 
 def test_edits_from_environ_levels_and_empty_values(caplog):
-    with caplog.at_level(logging.WARNING, logger="amp_rewrite.lists"):
+    with caplog.at_level(logging.WARNING, logger="amp_rewrite.plan.lists"):
         assert edits_from_environ({}) == ([], None)
     assert not caplog.records
     assert edits_from_environ({f"{P}LEVEL": ""}) == ([], None)

@@ -16,14 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import amp_rewrite
-from amp_rewrite.cost_model import (DEVICE_COSTS, NodeCost, alignment_efficiency, cast_cost, costs_for,
+from amp_rewrite.plan.cost_model import (DEVICE_COSTS, NodeCost, alignment_efficiency, cast_cost, costs_for,
                                      dense_band, node_cost)
-from amp_rewrite.graph_io import import_graph_def
-from amp_rewrite.normalization import find_normalizations, upstream_of_fragile
-from amp_rewrite.shape_inference import graph_shapes
-from amp_rewrite.op_registry import default_registry
-from amp_rewrite.placement import FREE, HIGH, LOW, PlacementProblem, objective, solve
-from amp_rewrite.targets import Device, Target
+from amp_rewrite.graph.io import import_graph_def
+from amp_rewrite.plan.normalization import find_normalizations, upstream_of_fragile
+from amp_rewrite.graph.shapes import graph_shapes
+from amp_rewrite.graph.op_registry import default_registry
+from amp_rewrite.plan.mincut import FREE, HIGH, LOW, PlacementProblem, objective, solve
+from amp_rewrite.plan.targets import Device, Target
 from amp_rewrite.testing import MULTI_DEVICES, check_allow_deny, graphs_with_options
 from graphs import graph_def, run, v1
 
@@ -258,7 +258,7 @@ def test_transcendental_ops_are_priced_from_measurements_on_x86_bfloat16():
 
 
 def test_casts_and_per_step_weights_are_priced_as_measured_in_place_on_x86_bfloat16():
-    from amp_rewrite.cost_model import DEVICE_COSTS as costs
+    from amp_rewrite.plan.cost_model import DEVICE_COSTS as costs
 
     shape = (2, 56, 56, 96)
     n = 2 * 56 * 56 * 96
@@ -308,7 +308,7 @@ def test_a_frozen_batch_norm_costs_nothing_where_grappler_folds_it(monkeypatch):
     them and fuses the Relu: they never run, in either precision.  Priced as the kernels they
     would be (each slower in bfloat16 on this CPU), they would keep both convolutions
     float32."""
-    import amp_rewrite.optimal as optimal_module
+    import amp_rewrite.plan.optimal as optimal_module
 
     nodes = ("conv1", "centred", "scaled", "shifted", "relu", "conv2")
 
@@ -325,7 +325,7 @@ def test_a_frozen_batch_norm_costs_nothing_where_grappler_folds_it(monkeypatch):
 def test_a_plan_whose_estimated_gain_is_within_the_models_error_stays_float32(monkeypatch):
     """A colouring estimated faster than float32 by less than ``MIN_ESTIMATED_GAIN`` is not
     taken: the estimate is within the cost model's error, and float32 is never slower."""
-    import amp_rewrite.optimal as optimal_module
+    import amp_rewrite.plan.optimal as optimal_module
 
     def plan():
         res = amp_rewrite.rewrite_graph_def(_frozen_batch_norm_block(), target=AVX512_BF16,
@@ -365,7 +365,7 @@ def test_a_swish_is_priced_as_the_fused_kernel_grappler_makes_of_it(beta, monkey
     """Grappler fuses ``x * sigmoid(x)`` into one oneDNN kernel, which has none of the
     element-wise bfloat16 Sigmoid's 3x loss on this CPU: the block converts.  Priced as a
     lone Sigmoid, it would stay float32."""
-    import amp_rewrite.optimal as optimal_module
+    import amp_rewrite.plan.optimal as optimal_module
 
     def plan():
         report = amp_rewrite.rewrite_graph_def(_swish_block(beta), target=AVX512_BF16, precision="bfloat16",
@@ -714,7 +714,7 @@ def _variable_batch_norm_step():
 
 
 def test_variable_shapes_size_the_reads_of_captured_variables():
-    from amp_rewrite.shape_inference import check_variable_shapes
+    from amp_rewrite.graph.shapes import check_variable_shapes
     from amp_rewrite.training.tf_function import captured_variable_shapes
 
     concrete, kernel = _variable_batch_norm_step()

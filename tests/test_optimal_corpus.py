@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import amp_rewrite
 import corpus
-from amp_rewrite.shape_inference import graph_shapes, numel
+from amp_rewrite.graph.shapes import graph_shapes, numel
 from test_corpus import ALL, INFERENCE, INFERENCE_RTOL, _rel_err, assert_loss_as_close_as_tensorflow
 from tf_oracle import amp_cast_count, tf_amp_rewrite
 
@@ -81,8 +81,8 @@ def test_loop_bodies_price_casts_as_a_chain():
     after another, once per step, so the in-place Cast price measured among a CNN's parallel
     branches does not apply there; with the chain's price no MatMul of those loops converts on
     an AVX512-BF16 CPU (at the in-place price one did, and the step ran 8% slower)."""
-    from amp_rewrite.graph_io import loop_functions
-    from amp_rewrite.targets import Device, Target
+    from amp_rewrite.graph.io import loop_functions
+    from amp_rewrite.plan.targets import Device, Target
 
     item = corpus.build("rnn/training")
     bodies = loop_functions(item.graph_def)

@@ -16,8 +16,8 @@ from tensorflow.core.framework import graph_pb2, node_def_pb2, types_pb2
 
 import amp_rewrite
 import corpus
-from amp_rewrite.optimal import _CAST_PENALTIES
-from amp_rewrite.placement import FREE, HIGH, LOW, PlacementProblem, _int, solve
+from amp_rewrite.plan.optimal import _CAST_PENALTIES
+from amp_rewrite.plan.mincut import FREE, HIGH, LOW, PlacementProblem, _int, solve
 
 F32 = types_pb2.DT_FLOAT
 

@@ -12,8 +12,8 @@ import pytest
 import tensorflow as tf
 
 import amp_rewrite
-from amp_rewrite import draw
-from amp_rewrite import saved_model as sm
+from amp_rewrite.report.build import draw
+from amp_rewrite.models import saved_model as sm
 from graphs import graph_def, v1
 
 SVG = "{http://www.w3.org/2000/svg}"

@@ -14,7 +14,7 @@ import tensorflow as tf
 import amp_rewrite
 from amp_rewrite.cli import main, terminal_safe
 from amp_rewrite.errors import TargetError
-from amp_rewrite.targets import Device, Target, auto_precision, parse_precision, parse_target
+from amp_rewrite.plan.targets import Device, Target, auto_precision, parse_precision, parse_target
 
 
 def _graph():
@@ -163,7 +163,7 @@ def test_wrong_type_arguments_get_our_error(name, value):
 @pytest.mark.parametrize("name, value", [("target", None), ("lists", None), ("level", 5),
                                          ("precision", tf.int8), ("add", ["Tanh"])])
 def test_wrong_type_arguments_of_the_model_api_get_our_error(tmp_path, name, value):
-    from amp_rewrite.saved_model import load_model, rewrite_model
+    from amp_rewrite.models.saved_model import load_model, rewrite_model
 
     path = tmp_path / "g.pb"
     path.write_bytes(_graph().SerializeToString())

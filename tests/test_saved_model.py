@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from amp_rewrite import saved_model as sm
+from amp_rewrite.models import saved_model as sm
 from amp_rewrite.errors import AmpRewriteError, GraphFormatError
 from amp_rewrite.progress import Progress
 from graphs import graph_def, v1

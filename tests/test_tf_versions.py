@@ -20,7 +20,7 @@ from amp_rewrite import rewrite_graph_def
 from amp_rewrite.api import installed_tf_version, resolve_lists, resolve_target, tensorflow_lists_version
 from amp_rewrite.cli import main
 from amp_rewrite.errors import ListError
-from amp_rewrite.lists import CATEGORIES, ListContext, load_lists, supported_tf_versions, tf_major_minor
+from amp_rewrite.plan.lists import CATEGORIES, ListContext, load_lists, supported_tf_versions, tf_major_minor
 from graphs import graph_def, v1
 
 LISTS_DIR = Path(__file__).resolve().parent.parent / "lists"

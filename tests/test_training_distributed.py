@@ -35,7 +35,7 @@ SCRIPT = textwrap.dedent(
         cpu, [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()])
     import keras
     import amp_rewrite
-    from amp_rewrite.targets import Device, Target
+    from amp_rewrite.plan.targets import Device, Target
 
     # Both logical CPUs, with float16 math assumed: the replicas' ops are pinned to CPU:0 and
     # CPU:1, and both must be rewritten.

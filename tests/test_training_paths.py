@@ -341,7 +341,7 @@ FAST_BF16_CPU = frozenset({"avx2", "avx512f", "avx512bw", "avx512_bf16"})
 
 #: ``amp-rewrite`` run by a Python that presents :data:`FAST_BF16_CPU` first.
 FAST_BF16_CLI = [sys.executable, "-c",
-                 "import sys, amp_rewrite.targets as t; "
+                 "import sys, amp_rewrite.plan.targets as t; "
                  f"t.cpu_features = lambda *a, **k: frozenset({sorted(FAST_BF16_CPU)!r}); "
                  "from amp_rewrite.cli import main; sys.exit(main())"]
 
@@ -350,8 +350,7 @@ def test_default_keras_fit_converts_with_bfloat16_on_a_cpu_with_fast_bfloat16(
         monkeypatch: Any, caplog: Any) -> None:
     """Issue 23's first done-when line: ``enable_mixed_precision_graph_rewrite(Adam())`` and
     ``fit``, with every option left at its default, train in bfloat16 on such a CPU."""
-    from amp_rewrite import targets
-
+    from amp_rewrite.plan import targets
     monkeypatch.setattr(targets, "cpu_features", lambda *a, **k: FAST_BF16_CPU)
     x, y = _data(96)
     model = _keras_model()  # no target, no precision: both "auto"

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from amp_rewrite import dtypes as dt
+from amp_rewrite.graph import dtypes as dt
 from amp_rewrite.errors import InvalidGraphError, TargetError
-from amp_rewrite.op_registry import default_registry
-from amp_rewrite.targets import Device, Target, detect_target, parse_device_name, parse_target
-from amp_rewrite.tensor_names import (
+from amp_rewrite.graph.op_registry import default_registry
+from amp_rewrite.plan.targets import Device, Target, detect_target, parse_device_name, parse_target
+from amp_rewrite.graph.tensor_names import (
     CONTROL,
     TensorRef,
     format_graph_input,
     parse_function_input,
     parse_graph_input,
 )
-from amp_rewrite.type_attrs import TypeAttr, node_types
+from amp_rewrite.graph.type_attrs import TypeAttr, node_types
 
 
 @pytest.mark.parametrize(

@@ -36,7 +36,7 @@ keras = pytest.importorskip("keras")
 import amp_rewrite  # noqa: E402
 from amp_rewrite.cli import main as cli_main  # noqa: E402
 from amp_rewrite.errors import AmpRewriteError  # noqa: E402
-from amp_rewrite.saved_model import rewrite_saved_model  # noqa: E402
+from amp_rewrite.models.saved_model import rewrite_saved_model  # noqa: E402
 
 TARGET = {"target": "gpu:8.0", "precision": "float16"}
 HERE = pathlib.Path(__file__).resolve()
@@ -364,7 +364,7 @@ def test_compiled_false_leaves_every_plan_byte_identical() -> None:
 
 
 def test_compiled_cost_model_prices_fusion() -> None:
-    from amp_rewrite.cost_model import DEVICE_COSTS, cast_cost, node_cost
+    from amp_rewrite.plan.cost_model import DEVICE_COSTS, cast_cost, node_cost
 
     gpu, cpu = DEVICE_COSTS["gpu-tensor-cores"], DEVICE_COSTS["cpu-avx512-bf16"]
     shape = (256, 256)

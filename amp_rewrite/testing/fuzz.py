@@ -226,7 +226,7 @@ def _mutate(draw: Any, gd: Any, kind: str) -> tuple[bool, tuple[str, ...], str]:
             _add_main_call(gd, names_cycle[0])
         must_fail, culprits, detail = True, names_cycle, f"{len(names_cycle)} function(s) in a cycle"
     elif kind == "deep call chain":
-        from ..graph_io import MAX_CALL_DEPTH
+        from ..graph.io import MAX_CALL_DEPTH
 
         depth = MAX_CALL_DEPTH + draw(st.integers(1, 40))
         for k in range(depth):

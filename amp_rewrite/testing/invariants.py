@@ -87,7 +87,7 @@ class InvariantError(AssertionError):
 
 def _graph_def(value: Any) -> Any:
     if isinstance(value, (bytes, bytearray)):
-        from amp_rewrite.graph_io import parse_graph_def
+        from amp_rewrite.graph.io import parse_graph_def
 
         return parse_graph_def(bytes(value))
     return value
@@ -211,7 +211,7 @@ def _rewritten_functions(before: Any, report: Mapping[str, Any] | None, function
         if not parametrized:
             names.add(sig.name)
     if functions == "reachable":
-        from amp_rewrite.graph_io import reachable_functions
+        from amp_rewrite.graph.io import reachable_functions
 
         names &= reachable_functions(before)
     if report is not None:

@@ -254,7 +254,7 @@ def check_run(script: str, *, target: str, precision: str, environ: Mapping[str,
         A bad switch value, target or precision, or a script that is not a file.
     """
     from ..api import resolve_target
-    from ..targets import parse_precision
+    from ..plan.targets import parse_precision
 
     switch = switch_from_env(environ)
     if not os.path.isfile(script):

@@ -27,7 +27,7 @@ without an XLA kernel, such as a ``tf.py_function`` or a string op) the function
 WARNING with XLA's reason and runs without XLA, with the same results.  The check needs
 argument values, so it happens at the first eager call: called only from inside another
 ``tf.function``, a graph XLA cannot compile fails with TensorFlow's error instead.  The rewrite is
-planned for compiled execution (``compiled=True``, :mod:`amp_rewrite.cost_model`) unless the
+planned for compiled execution (``compiled=True``, :mod:`amp_rewrite.plan.cost_model`) unless the
 rewrite options say otherwise.
 
 Assumptions and limits: the function is not differentiated from outside (a ``GradientTape``

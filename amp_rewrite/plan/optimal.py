@@ -1,13 +1,13 @@
 """The ``optimal`` planner: re-decide the free vertices of a painted graph with a minimum cut.
 
-TensorFlow's passes (run first, by :mod:`amp_rewrite.decide`) fix what safety requires:
+TensorFlow's passes (run first, by :mod:`amp_rewrite.plan.painter`) fix what safety requires:
 deny-list ops and the paths deny propagates along stay float32, and only ops on the four
 lists can change type.  Within those rules TensorFlow colours greedily.  Here the *free*
 vertices -- allow-list attributes (they may stay float32 where converting does not pay) and
 the infer/clear attributes connected to them that TensorFlow could also have painted -- are
-coloured to minimize the estimated time of the graph (:mod:`amp_rewrite.cost_model`): node
+coloured to minimize the estimated time of the graph (:mod:`amp_rewrite.plan.cost_model`): node
 costs in each precision plus one Cast per (tensor, direction), solved exactly as a minimum
-cut (:mod:`amp_rewrite.placement`).
+cut (:mod:`amp_rewrite.plan.mincut`).
 
 Vertices whose colour TensorFlow ties to others (TensorList clusters, loop back edges) are
 decided together, as one unit, where the greedy passes put the whole group in low precision
@@ -16,7 +16,7 @@ under ``goal="min-casts"``, which converts what TensorFlow converts).  Existing
 Casts are re-matched after the cut.
 
 Under ``goal="optimal"``, everything upstream of a normalization whose statistics reduce
-two or three values (:func:`amp_rewrite.normalization.upstream_of_fragile`) stays float32:
+two or three values (:func:`amp_rewrite.plan.normalization.upstream_of_fragile`) stays float32:
 rounding what feeds it can flip the signs it outputs, so no estimated gain is worth it.
 TensorFlow's rewrite does not know this, and ``min-casts`` follows TensorFlow.
 
@@ -32,15 +32,15 @@ from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 
-from . import ir
+from ..graph import ir
 from .cost_model import DENSE_OPS, DeviceCosts, cast_cost, costs_for, elements, node_cost
 from .normalization import upstream_of_fragile
-from .placement import FREE, HIGH, LOW, PlacementProblem, objective, solve
-from .shape_inference import Shape
-from .type_attrs import TypeAttr
+from .mincut import FREE, HIGH, LOW, PlacementProblem, objective, solve
+from ..graph.shapes import Shape
+from ..graph.type_attrs import TypeAttr
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .decide import _Painter
+    from .painter import _Painter
 
 __all__ = ["PlacementSummary", "place_optimally"]
 
@@ -68,7 +68,7 @@ class PlacementSummary:
     #: The best colouring's estimated gain over float32 was below :data:`MIN_ESTIMATED_GAIN`,
     #: so every free vertex stays float32.
     below_margin: bool = False
-    #: Fragile normalizations found (:func:`amp_rewrite.normalization.upstream_of_fragile`), and
+    #: Fragile normalizations found (:func:`amp_rewrite.plan.normalization.upstream_of_fragile`), and
     #: the free vertices kept float32 because they feed one (or reach allow-list ops only
     #: through vertices that do).
     fragile_normalizations: int = 0
@@ -298,7 +298,7 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
     where converting loses); ``"min-casts"`` ties allow-list ops to low precision, as
     TensorFlow does, and minimizes the bytes moved by Casts (plus one byte per Cast, so that
     fewer Casts win a tie).  ``compiled``: the graph runs under XLA, and the cost model prices
-    Casts and element-wise ops as fused (:func:`amp_rewrite.cost_model.node_cost`).
+    Casts and element-wise ops as fused (:func:`amp_rewrite.plan.cost_model.node_cost`).
     """
     min_casts = goal == "min-casts"
     tg = p.tg

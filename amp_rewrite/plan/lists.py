@@ -115,7 +115,7 @@ except ModuleNotFoundError:  # Python 3.10: tomllib is 3.11+; tomli is the same 
 if TYPE_CHECKING:  # only used in annotations; its module moved in 3.11
     from importlib.resources.abc import Traversable
 
-from .errors import ListError
+from ..errors import ListError
 
 __all__ = [
     "Category",
@@ -155,7 +155,7 @@ ENV_PREFIX = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_"
 # source checkout, where that package does not exist (setuptools maps it from lists/ only when
 # installing).
 _PACKAGE = "amp_rewrite._lists"
-_SOURCE_TREE_LISTS = Path(__file__).resolve().parent.parent / "lists"
+_SOURCE_TREE_LISTS = Path(__file__).resolve().parents[2] / "lists"
 
 _SCHEMA_VERSION = 1
 _TOP_KEYS = frozenset({"schema_version", "name", "description", "source", "extends", "planner",
@@ -167,7 +167,7 @@ _TF_VERSION = re.compile(r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)")
 # What tf.__version__ may look like: "2.16.2", "2.21.0-rc1", "2.22.0-dev20260101", "2.16".
 _TF_VERSION_PREFIX = re.compile(r"\s*(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[-+.a-zA-Z][-+.a-zA-Z0-9]*)?\s*")
 #: Values of the top-level ``planner`` key: TensorFlow's greedy passes, or the cost-aware
-#: minimum cut with normalization-aware safety (``amp_rewrite.optimal``).
+#: minimum cut with normalization-aware safety (``amp_rewrite.plan.optimal``).
 PLANNERS = ("greedy", "optimal", "min-casts")
 _SECTION_KEYS = frozenset({*CATEGORIES, "remove"})
 _ENTRY_KEYS = frozenset({"reason", "min_cuda", "min_cudnn", "backends", "registered"})

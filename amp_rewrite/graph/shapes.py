@@ -6,7 +6,7 @@ The result maps each node to one shape per output port; a shape is a tuple of di
 
 TensorFlow's own shape functions are the reference, so the main graph is imported into a
 scratch ``tf.Graph`` (which runs them) -- as an inert copy, in which no kernel of the input
-can run and no function body is entered (:mod:`amp_rewrite.inert_graph`).  A graph TensorFlow cannot import (custom ops, a
+can run and no function body is entered (:mod:`amp_rewrite.graph.inert`).  A graph TensorFlow cannot import (custom ops, a
 broken function library) falls back to the ``_output_shapes`` attributes some exporters
 write, and then to "unknown": the planner then uses a default size per tensor, so missing
 shapes cost quality, never correctness.
@@ -26,8 +26,8 @@ import logging
 from typing import Any, Mapping, Sequence
 
 from . import dtypes as dt
-from .errors import AmpRewriteError, InvalidGraphError
-from .inert_graph import inert_graph_def, placeholder_sources
+from ..errors import AmpRewriteError, InvalidGraphError
+from .inert import inert_graph_def, placeholder_sources
 from .op_registry import OpRegistry, default_registry
 from .tensor_names import node_name
 
@@ -225,12 +225,12 @@ def graph_shapes(graph_def: Any, variable_shapes: Mapping[str, Shape] | None = N
                  registry: OpRegistry | None = None) -> dict[str, tuple[Shape, ...]]:
     """Static output shapes of every node of ``graph_def``'s main graph.  Pure.
 
-    TensorFlow imports an inert copy (:func:`~amp_rewrite.inert_graph.inert_graph_def`): no
+    TensorFlow imports an inert copy (:func:`~amp_rewrite.graph.inert.inert_graph_def`): no
     kernel of the input runs and no function body is entered; the nodes cut from that copy
     get their ``_output_shapes`` attribute or no shape.  ``variable_shapes`` (from
     :func:`check_variable_shapes`) gives the shapes of the values behind resource
     placeholders, which the GraphDef does not record.  Assumes TensorFlow is importable and
-    the call graph was validated (:func:`amp_rewrite.graph_io.check_call_graph`).  Never
+    the call graph was validated (:func:`amp_rewrite.graph.io.check_call_graph`).  Never
     raises for a graph TensorFlow rejects: the nodes then get the shapes of their
     ``_output_shapes`` attribute, or none at all.
     """

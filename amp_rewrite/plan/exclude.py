@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from .errors import AmpRewriteError
+from ..errors import AmpRewriteError
 
 __all__ = ["NameMatcher", "exclude_patterns", "keras_scoped", "matching_nodes"]
 
@@ -99,7 +99,7 @@ class NameMatcher:
     def reason(self, name: str, keras3: bool = False) -> str | None:
         """The report's reason for a node this matcher excludes (``None`` if it does not).
         Starts with ``preserved`` like every reason of a preserved node, which
-        :func:`amp_rewrite.report.nothing_converted_reason` and ``explain`` rely on."""
+        :func:`amp_rewrite.report.build.nothing_converted_reason` and ``explain`` rely on."""
         hit = self.match(name, keras3)
         if hit is None:
             return None

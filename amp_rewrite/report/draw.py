@@ -41,13 +41,13 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping, Sequence
 
-from . import dtypes as dt
-from .errors import AmpRewriteError
-from .tensor_names import parse_function_input, parse_graph_input
+from ..graph import dtypes as dt
+from ..errors import AmpRewriteError
+from ..graph.tensor_names import parse_function_input, parse_graph_input
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .api import RewriteResult
-    from .saved_model import ModelRewrite
+    from ..api import RewriteResult
+    from ..models.saved_model import ModelRewrite
 
 __all__ = [
     "DrawNode",

@@ -25,7 +25,7 @@ size relative to ``std``; the extra rounding at most doubles an error every mixe
 batch norm already carries, fused or not (simulated in NumPy on float16 inputs with
 ``|mean| / std`` of 0, 10 and 100: 1.5x, 1.6x and 1.0x the RMS error of a float32 apply).
 Keeping the centring ``Add``/``Sub`` in float32 instead would cost a full-size Cast per
-normalization, so the cost model chooses (:mod:`amp_rewrite.optimal`).
+normalization, so the cost model chooses (:mod:`amp_rewrite.plan.optimal`).
 
 That bound needs statistics worth the name.  A batch norm over very few values per channel
 (batch 2 on a 1x1 feature map: two) has a sample standard deviation that is often a small
@@ -57,8 +57,8 @@ from typing import Mapping
 
 import networkx as nx
 
-from . import ir
-from .shape_inference import Shape, numel
+from ..graph import ir
+from ..graph.shapes import Shape, numel
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """A per-node cost model: estimated nanoseconds for an op in float32 or in low precision.
 
-Used by the cost-aware planner (:mod:`amp_rewrite.placement`) to decide where converting
+Used by the cost-aware planner (:mod:`amp_rewrite.plan.mincut`) to decide where converting
 pays.  The model is deliberately simple -- a roofline per node plus a fixed cost per extra
 op -- because its job is to rank colourings, not to predict step times:
 
@@ -59,7 +59,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Mapping, NamedTuple, Sequence
 
-from .shape_inference import Shape, numel
+from ..graph.shapes import Shape, numel
 from .targets import Device
 
 __all__ = ["DeviceCosts", "DenseBand", "dense_band", "DEVICE_COSTS", "costs_for", "NodeCost", "node_cost",

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .errors import TargetError
+from ..errors import TargetError
 
 __all__ = [
     "Device",

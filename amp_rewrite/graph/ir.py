@@ -4,9 +4,9 @@ Schema (one ``networkx.MultiDiGraph`` per GraphDef and one per FunctionDef body)
 
 Graph attributes (``g.graph``)
     ``kind``: ``"graph"`` or ``"function"``; ``name``: ``""`` or the function name;
-    ``signatures``: mapping function name -> :class:`~amp_rewrite.op_registry.OpSignature`
+    ``signatures``: mapping function name -> :class:`~amp_rewrite.graph.op_registry.OpSignature`
     of the library (a node whose op is a function name is a call); ``source``: the original
-    protobuf, opaque to everything but :mod:`amp_rewrite.graph_io`.
+    protobuf, opaque to everything but :mod:`amp_rewrite.graph.io`.
 
 Node attributes (node key = node name)
     ``op`` (str), ``device`` (str), ``order`` (tuple used to sort nodes on export: original
@@ -22,7 +22,7 @@ Node attributes (node key = node name)
     branches, PartitionedCall targets).
 
 Edge attributes (key: the destination port for data edges, ``-1 - position`` for control edges)
-    ``src_port`` (int, :data:`~amp_rewrite.tensor_names.CONTROL` for control edges),
+    ``src_port`` (int, :data:`~amp_rewrite.graph.tensor_names.CONTROL` for control edges),
     ``dst_port`` (int, ``CONTROL`` for control edges), ``pos`` (position among the node's
     control inputs, or the data port), ``text`` (the input string as it was written, reused
     on export; ``None`` for edges the rewrite created).

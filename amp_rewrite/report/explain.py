@@ -19,21 +19,21 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from . import dtypes as dt
-from .errors import AmpRewriteError
-from .exclude import NameMatcher, _unsuffixed, keras_scoped
+from ..graph import dtypes as dt
+from ..errors import AmpRewriteError
+from ..plan.exclude import NameMatcher, _unsuffixed, keras_scoped
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .api import RewriteResult
-    from .decide import Plan
-    from .lists import OpLists
+    from ..api import RewriteResult
+    from ..plan.painter import Plan
+    from ..plan.lists import OpLists
 
 __all__ = ["AttrExplanation", "Explanation", "decided_by", "explain_node", "explain_query", "explain_text",
            "find_node", "find_nodes"]
 
 log = logging.getLogger(__name__)
 
-# The passes of amp_rewrite.decide (TensorFlow's order), recognised from the reason each
+# The passes of amp_rewrite.plan.painter (TensorFlow's order), recognised from the reason each
 # one records.  Checked in order; the first match wins.
 _NOT_PAINTED = "no pass painted it"
 _PASSES: tuple[tuple[str, str], ...] = (
@@ -224,7 +224,7 @@ def explain_node(result: "RewriteResult", node: str, *, lists: "OpLists | None" 
                  function: str | None = None) -> list[Explanation]:
     """Explain ``node`` in every graph of ``result`` that has it (or only in ``function``).
 
-    ``lists`` (the effective :class:`~amp_rewrite.lists.OpLists` of the rewrite) adds each
+    ``lists`` (the effective :class:`~amp_rewrite.plan.lists.OpLists` of the rewrite) adds each
     list entry's reason and origin.  Raises :class:`AmpRewriteError` if no graph has the
     node.  Pure.
     """

@@ -2,7 +2,7 @@
 
 This is the only module that reads or writes protobuf messages.  Import builds one
 ``MultiDiGraph`` for the GraphDef and one per function in its library (see
-:mod:`amp_rewrite.ir` for the schema); export turns them back into a GraphDef.  Nodes the
+:mod:`amp_rewrite.graph.ir` for the schema); export turns them back into a GraphDef.  Nodes the
 rewrite did not touch are emitted as copies of their original NodeDef, and functions with no
 changed node as copies of their original FunctionDef, so a round trip without changes is
 byte-identical.  The caller's protobuf is never modified.
@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import networkx as nx
 
 from . import ir
-from .errors import GraphFormatError, InvalidGraphError
+from ..errors import GraphFormatError, InvalidGraphError
 from .op_registry import OpRegistry, OpSignature, signature_from_opdef
 from .tensor_names import CONTROL, format_graph_input, parse_function_input, parse_graph_input
 from .type_attrs import output_arg_ranges

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Mapping, NamedTuple
 
 from . import dtypes as dt
-from .errors import InvalidGraphError
+from ..errors import InvalidGraphError
 from .op_registry import ArgSpec, OpSignature
 
 __all__ = ["TypeAttr", "NodeTypes", "node_types", "opaque_node_types", "output_arg_ranges",

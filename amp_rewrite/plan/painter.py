@@ -39,14 +39,14 @@ from typing import Any, Callable, Iterable, Iterator, Literal, Mapping
 
 import networkx as nx
 
-from . import dtypes as dt
-from . import ir
-from .errors import InvalidGraphError
+from ..graph import dtypes as dt
+from ..graph import ir
+from ..errors import InvalidGraphError
 from .normalization import NormalizationInfo, find_normalizations
-from .op_registry import KernelSpec, OpRegistry, OpSignature
+from ..graph.op_registry import KernelSpec, OpRegistry, OpSignature
 from .targets import Target, parse_device_name
-from .type_attrs import NodeTypes, TypeAttr, get_dtype, node_types, opaque_node_types
-from .type_graph import build_type_graph_from_lists
+from ..graph.type_attrs import NodeTypes, TypeAttr, get_dtype, node_types, opaque_node_types
+from ..graph.type_graph import build_type_graph_from_lists
 
 __all__ = ["AttrDecision", "NodeDecision", "NodeDecisions", "Plan", "decide", "DecideOptions"]
 
@@ -203,12 +203,12 @@ class DecideOptions:
     #: even where its output cannot run.
     tensorflow_bugs: bool = False
     #: ``"greedy"``: TensorFlow's passes.  ``"optimal"``: then re-colour the free vertices
-    #: with the cost-aware minimum cut (:mod:`amp_rewrite.optimal`).  ``"min-casts"``: the
+    #: with the cost-aware minimum cut (:mod:`amp_rewrite.plan.optimal`).  ``"min-casts"``: the
     #: same cut, but every allow-list op converts (as in TensorFlow) and only the bytes moved
     #: by Casts are minimized.
     planner: Literal["greedy", "optimal", "min-casts"] = "greedy"
     #: Stop deny propagation at the apply ops of moment-based normalizations
-    #: (:mod:`amp_rewrite.normalization`).
+    #: (:mod:`amp_rewrite.plan.normalization`).
     normalization_aware: bool = False
     #: Deny the ``Mean`` nodes of moment-based normalizations (mean and variance) even where
     #: the lists infer ``Mean``: every profile but TensorFlow's own keeps statistics float32.
@@ -216,7 +216,7 @@ class DecideOptions:
     #: Let the cost model penalize matrices whose dimensions miss the device's multiple.
     shape_aware: bool = True
     #: The graph runs under XLA: the cost model prices Casts and element-wise ops as fused
-    #: (:func:`amp_rewrite.cost_model.node_cost`).  Only the cost-aware planners read it.
+    #: (:func:`amp_rewrite.plan.cost_model.node_cost`).  Only the cost-aware planners read it.
     compiled: bool = False
 
 
@@ -241,7 +241,7 @@ class Plan:
     deny_parent: Mapping[tuple[str, TypeAttr], tuple[str, TypeAttr]] = field(default_factory=dict)
     #: Ops missing from the op registry (custom ops) and how many nodes use each.
     unknown_ops: Mapping[str, int] = field(default_factory=dict)
-    #: The ``optimal`` planner's summary (:class:`amp_rewrite.optimal.PlacementSummary`).
+    #: The ``optimal`` planner's summary (:class:`amp_rewrite.plan.optimal.PlacementSummary`).
     placement: Any = None
     #: Normalization apply nodes exempted from deny propagation -> the reason.
     normalized: Mapping[str, str] = field(default_factory=dict)
@@ -320,7 +320,7 @@ def _lists_of(lists: object) -> _Lists:
 
 def _inputs_by_port(pred: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> list[tuple[str, int]]:
     """The data inputs ``(producer, port)`` of a node by destination port, from its
-    predecessor dict (``g._pred[node]``), as :func:`amp_rewrite.ir.data_inputs`."""
+    predecessor dict (``g._pred[node]``), as :func:`amp_rewrite.graph.ir.data_inputs`."""
     by_port: dict[int, tuple[str, int]] = {}
     for u, keyed in pred.items():
         for q, d in keyed.items():
@@ -1274,7 +1274,7 @@ def decide(
     """Paint ``g`` and return the plan.  Pure: ``g`` and ``lists`` are not modified.
 
     ``lists`` is any object with ``allow``/``infer``/``deny``/``clear`` collections of op
-    names (an :class:`amp_rewrite.lists.OpLists`).  Raises
+    names (an :class:`amp_rewrite.plan.lists.OpLists`).  Raises
     :class:`~amp_rewrite.errors.InvalidGraphError` when the graph is inconsistent with the
     op registry (wrong input count, missing type attribute, bad loop back edge).
     """

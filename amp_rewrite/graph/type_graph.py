@@ -1,7 +1,7 @@
 """The type-attribute graph: one vertex per (node, type attribute), edges along data flow.
 
 Vertices are integers assigned in GraphDef node order (and, within a node, in the order of
-its :class:`~amp_rewrite.type_attrs.NodeTypes.attrs`), because a few rules of TensorFlow's
+its :class:`~amp_rewrite.graph.type_attrs.NodeTypes.attrs`), because a few rules of TensorFlow's
 pass depend on that order.  An edge ``(A, a) -> (B, b)`` exists for every data input of
 ``B`` whose port is governed by ``b`` and whose producer port is governed by ``a``.
 Loop back edges (NextIteration -> Merge) are ordinary edges, so the graph can have cycles.
@@ -14,7 +14,7 @@ from itertools import accumulate, chain, repeat
 from operator import itemgetter
 from typing import Mapping, Sequence
 
-from .errors import InvalidGraphError
+from ..errors import InvalidGraphError
 from .type_attrs import NodeTypes, TypeAttr
 
 __all__ = ["TypeGraph", "build_type_graph", "build_type_graph_from_lists"]

@@ -20,7 +20,7 @@ Signature interfaces never change.  Function signatures are kept by the core (``
 inputs and outputs, the saver, collections, variable definitions, assets) are passed to the
 core as fetches, so they keep their dtypes.
 
-Output is written through :class:`~amp_rewrite.staging.Staging`: everything goes to temporary siblings first and is
+Output is written through :class:`~amp_rewrite.models.staging.Staging`: everything goes to temporary siblings first and is
 renamed into place only when all of it has been written, so a failure or Ctrl-C leaves no
 output behind.  The input is never modified.  TensorFlow is imported lazily.
 """
@@ -38,18 +38,18 @@ import stat
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping, Sequence
 
-from .api import Precision, RewriteResult, resolve_lists, resolve_target, rewrite_graph_def
-from .errors import AmpRewriteError, GraphFormatError, InvalidGraphError
-from .graph_io import check_binary_readable, load_graph_def, reachable_functions
-from .lists import OpLists
-from .progress import Progress
+from ..api import Precision, RewriteResult, resolve_lists, resolve_target, rewrite_graph_def
+from ..errors import AmpRewriteError, GraphFormatError, InvalidGraphError
+from ..graph.io import check_binary_readable, load_graph_def, reachable_functions
+from ..plan.lists import OpLists
+from ..progress import Progress
 from .staging import (Staging, check_distinct_outputs, check_not_input, check_output, check_replaceable,
                       check_writable, is_within, special_kind)
-from .targets import Target
-from .tensor_names import parse_graph_input
+from ..plan.targets import Target
+from ..graph.tensor_names import parse_graph_input
 
 if TYPE_CHECKING:  # autotune imports this module; at run time it is imported where used
-    from .autotune import AutotuneOptions
+    from ..autotune import AutotuneOptions
 
 __all__ = [
     "ModelFile",
@@ -781,7 +781,7 @@ def _scope_counts(before: Any, result: RewriteResult, main_nodes: Iterable[str],
 
 def _reach(graph_def: Any, roots: Iterable[str]) -> tuple[set[str], set[str]]:
     """The main-graph nodes ``roots`` depend on and the library functions those call."""
-    from .graph_io import _called_functions, _calls_closure
+    from ..graph.io import _called_functions, _calls_closure
 
     closure = _closure(graph_def, roots)
     library = {f.signature.name for f in graph_def.library.function}
@@ -1102,9 +1102,9 @@ def check_options(
     List *files* (``lists`` naming a file, ``lists_file``) are not read here: one may also be
     named as an output, and refusing that ("an input is never modified") comes first; they
     are read, and checked, by the rewrite itself."""
-    from .exclude import NameMatcher
-    from .lists import PLANNERS
-    from .targets import resolve_precision
+    from ..plan.exclude import NameMatcher
+    from ..plan.lists import PLANNERS
+    from ..plan.targets import resolve_precision
 
     check_not_keras(src)
     tgt = resolve_target(target)
@@ -1169,7 +1169,7 @@ def rewrite_saved_model(
 
     Optional extra outputs: ``report_file`` (the report as JSON), ``dump_dir`` (see
     :func:`dump_files`), ``graph_file`` (a drawing: ``.svg``, ``.html`` or ``.dot``, see
-    :mod:`amp_rewrite.draw`) and ``tensorboard_dir`` (before/after event files).
+    :mod:`amp_rewrite.report.draw`) and ``tensorboard_dir`` (before/after event files).
     ``progress`` draws a progress line (see :class:`~amp_rewrite.progress.Progress`).
 
     ``autotune`` (an :class:`~amp_rewrite.autotune.AutotuneOptions`) measures instead of
@@ -1243,7 +1243,7 @@ def rewrite_saved_model(
     check_not_input([(p, w, d and w == "OUTPUT") for p, w, d in outputs], inputs)
     check_distinct_outputs(outputs)
     if graph_file is not None:
-        from .draw import graph_format
+        from ..report.draw import graph_format
 
         graph_format(graph_file)  # an unknown extension fails before the work
     if autotune is not None:
@@ -1269,7 +1269,7 @@ def rewrite_saved_model(
     if autotune is None:
         rewrite = rewrite_model(model, tags=tags, progress=progress, **options)
     else:
-        from .autotune import autotune_model
+        from ..autotune import autotune_model
 
         if progress:
             progress.stage("autotuning: rewriting and timing each candidate")
@@ -1293,11 +1293,11 @@ def rewrite_saved_model(
             for name, data in dump_files(rewrite).items():
                 staging.add_file(os.path.join(os.fspath(dump_dir), name), data, replace=overwrite)
         if graph_file is not None:
-            from .draw import render_file
+            from ..report.draw import render_file
 
             staging.add_file(graph_file, render_file(rewrite, graph_file), replace=overwrite)
         if tensorboard_dir is not None:
-            from .draw import tensorboard_files
+            from ..report.draw import tensorboard_files
 
             for rel, data in tensorboard_files(rewrite).items():
                 staging.add_file(os.path.join(os.fspath(tensorboard_dir), rel), data, replace=overwrite)

@@ -34,11 +34,11 @@ from itertools import islice
 from operator import itemgetter
 from typing import Any, Mapping
 
-from . import dtypes as dt
-from .decide import NodeDecisions, Plan
-from .graph_io import ImportedGraph
-from .rewrite import RewriteStats
-from .targets import Target
+from ..graph import dtypes as dt
+from ..plan.painter import NodeDecisions, Plan
+from ..graph.io import ImportedGraph
+from ..rewrite import RewriteStats
+from ..plan.targets import Target
 
 __all__ = ["build_report"]
 

@@ -27,7 +27,7 @@ import stat
 import tempfile
 from typing import Callable, Iterable, Sequence, TypeVar
 
-from .errors import AmpRewriteError
+from ..errors import AmpRewriteError
 
 __all__ = ["Staging", "check_not_input", "check_output", "check_replaceable", "check_writable", "is_within",
            "special_kind"]
