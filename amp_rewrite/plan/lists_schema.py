@@ -1,0 +1,312 @@
+"""One list file: its schema (version 1, described in :mod:`amp_rewrite.plan.lists`), its
+parsed form (:class:`_Layer` of :class:`_Entry`), the validating parser, and the per-release
+deltas of versioned files (``tf_version`` and ``[versions."X.Y"]``).
+
+Part of :mod:`amp_rewrite.plan.lists` (which re-exports the names the loader and the tests
+use).  Pure: parses already-read TOML documents; reads no files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:  # only used in annotations; its module moved in 3.11
+    from importlib.resources.abc import Traversable
+
+from ..errors import ListError
+from .lists_types import _OP_NAME, BACKENDS, CATEGORIES, PLANNERS, PRECISIONS, Category, ListContext
+
+_SCHEMA_VERSION = 1
+_TOP_KEYS = frozenset({"schema_version", "name", "description", "source", "extends", "planner",
+                       "tf_version", "versions", *PRECISIONS})
+_VERSION_KEYS = frozenset({"note", *PRECISIONS})
+# A TensorFlow release as the lists are keyed: major.minor ("2.16"); the patch level never
+# changes the op lists.
+_TF_VERSION = re.compile(r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)")
+# What tf.__version__ may look like: "2.16.2", "2.21.0-rc1", "2.22.0-dev20260101", "2.16".
+_TF_VERSION_PREFIX = re.compile(r"\s*(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[-+.a-zA-Z][-+.a-zA-Z0-9]*)?\s*")
+_SECTION_KEYS = frozenset({*CATEGORIES, "remove"})
+_ENTRY_KEYS = frozenset({"reason", "min_cuda", "min_cudnn", "backends", "registered"})
+
+
+# ---------------------------------------------------------------------------------------------
+# Internal representation of the files
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One op entry of one file, before its gates are evaluated."""
+
+    op: str
+    category: Category
+    reason: str
+    origin: str
+    backends: frozenset[str]
+    min_cuda: int
+    min_cudnn: int
+    registered: bool
+
+    def applies(self, context: ListContext) -> bool:
+        """Whether the entry's gates admit ``context`` (version gates only bind on cuda)."""
+        if context.backend not in self.backends:
+            return False
+        if context.backend == "cuda":
+            return context.cuda_version >= self.min_cuda and context.cudnn_version >= self.min_cudnn
+        return True
+
+
+@dataclass
+class _Layer:
+    """One parsed list file."""
+
+    label: str  # "profile tensorflow" or "file /abs/path.toml": the origin of its entries
+    name: str
+    location: str  # for error messages
+    extends: str | None
+    base_dir: Traversable | None  # where a relative ``extends`` path is resolved
+    entries: dict[str, dict[str, _Entry]]  # precision -> op -> entry
+    removes: dict[str, dict[str, str]]  # precision -> op -> reason
+    planner: str | None = None
+    tf_version: str | None = None  # the release the tables above are; None: unversioned
+    # Older releases: version -> (entries, removes) relative to the tables above.
+    versions: dict[str, _VersionDelta] = field(default_factory=dict)
+
+    def supported_versions(self) -> list[str]:
+        """The releases this file has lists for, oldest first (empty when unversioned)."""
+        if self.tf_version is None:
+            return []
+        return sorted({self.tf_version, *self.versions}, key=_version_key)
+
+    def for_version(self, tf_version: str | None) -> _Layer:
+        """This layer with the delta of ``tf_version`` applied to its tables.  Pure.
+
+        ``None``, an unversioned layer and the layer's own release return it unchanged; a
+        release the layer has no lists for raises :class:`ListError`.
+        """
+        if tf_version is None or self.tf_version is None or tf_version == self.tf_version:
+            return self
+        delta = self.versions.get(tf_version)
+        if delta is None:
+            raise ListError(
+                f"{self.name} has no op lists for TensorFlow {tf_version}; it has them for "
+                f"{', '.join(self.supported_versions())}. Install a supported TensorFlow, or "
+                "choose the lists of a supported release explicitly (tf_version= / --tf-version).",
+                path=self.location,
+            )
+        entries: dict[str, dict[str, _Entry]] = {}
+        for precision in PRECISIONS:
+            table = {op: e for op, e in self.entries[precision].items() if op not in delta.removes[precision]}
+            table.update(delta.entries[precision])  # keyed by op: an entry moves the op
+            entries[precision] = table
+        return dataclasses.replace(self, entries=entries, versions={}, tf_version=tf_version)
+
+
+@dataclass(frozen=True)
+class _VersionDelta:
+    """How one older TensorFlow release's lists differ from a file's own tables."""
+
+    entries: dict[str, dict[str, _Entry]]  # precision -> op -> entry (added or moved)
+    removes: dict[str, dict[str, str]]  # precision -> op -> reason (dropped)
+
+
+def _version_key(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")
+    return int(major), int(minor)
+
+
+def tf_major_minor(version: str) -> str:
+    """``"2.16"`` for a TensorFlow version string such as ``"2.16.2"``, ``"2.21.0-rc1"`` or
+    ``"2.16"``: the part the op lists are keyed by.  Raises :class:`ListError` for anything
+    that does not start with ``major.minor``."""
+    match = _TF_VERSION_PREFIX.fullmatch(version) if isinstance(version, str) else None
+    if match is None:
+        raise ListError(f"not a TensorFlow version: {version!r}; expected major.minor such as '2.16'")
+    return f"{int(match.group(1))}.{int(match.group(2))}"
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing and validating one file
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_keys(table: Mapping[str, Any], allowed: frozenset[str], where: str, location: str) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise ListError(
+            f"unknown key(s) {', '.join(repr(k) for k in unknown)} in {where}; "
+            f"allowed: {', '.join(sorted(allowed))}",
+            path=location,
+        )
+
+
+def _reason(value: Any, where: str, location: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ListError(f"{where}: the reason must be a non-empty string, got {value!r}", path=location)
+    return value.strip()
+
+
+def _parse_entry(op: str, category: Category, value: Any, where: str, label: str, location: str) -> _Entry:
+    """One ``Op = "reason"`` or ``Op = { reason = ..., ... }`` entry."""
+    if isinstance(value, str):
+        return _Entry(op, category, _reason(value, where, location), label, frozenset(BACKENDS), 0, 0, True)
+    if not isinstance(value, dict):
+        raise ListError(
+            f"{where}: expected a reason string or an inline table, got {type(value).__name__}", path=location
+        )
+    _check_keys(value, _ENTRY_KEYS, where, location)
+    if "reason" not in value:
+        raise ListError(f"{where}: missing 'reason'", path=location)
+    reason = _reason(value["reason"], f"{where}.reason", location)
+    gates: dict[str, int] = {}
+    for key in ("min_cuda", "min_cudnn"):
+        number = value.get(key, 0)
+        # bool is an int subclass; "true" is never a meaningful version.
+        if isinstance(number, bool) or not isinstance(number, int) or number < 0:
+            raise ListError(f"{where}.{key}: expected a non-negative integer, got {number!r}", path=location)
+        gates[key] = number
+    backends = value.get("backends", list(BACKENDS))
+    if (
+        not isinstance(backends, list)
+        or not backends
+        or not all(isinstance(b, str) and b in BACKENDS for b in backends)
+        or len(set(backends)) != len(backends)
+    ):
+        raise ListError(
+            f"{where}.backends: expected a non-empty list of distinct values from {list(BACKENDS)}, "
+            f"got {backends!r}",
+            path=location,
+        )
+    registered = value.get("registered", True)
+    if not isinstance(registered, bool):
+        raise ListError(f"{where}.registered: expected true or false, got {registered!r}", path=location)
+    return _Entry(op, category, reason, label, frozenset(backends), gates["min_cuda"], gates["min_cudnn"], registered)
+
+
+def _parse_layer(data: dict[str, Any], label: str, location: str, base_dir: Traversable | None, default_name: str) -> _Layer:
+    """Validate a parsed TOML document and turn it into a :class:`_Layer`.  Pure."""
+    _check_keys(data, _TOP_KEYS, "the top level", location)
+    version = data.get("schema_version")
+    if isinstance(version, bool) or version != _SCHEMA_VERSION:
+        raise ListError(
+            f"schema_version must be {_SCHEMA_VERSION}, got {version!r}"
+            + (" (missing)" if "schema_version" not in data else ""),
+            path=location,
+        )
+    for key in ("name", "description", "source", "extends"):
+        if key in data and (not isinstance(data[key], str) or not data[key]):
+            raise ListError(f"{key!r} must be a non-empty string, got {data[key]!r}", path=location)
+    if "planner" in data and data["planner"] not in PLANNERS:
+        raise ListError(f"'planner' must be one of {', '.join(PLANNERS)}, got {data['planner']!r}",
+                        path=location)
+    entries, removes = _parse_tables(data, "", label, location)
+    tf_version = data.get("tf_version")
+    if tf_version is not None and (not isinstance(tf_version, str) or not _TF_VERSION.fullmatch(tf_version)):
+        raise ListError(f"'tf_version' must be a TensorFlow release such as \"2.21\", got {tf_version!r}",
+                        path=location)
+    versions = _parse_versions(data.get("versions"), tf_version, entries, label, location)
+    return _Layer(
+        label=label,
+        name=data.get("name", default_name),
+        location=location,
+        extends=data.get("extends"),
+        base_dir=base_dir,
+        entries=entries,
+        removes=removes,
+        planner=data.get("planner"),
+        tf_version=tf_version,
+        versions=versions,
+    )
+
+
+def _parse_tables(
+    data: Mapping[str, Any], prefix: str, label: str, location: str
+) -> tuple[dict[str, dict[str, _Entry]], dict[str, dict[str, str]]]:
+    """The ``[float16.*]`` and ``[bfloat16.*]`` tables of ``data`` (the top level, or one
+    ``[versions."X.Y"]`` table with ``prefix`` ``versions."X.Y".``): ``(entries, removes)``."""
+    entries: dict[str, dict[str, _Entry]] = {p: {} for p in PRECISIONS}
+    removes: dict[str, dict[str, str]] = {p: {} for p in PRECISIONS}
+    for precision in PRECISIONS:
+        section = data.get(precision, {})
+        if not isinstance(section, dict):
+            raise ListError(f"[{prefix}{precision}] must be a table, got {type(section).__name__}", path=location)
+        _check_keys(section, _SECTION_KEYS, f"[{prefix}{precision}]", location)
+        for key, table in section.items():
+            where = f"[{prefix}{precision}.{key}]"
+            if not isinstance(table, dict):
+                raise ListError(f"{where} must be a table, got {type(table).__name__}", path=location)
+            for op, value in table.items():
+                entry_where = f"{prefix}{precision}.{key}.{op}"
+                if not _OP_NAME.fullmatch(op):
+                    raise ListError(f"{entry_where}: {op!r} is not a valid op name", path=location, op=op)
+                if key == "remove":
+                    if isinstance(value, dict):
+                        _check_keys(value, frozenset({"reason"}), entry_where, location)
+                        value = value.get("reason")
+                    removes[precision][op] = _reason(value, entry_where, location)
+                    continue
+                category = cast(Category, key)
+                previous = entries[precision].get(op)
+                if previous is not None:
+                    raise ListError(
+                        f"op {op} is on two {precision} lists in one {'table' if prefix else 'file'}: "
+                        f"{previous.category} and {category}",
+                        path=location,
+                        op=op,
+                    )
+                entries[precision][op] = _parse_entry(op, category, value, entry_where, label, location)
+        both = sorted(set(removes[precision]) & set(entries[precision]))
+        if both:
+            raise ListError(
+                f"op(s) both removed and listed in [{prefix}{precision}]: {', '.join(both)}", path=location
+            )
+    return entries, removes
+
+
+def _parse_versions(
+    value: Any, tf_version: str | None, base: Mapping[str, Mapping[str, _Entry]], label: str, location: str
+) -> dict[str, _VersionDelta]:
+    """The ``[versions."X.Y"]`` tables: per older release, its delta from the file's tables.
+
+    A delta may only remove ops the file's own tables list (anything else is a typo or a
+    stale entry), and may not restate an entry unchanged (it would hide nothing but noise).
+    """
+    if value is None:
+        return {}
+    if tf_version is None:
+        raise ListError("[versions] needs 'tf_version': the release the file's own tables are", path=location)
+    if not isinstance(value, dict):
+        raise ListError(f"'versions' must be a table, got {type(value).__name__}", path=location)
+    deltas: dict[str, _VersionDelta] = {}
+    for version, table in value.items():
+        if not _TF_VERSION.fullmatch(version):
+            raise ListError(f"[versions.{version!r}]: not a TensorFlow release such as \"2.16\"", path=location)
+        if version == tf_version:
+            raise ListError(f"[versions.\"{version}\"] repeats the file's own tf_version", path=location)
+        prefix = f'versions."{version}".'
+        if not isinstance(table, dict):
+            raise ListError(f"[{prefix[:-1]}] must be a table, got {type(table).__name__}", path=location)
+        _check_keys(table, _VERSION_KEYS, f"[{prefix[:-1]}]", location)
+        if "note" in table and (not isinstance(table["note"], str) or not table["note"].strip()):
+            raise ListError(f"{prefix}note must be a non-empty string, got {table['note']!r}", path=location)
+        entries, removes = _parse_tables(table, prefix, label, location)
+        for precision in PRECISIONS:
+            stale = sorted(op for op in removes[precision] if op not in base[precision])
+            if stale:
+                raise ListError(
+                    f"[{prefix}{precision}.remove] names op(s) on no list of this file: {', '.join(stale)}",
+                    path=location,
+                )
+            same = sorted(op for op, entry in entries[precision].items() if base[precision].get(op) == entry)
+            if same:
+                raise ListError(
+                    f"[{prefix}{precision}] restates entries of this file unchanged: {', '.join(same)}",
+                    path=location,
+                )
+        deltas[version] = _VersionDelta(entries, removes)
+    return deltas
