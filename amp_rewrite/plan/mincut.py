@@ -318,21 +318,29 @@ class _Network:
         costs a few passes over it, not one per phase.  Everything is iterative.
         """
         k = len(comp)
-        S, T = k, k + 1
+        residual = self._residual(comp)
+        flow = 0
+        phase = 0
+        source_edges = list(residual.adj[residual.S])
+        while True:
+            phase += 1
+            reached, found = residual.distances_to_sink(phase)
+            if not found:
+                # ``reached`` holds every node that reaches T: the smallest sink side.
+                break
+            # A saturated source edge stays saturated (no shortest path re-enters S), so the
+            # phases after it need not look at it again.
+            source_edges = [e for e in source_edges if residual.cap[e] > 0]
+            flow += residual.blocking_flow(phase, source_edges)
+        self.flow += flow
+        return {comp[v] for v in reached if v < k}
+
+    def _residual(self, comp: list[int]) -> _Residual:
+        """A new residual network of component ``comp``: its nodes renumbered ``0..k-1`` in
+        ``comp``'s order, the source and the sink ``k`` and ``k + 1``.  Reads the network."""
+        residual = _Residual(len(comp))
+        add, S, T = residual.add, residual.S, residual.T
         local = {x: j for j, x in enumerate(comp)}
-        adj: list[list[int]] = [[] for _ in range(k + 2)]
-        to: list[int] = []
-        cap: list[int] = []
-
-        def add(a: int, b: int, c: int) -> None:
-            # Edge 2j is a -> b; edge 2j + 1 its residual twin b -> a.
-            adj[a].append(len(to))
-            to.append(b)
-            cap.append(c)
-            adj[b].append(len(to))
-            to.append(a)
-            cap.append(0)
-
         for j, x in enumerate(comp):
             if self.src[x]:
                 add(S, j, self.src[x])
@@ -340,83 +348,109 @@ class _Network:
                 add(j, T, self.snk[x])
             for y, c in self.out[x].items():  # type: ignore[union-attr]
                 add(j, local[y], c)
-        flow = 0
-        # dist[v] is v's distance to T in phase stamp[v]; older stamps mean "not reached".
-        dist = [0] * (k + 2)
-        stamp = [0] * (k + 2)
-        phase = 0
-        source_edges = list(adj[S])
-        while True:
-            phase += 1
-            stamp[T] = phase
-            dist[T] = 0
-            queue = [T]
-            found = False
-            for v in queue:  # breadth first, backwards; the list grows while it is read
-                dv = dist[v] + 1
-                for e in adj[v]:
-                    w = to[e]
-                    # e is v -> w, so its twin e ^ 1 is w -> v.
-                    if stamp[w] != phase and cap[e ^ 1] > 0:
-                        stamp[w] = phase
-                        dist[w] = dv
-                        if w == S:
-                            found = True
-                            break
-                        queue.append(w)
-                if found:
-                    break
-            if not found:
-                # ``queue`` holds every node that reaches T: the smallest sink side.
-                break
-            # A saturated source edge stays saturated (no shortest path re-enters S), so the
-            # phases after it need not look at it again.
-            source_edges = [e for e in source_edges if cap[e] > 0]
-            it: dict[int, int] = {}
-            nodes = [S]
-            path: list[int] = []
-            next_source = 0
-            while True:
-                u = nodes[-1]
-                if u == T:
-                    f = min(cap[e] for e in path)
-                    for e in path:
-                        cap[e] -= f
-                        cap[e ^ 1] += f
-                    flow += f
-                    # Resume from the tail of the first edge the augmentation saturated.
-                    cut = next(j for j, e in enumerate(path) if cap[e] == 0)
-                    del nodes[cut + 1:]
-                    del path[cut:]
-                    continue
-                want = dist[u] - 1
-                if u == S:
-                    au, i = source_edges, next_source
-                else:
-                    au, i = adj[u], it.get(u, 0)
-                while i < len(au):
-                    e = au[i]
-                    v = to[e]
-                    if cap[e] > 0 and stamp[v] == phase and dist[v] == want:
+        return residual
+
+
+class _Residual:
+    """The residual network of one component for :meth:`_Network.min_sink_side`, in plain
+    integer arrays: ``adj[v]`` lists the edges leaving ``v``, edge ``e`` goes to ``to[e]``
+    with residual capacity ``cap[e]``, and edge ``e ^ 1`` is its twin.  ``dist[v]`` is
+    ``v``'s distance to the sink in phase ``stamp[v]``; older stamps mean "not reached"."""
+
+    def __init__(self, k: int) -> None:
+        self.S, self.T = k, k + 1
+        self.adj: list[list[int]] = [[] for _ in range(k + 2)]
+        self.to: list[int] = []
+        self.cap: list[int] = []
+        self.dist = [0] * (k + 2)
+        self.stamp = [0] * (k + 2)
+
+    def add(self, a: int, b: int, c: int) -> None:
+        """Add the edge ``a -> b`` of capacity ``c`` and its empty twin."""
+        adj, to, cap = self.adj, self.to, self.cap
+        # Edge 2j is a -> b; edge 2j + 1 its residual twin b -> a.
+        adj[a].append(len(to))
+        to.append(b)
+        cap.append(c)
+        adj[b].append(len(to))
+        to.append(a)
+        cap.append(0)
+
+    def distances_to_sink(self, phase: int) -> tuple[list[int], bool]:
+        """Breadth first from the sink, backwards along edges with residual capacity, stamping
+        ``dist`` for ``phase``, until the source is reached.  Returns the nodes reached (the
+        sink first) and whether the source was: when it was not, they are every node that
+        reaches the sink."""
+        adj, to, cap, dist, stamp, S, T = self.adj, self.to, self.cap, self.dist, self.stamp, self.S, self.T
+        stamp[T] = phase
+        dist[T] = 0
+        queue = [T]
+        found = False
+        for v in queue:  # breadth first, backwards; the list grows while it is read
+            dv = dist[v] + 1
+            for e in adj[v]:
+                w = to[e]
+                # e is v -> w, so its twin e ^ 1 is w -> v.
+                if stamp[w] != phase and cap[e ^ 1] > 0:
+                    stamp[w] = phase
+                    dist[w] = dv
+                    if w == S:
+                        found = True
                         break
-                    i += 1
-                if u == S:
-                    next_source = i
+                    queue.append(w)
+            if found:
+                break
+        return queue, found
+
+    def blocking_flow(self, phase: int, source_edges: list[int]) -> int:
+        """Augment along shortest paths (by this phase's distances) until none is left, and
+        return the flow added.  ``source_edges`` are the source's edges still worth trying.
+        Mutates ``cap`` (and ``stamp``: dead ends are unstamped for the rest of the phase)."""
+        adj, to, cap, dist, stamp, S, T = self.adj, self.to, self.cap, self.dist, self.stamp, self.S, self.T
+        flow = 0
+        it: dict[int, int] = {}
+        nodes = [S]
+        path: list[int] = []
+        next_source = 0
+        while True:
+            u = nodes[-1]
+            if u == T:
+                f = min(cap[e] for e in path)
+                for e in path:
+                    cap[e] -= f
+                    cap[e ^ 1] += f
+                flow += f
+                # Resume from the tail of the first edge the augmentation saturated.
+                cut = next(j for j, e in enumerate(path) if cap[e] == 0)
+                del nodes[cut + 1:]
+                del path[cut:]
+                continue
+            want = dist[u] - 1
+            if u == S:
+                au, i = source_edges, next_source
+            else:
+                au, i = adj[u], it.get(u, 0)
+            while i < len(au):
+                e = au[i]
+                v = to[e]
+                if cap[e] > 0 and stamp[v] == phase and dist[v] == want:
+                    break
+                i += 1
+            if u == S:
+                next_source = i
+            else:
+                it[u] = i
+            if i < len(au):
+                e = au[i]
+                path.append(e)
+                nodes.append(to[e])
+            elif u == S:
+                return flow  # a blocking flow: no shortest path is left
+            else:
+                stamp[u] = 0  # a dead end for the rest of this phase
+                nodes.pop()
+                path.pop()
+                if len(nodes) == 1:
+                    next_source += 1
                 else:
-                    it[u] = i
-                if i < len(au):
-                    e = au[i]
-                    path.append(e)
-                    nodes.append(to[e])
-                elif u == S:
-                    break  # a blocking flow: no shortest path is left
-                else:
-                    stamp[u] = 0  # a dead end for the rest of this phase
-                    nodes.pop()
-                    path.pop()
-                    if len(nodes) == 1:
-                        next_source += 1
-                    else:
-                        it[nodes[-1]] += 1
-        self.flow += flow
-        return {comp[v] for v in queue if v < k}
+                    it[nodes[-1]] += 1

@@ -145,6 +145,55 @@ def _statistic_count(shapes: Mapping[str, tuple[Shape, ...]], x: tuple[str, int]
     return numel(xshape, 1) // max(1, numel(mshape, 1))
 
 
+class _Reader:
+    """Cached reads of one graph for :func:`find_normalizations`: ops, data inputs, data
+    consumers, parameters.  Reads ``g`` only; its caches are its own (``data_inputs`` is
+    copied, never mutated)."""
+
+    def __init__(self, g: nx.MultiDiGraph, data_inputs: Mapping[str, list[tuple[str, int]]] | None) -> None:
+        self.g = g
+        self.ops = {n: d["op"] for n, d in g.nodes(data=True)}
+        self._inputs: dict[str, list[tuple[str, int]]] = dict(data_inputs or {})
+        self._param: dict[str, bool] = {}
+
+    def inputs(self, n: str) -> list[tuple[str, int]]:
+        got = self._inputs.get(n)
+        if got is None:
+            got = self._inputs[n] = ir.data_inputs(self.g, n)
+        return got
+
+    def consumers(self, n: str) -> list[str]:
+        return sorted({dst for _, dst, d in self.g.out_edges(n, data=True) if d["src_port"] >= 0})
+
+    def is_param(self, n: str, depth: int = 0) -> bool:
+        """A weight or constant: nothing data-dependent feeds it."""
+        got = self._param.get(n)
+        if got is not None:
+            return got
+        op = self.ops[n]
+        if op in _PARAM_LEAVES or _resource_placeholder(self.g, n):
+            result = True
+        elif op in _PARAM_OPS and depth < 16:
+            ins = self.inputs(n)
+            result = bool(ins) and all(self.is_param(src, depth + 1) for src, _ in ins)
+        else:
+            result = False
+        self._param[n] = result
+        return result
+
+    def through_identity(self, n: str) -> set[str]:
+        """``n`` and the StopGradient/Identity nodes that merely forward it."""
+        out = {n}
+        todo = [n]
+        while todo:
+            x = todo.pop()
+            for c in self.consumers(x):
+                if self.ops[c] in ("StopGradient", "Identity") and c not in out:
+                    out.add(c)
+                    todo.append(c)
+        return out
+
+
 def find_normalizations(
     g: nx.MultiDiGraph, data_inputs: Mapping[str, list[tuple[str, int]]] | None = None,
     min_count: int = MIN_STATISTIC_COUNT,
@@ -157,78 +206,32 @@ def find_normalizations(
     ``min_count`` values is left out.
     """
     shapes: Mapping[str, tuple[Shape, ...]] = g.graph.get("shapes") or {}
-    ops = {n: d["op"] for n, d in g.nodes(data=True)}
-    inputs_cache: dict[str, list[tuple[str, int]]] = dict(data_inputs or {})
+    reader = _Reader(g, data_inputs)
+    norms, small, moments = _find_moments(reader, shapes, min_count)
+    if not norms:
+        return NormalizationInfo(moments=frozenset(moments), small=tuple(small))
+    stats, owner = _grow_statistics(reader, norms)
+    apply = _apply_ops(reader, stats, owner)
+    _add_mean_gradients(reader, apply)
+    return NormalizationInfo(tuple(norms), apply, frozenset(stats), frozenset(moments), tuple(small))
 
-    def inputs(n: str) -> list[tuple[str, int]]:
-        got = inputs_cache.get(n)
-        if got is None:
-            got = inputs_cache[n] = ir.data_inputs(g, n)
-        return got
 
-    def consumers(n: str) -> list[str]:
-        return sorted({dst for _, dst, d in g.out_edges(n, data=True) if d["src_port"] >= 0})
-
-    param_memo: dict[str, bool] = {}
-
-    def is_param(n: str, depth: int = 0) -> bool:
-        """A weight or constant: nothing data-dependent feeds it."""
-        got = param_memo.get(n)
-        if got is not None:
-            return got
-        op = ops[n]
-        if op in _PARAM_LEAVES or _resource_placeholder(g, n):
-            result = True
-        elif op in _PARAM_OPS and depth < 16:
-            ins = inputs(n)
-            result = bool(ins) and all(is_param(src, depth + 1) for src, _ in ins)
-        else:
-            result = False
-        param_memo[n] = result
-        return result
-
-    def through_identity(n: str) -> set[str]:
-        """``n`` and the StopGradient/Identity nodes that merely forward it."""
-        out = {n}
-        todo = [n]
-        while todo:
-            x = todo.pop()
-            for c in consumers(x):
-                if ops[c] in ("StopGradient", "Identity") and c not in out:
-                    out.add(c)
-                    todo.append(c)
-        return out
-
+def _find_moments(
+    reader: _Reader, shapes: Mapping[str, tuple[Shape, ...]], min_count: int
+) -> tuple[list[Normalization], list[tuple[Normalization, int]], set[str]]:
+    """Every ``Mean`` with a matching variance ``Mean``, in name order: ``(norms, small,
+    moments)`` -- the normalizations kept, those left out for reducing fewer than
+    ``min_count`` values (with the count), and the ``Mean`` nodes of both.  Pure."""
+    ops = reader.ops
     norms: list[Normalization] = []
     small: list[tuple[Normalization, int]] = []
     moments: set[str] = set()
     for m1 in sorted(n for n, op in ops.items() if op == "Mean"):
-        ins = inputs(m1)
+        ins = reader.inputs(m1)
         if not ins:
             continue
         x = ins[0]
-        mean_like = through_identity(m1)
-        variance = None
-        for c in consumers(m1) + sorted(set().union(*(consumers(k) for k in mean_like))):
-            c_ins = inputs(c)
-            if len(c_ins) != 2 or x not in c_ins:
-                continue
-            other = c_ins[1] if c_ins[0] == x else c_ins[0]
-            if other[0] not in mean_like:
-                continue
-            squared: list[str] = []
-            if ops[c] == "SquaredDifference":
-                squared = [c]
-            elif ops[c] == "Sub":
-                squared = [s for s in consumers(c) if ops[s] == "Square"
-                           or (ops[s] == "Mul" and inputs(s) == [(c, 0), (c, 0)])]
-            for sq in squared:
-                var = next((v for v in consumers(sq) if ops[v] == "Mean"), None)
-                if var is not None:
-                    variance = var
-                    break
-            if variance:
-                break
+        variance = _variance_of(reader, m1, x)
         if variance is not None:
             moments.update((m1, variance))
             count = _statistic_count(shapes, x, m1)
@@ -238,13 +241,46 @@ def find_normalizations(
                 small.append((Normalization(x[0], m1, variance), count))
                 continue
             norms.append(Normalization(x[0], m1, variance))
-    if not norms:
-        return NormalizationInfo(moments=frozenset(moments), small=tuple(small))
+    return norms, small, moments
 
+
+def _variance_of(reader: _Reader, m1: str, x: tuple[str, int]) -> str | None:
+    """The ``Mean`` of the squared difference of ``x`` and the mean ``m1`` (through
+    ``SquaredDifference``, or ``Sub`` then ``Square`` or a self-``Mul``), or None.  Pure."""
+    ops, inputs, consumers = reader.ops, reader.inputs, reader.consumers
+    mean_like = reader.through_identity(m1)
+    variance = None
+    for c in consumers(m1) + sorted(set().union(*(consumers(k) for k in mean_like))):
+        c_ins = inputs(c)
+        if len(c_ins) != 2 or x not in c_ins:
+            continue
+        other = c_ins[1] if c_ins[0] == x else c_ins[0]
+        if other[0] not in mean_like:
+            continue
+        squared: list[str] = []
+        if ops[c] == "SquaredDifference":
+            squared = [c]
+        elif ops[c] == "Sub":
+            squared = [s for s in consumers(c) if ops[s] == "Square"
+                       or (ops[s] == "Mul" and inputs(s) == [(c, 0), (c, 0)])]
+        for sq in squared:
+            var = next((v for v in consumers(sq) if ops[v] == "Mean"), None)
+            if var is not None:
+                variance = var
+                break
+        if variance:
+            break
+    return variance
+
+
+def _grow_statistics(reader: _Reader, norms: list[Normalization]) -> tuple[set[str], dict[str, Normalization]]:
+    """The statistic nodes of ``norms`` and, for each, the normalization it belongs to (the
+    first in ``norms`` that reaches it).  Pure."""
+    ops, consumers = reader.ops, reader.consumers
     stats: set[str] = set()
     owner: dict[str, Normalization] = {}
     for norm in norms:
-        for seed in through_identity(norm.mean) | through_identity(norm.variance):
+        for seed in reader.through_identity(norm.mean) | reader.through_identity(norm.variance):
             stats.add(seed)
             owner.setdefault(seed, norm)
     # Grow the statistics: ops whose inputs are all statistics or parameters.  A fixed point,
@@ -256,39 +292,52 @@ def find_normalizations(
             for c in consumers(s):
                 if c in stats or ops[c] not in _STAT_OPS:
                     continue
-                c_ins = inputs(c)
-                if all(src in stats or is_param(src) for src, _ in c_ins):
+                c_ins = reader.inputs(c)
+                if all(src in stats or reader.is_param(src) for src, _ in c_ins):
                     stats.add(c)
                     owner.setdefault(c, owner[s])
                     new.append(c)
         frontier = sorted(new)
+    return stats, owner
 
+
+def _apply_ops(
+    reader: _Reader, stats: set[str], owner: Mapping[str, Normalization]
+) -> dict[str, tuple[frozenset[int], Normalization]]:
+    """The apply ops: element-wise consumers of statistics with exactly one full-size data
+    input, each with its statistic input ports and normalization.  Pure."""
     apply: dict[str, tuple[frozenset[int], Normalization]] = {}
     for s in sorted(stats):
-        for c in consumers(s):
-            if c in stats or c in apply or ops[c] not in _APPLY_OPS:
+        for c in reader.consumers(s):
+            if c in stats or c in apply or reader.ops[c] not in _APPLY_OPS:
                 continue
-            c_ins = inputs(c)
+            c_ins = reader.inputs(c)
             stat_ports = frozenset(p for p, (src, _) in enumerate(c_ins) if src in stats)
-            data_ports = [p for p, (src, _) in enumerate(c_ins) if src not in stats and not is_param(src)]
+            data_ports = [p for p, (src, _) in enumerate(c_ins) if src not in stats and not reader.is_param(src)]
             if len(data_ports) == 1 and stat_ports:
                 apply[c] = (stat_ports, owner[s])
+    return apply
+
+
+def _add_mean_gradients(reader: _Reader, apply: dict[str, tuple[frozenset[int], Normalization]]) -> None:
+    """Add to ``apply`` (in place) the gradient sums that join an apply op's gradient with
+    the mean's gradient, with the ports that carry the latter."""
+    ops, inputs = reader.ops, reader.inputs
     # In the gradient, dx sums the apply ops' gradients (dy * scale) with the gradient of
     # the mean: the per-channel gradient sum broadcast back (Tile/BroadcastTo) and divided by
     # the element count -- an average of gradients, bounded like the gradients themselves.
     # The division runs in float32 (it is downstream of a deny-listed Sum); only its
     # *result* may join the low-precision sum.
     for a in sorted(apply):
-        for c in consumers(a):
+        for c in reader.consumers(a):
             if ops[c] not in ("AddN", "Add", "AddV2") or c in apply:
                 continue
             ports = frozenset(
                 q for q, (src, _) in enumerate(inputs(c))
-                if src not in apply and _is_mean_gradient(src, ops, inputs, is_param)
+                if src not in apply and _is_mean_gradient(src, ops, inputs, reader.is_param)
             )
             if ports:
                 apply[c] = (ports, apply[a][1])
-    return NormalizationInfo(tuple(norms), apply, frozenset(stats), frozenset(moments), tuple(small))
 
 
 def _is_mean_gradient(name: str, ops: Mapping[str, str], inputs, is_param) -> bool:
