@@ -185,12 +185,26 @@ def run_demo(out: TextIO, target: str = "auto", precision: str = "auto", save: s
     if save is not None:
         _check_save(save, overwrite)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    tgt, chosen, target_arg, notes = _choose(target, precision)
+    model = build_demo_model()
+    report, ref, got, times = _rewrite_and_time(model, tgt, chosen, save, overwrite)
+    _write_table(out, model.count_params(), report, ref, got, times, chosen=chosen, target_arg=target_arg,
+                 notes=notes, save=save)
+    w = out.write
+    w(f"(built, saved, rewritten, loaded and timed in {time.perf_counter() - start:.1f} s)\n")
+    return 0
+
+
+def _rewrite_and_time(model: Any, tgt: Target, chosen: str, save: str | None,
+                      overwrite: bool) -> tuple[dict[str, Any], np.ndarray, np.ndarray, dict[str, float]]:
+    """Export ``model``, rewrite it for ``tgt`` and ``chosen``, keep both in ``save`` (if
+    given), load both back and run and time them on one batch: ``(report, float32 outputs,
+    rewritten outputs, seconds per call by name)``.  Works in a temporary directory, removed
+    at the end."""
     import tensorflow as tf
 
     from .models.saved_model import rewrite_saved_model
 
-    tgt, chosen, target_arg, notes = _choose(target, precision)
-    model = build_demo_model()
     workdir = tempfile.mkdtemp(prefix="amp-rewrite-demo-")
     src, dst = os.path.join(workdir, "float32"), os.path.join(workdir, "rewritten")
     try:
@@ -214,13 +228,19 @@ def run_demo(out: TextIO, target: str = "auto", precision: str = "auto", save: s
         })
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    return report, ref, got, times
 
+
+def _write_table(out: TextIO, n_params: int, report: dict[str, Any], ref: np.ndarray, got: np.ndarray,
+                 times: dict[str, float], *, chosen: str, target_arg: str, notes: list[str],
+                 save: str | None) -> None:
+    """The demo's text, to ``out``: what was done, the notes, the table comparing both
+    models, and (with ``save``) ``explain`` commands to try.  Reads its arguments only."""
     diff = float(np.max(np.abs(got.astype(np.float64) - ref)))
     scale = float(np.max(np.abs(ref))) or 1.0
     agree = int(np.sum(np.argmax(got, axis=1) == np.argmax(ref, axis=1)))
     ratio = times["float32"] / times["rewritten"]
     speed = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
-    n_params = model.count_params()
 
     w = out.write
     w(f"amp-rewrite demo: a Keras CNN ({n_params:,} parameters, random weights) saved with "
@@ -250,5 +270,3 @@ def run_demo(out: TextIO, target: str = "auto", precision: str = "auto", save: s
         for node in _example_nodes(report):
             w(f"  amp-rewrite explain {os.path.join(save, 'float32')} {node} --target {target_arg} "
               f"--precision {chosen}\n")
-    w(f"(built, saved, rewritten, loaded and timed in {time.perf_counter() - start:.1f} s)\n")
-    return 0
