@@ -263,6 +263,83 @@ def _rank(op: str, lists: "OpLists | None") -> int:
     return 3 if category == "clear" else 2
 
 
+def _searched_graphs(ops: Mapping[str, Mapping[str, str]], function: str | None) -> list[str]:
+    """The graphs a query searches: all of ``ops`` (``{graph: {node: op}}``), or only
+    ``function``.  Raises :class:`AmpRewriteError` naming close function names when there is
+    no such function.  Pure."""
+    if function is not None and function not in ops:
+        close = difflib.get_close_matches(function, [f for f in ops if f], n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise AmpRewriteError(f"no function {function!r} in the graph's library{hint}")
+    return [g for g in ops if function is None or g == function]
+
+
+def _op_type(op: str, all_ops: set[str], lists: "OpLists | None") -> str:
+    """``op`` as spelled in the graph (matched in any case).  Raises
+    :class:`AmpRewriteError` naming close op types, computations first, when no node has
+    it.  Pure."""
+    if op in all_ops:
+        return op
+    folded = {o.lower(): o for o in all_ops}
+    if op.lower() in folded:
+        return folded[op.lower()]
+    close = sorted(difflib.get_close_matches(op, sorted(all_ops), n=3, cutoff=0.5),
+                   key=lambda o: _rank(o, lists))
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise AmpRewriteError(f"no node of op type {op!r} in the graph or its functions{hint}")
+
+
+def _query_hits(query: str, nodes: list[tuple[str, str]], ops: Mapping[str, Mapping[str, str]],
+                keras3: Mapping[str, bool]) -> tuple[list[tuple[str, str]], str]:
+    """The ``nodes`` that ``query`` names by the first test that matches any (name, op type,
+    path component, substring) and that test's name; ``([], "substring")`` when none does.
+    Pure."""
+    lowered = query.lower()
+    # A layer name is matched as --exclude matches it (Keras 3 scope suffixes included).
+    layer = NameMatcher.compile([re.escape(query)])
+    tests: tuple[tuple[str, Any], ...] = (
+        ("name", lambda g, n: n == query),
+        ("op type", lambda g, n: ops[g][n].lower() == lowered),
+        ("path component", lambda g, n: "/" in n and layer.match(n, keras3[g]) is not None),
+        ("substring", lambda g, n: lowered in n.lower()),
+    )
+    hits: list[tuple[str, str]] = []
+    how = "op type"
+    for how, test in tests:
+        hits = [(g, n) for g, n in nodes if test(g, n)]
+        if hits:
+            break
+    return hits, how
+
+
+def _suggestions(text: str, nodes: list[tuple[str, str]], ops: Mapping[str, Mapping[str, str]],
+                 keras3: Mapping[str, bool], lists: "OpLists | None") -> list[str]:
+    """What the user could type instead of ``text``: node names, layer names (path components,
+    without a Keras 3 scope suffix) and op types -- closest first and, among equally close
+    ones, those of computations before those of variables and constants.  Pure."""
+    best: dict[str, int] = {}  # candidate -> best rank of a node it names
+    for g, n in nodes:
+        rank = _rank(ops[g][n], lists)
+        parts = n.split("/")
+        candidates = {n, *parts, *(_unsuffixed(p) for p in parts)} if keras3[g] else {n, *parts}
+        for c in candidates:
+            if rank < best.get(c, 99):
+                best[c] = rank
+    matcher = difflib.SequenceMatcher(b=text)
+    scored = []
+    for c, rank in best.items():
+        matcher.set_seq1(c)
+        if matcher.real_quick_ratio() >= 0.5 and matcher.quick_ratio() >= 0.5:
+            ratio = matcher.ratio()
+            if ratio >= 0.5:
+                scored.append((-round(ratio, 1), rank, c))
+    scored.sort()
+    suggestions = [c for _, _, c in scored[:3]]
+    close_ops = difflib.get_close_matches(text, sorted({ops[g][n] for g, n in nodes}), n=1, cutoff=0.6)
+    suggestions += [f"--op {o}" for o in close_ops if o not in suggestions]
+    return suggestions
+
+
 def find_nodes(
     result: "RewriteResult", query: str | None = None, *, op: str | None = None,
     function: str | None = None, lists: "OpLists | None" = None,
@@ -283,67 +360,20 @@ def find_nodes(
     if query is None and op is None:
         raise AmpRewriteError("name a node (a name, op type, layer name or substring) or an op type")
     ops = _node_ops(result.graph_def)
-    if function is not None and function not in ops:
-        close = difflib.get_close_matches(function, [f for f in ops if f], n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise AmpRewriteError(f"no function {function!r} in the graph's library{hint}")
-    graphs = [g for g in ops if function is None or g == function]
-    all_ops = {o for g in graphs for o in ops[g].values()}
-    if op is not None and op not in all_ops:
-        folded = {o.lower(): o for o in all_ops}
-        if op.lower() in folded:
-            op = folded[op.lower()]
-        else:
-            close = sorted(difflib.get_close_matches(op, sorted(all_ops), n=3, cutoff=0.5),
-                           key=lambda o: _rank(o, lists))
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise AmpRewriteError(f"no node of op type {op!r} in the graph or its functions{hint}")
+    graphs = _searched_graphs(ops, function)
+    if op is not None:
+        op = _op_type(op, {o for g in graphs for o in ops[g].values()}, lists)
     nodes = [(g, n) for g in graphs for n, node_op in ops[g].items() if op is None or node_op == op]
     keras3 = {g: keras_scoped(ops[g]) for g in graphs}
     how = "op type"
     hits = nodes
     if query is not None:
-        lowered = query.lower()
-        # A layer name is matched as --exclude matches it (Keras 3 scope suffixes included).
-        layer = NameMatcher.compile([re.escape(query)])
-        tests: tuple[tuple[str, Any], ...] = (
-            ("name", lambda g, n: n == query),
-            ("op type", lambda g, n: ops[g][n].lower() == lowered),
-            ("path component", lambda g, n: "/" in n and layer.match(n, keras3[g]) is not None),
-            ("substring", lambda g, n: lowered in n.lower()),
-        )
-        for how, test in tests:
-            hits = [(g, n) for g, n in nodes if test(g, n)]
-            if hits:
-                break
+        hits, how = _query_hits(query, nodes, ops, keras3)
     if hits:
         order = {pair: i for i, pair in enumerate(hits)}
         hits.sort(key=lambda pair: (_rank(ops[pair[0]][pair[1]], lists), order[pair]))
         return hits, how
-    # A miss: what the user could type instead -- node names, layer names (path components,
-    # without a Keras 3 scope suffix) and op types -- closest first and, among equally close
-    # ones, those of computations before those of variables and constants.
-    best: dict[str, int] = {}  # candidate -> best rank of a node it names
-    for g, n in nodes:
-        rank = _rank(ops[g][n], lists)
-        parts = n.split("/")
-        candidates = {n, *parts, *(_unsuffixed(p) for p in parts)} if keras3[g] else {n, *parts}
-        for c in candidates:
-            if rank < best.get(c, 99):
-                best[c] = rank
-    text = query if query is not None else ""
-    matcher = difflib.SequenceMatcher(b=text)
-    scored = []
-    for c, rank in best.items():
-        matcher.set_seq1(c)
-        if matcher.real_quick_ratio() >= 0.5 and matcher.quick_ratio() >= 0.5:
-            ratio = matcher.ratio()
-            if ratio >= 0.5:
-                scored.append((-round(ratio, 1), rank, c))
-    scored.sort()
-    suggestions = [c for _, _, c in scored[:3]]
-    close_ops = difflib.get_close_matches(text, sorted({ops[g][n] for g, n in nodes}), n=1, cutoff=0.6)
-    suggestions += [f"--op {o}" for o in close_ops if o not in suggestions]
+    suggestions = _suggestions(query if query is not None else "", nodes, ops, keras3, lists)
     hint = f"; did you mean {', '.join(suggestions)}?" if suggestions else ""
     where = f"function {function!r}" if function else "the graph or its functions"
     kind = f" of op type {op!r}" if op is not None else ""
