@@ -35,7 +35,7 @@ from collections import deque
 from typing import Any, Callable, Iterable, Mapping
 
 from . import dtypes as dt
-from .io import _attr_values
+from .importer import _attr_values
 from .op_registry import OpRegistry, OpSignature
 from .tensor_names import CONTROL, parse_graph_input
 from .type_attrs import output_dtypes
