@@ -237,6 +237,171 @@ def _saver_with_loss_scale(graph: Any, saver_def: Any, loss_scale_variables: Seq
     return saver.as_saver_def()
 
 
+def _loss_scale_config(loss_scale: Any) -> Any:
+    """The loss-scale configuration ``loss_scale`` names; :class:`AmpRewriteError` for one
+    that is not a loss scale (one error type for the CLI to report).  Pure."""
+    try:
+        return loss_scale_module.get(loss_scale)
+    except (TypeError, ValueError) as exc:  # one error type for the CLI to report
+        raise AmpRewriteError(str(exc)) from None
+
+
+def _update_ops(train: Any, train_name: str) -> list[tuple[Any, int]]:
+    """``(update op, index of its grad input)`` for every ``Apply*`` op the train op depends
+    on, in :func:`_ancestors` order.  Raises :class:`AmpRewriteError` when there is none.
+    Reads the graph."""
+    applies = [op for op in _ancestors(train) if _APPLY_OP.match(op.type)]
+    if not applies:
+        raise AmpRewriteError(
+            f"train op {train_name} depends on no Apply*/ResourceApply* update op; "
+            "nothing to loss-scale", node=train_name,
+        )
+    return [(op, _grad_index(op)) for op in applies]
+
+
+def _gradient_seeds(grad_inputs: Sequence[tuple[Any, int]]) -> list[Any]:
+    """The ``tf.gradients`` seeds (``.../grad_ys_N``) of the gradients that reach the update
+    ops.  Raises :class:`AmpRewriteError` when some update applies a value no seed leads to
+    (next to ones a seed does) or when there is no seed.  Reads the graph."""
+    grad_ancestors: dict[str, Any] = {}
+    unseeded = []
+    for op, index in grad_inputs:
+        parents = _ancestors(op.inputs[index].op)
+        for parent in parents:
+            grad_ancestors[parent.name] = parent
+        if not any(_SEED.search(parent.name) for parent in parents):
+            unseeded.append(op.name)
+    if unseeded and len(unseeded) < len(grad_inputs):
+        # Dividing such an update by the scale would shrink it silently.
+        raise AmpRewriteError(
+            f"update op(s) {', '.join(sorted(unseeded)[:5])} apply a value that no "
+            "tf.gradients seed ('.../grad_ys_N') leads to, next to updates that do; only "
+            "gradients of the loss can be loss-scaled", node=sorted(unseeded)[0],
+        )
+    seeds = [op for op in grad_ancestors.values() if _SEED.search(op.name)]
+    if not seeds:
+        raise AmpRewriteError(
+            "could not find the gradient seed (a node named '.../grad_ys_N', as "
+            "tf.gradients creates) behind the update ops' gradients"
+        )
+    return seeds
+
+
+def _check_only_updates_write(seeds: Sequence[Any], apply_names: set[str]) -> None:
+    """Raise :class:`AmpRewriteError` when an op other than the update ops writes a variable
+    from the (scaled) gradients: it could be neither unscaled nor gated.  Reads the graph."""
+    writers = sorted(
+        op.name for op in _data_descendants(seeds)
+        if _WRITERS.match(op.type) and op.name not in apply_names
+    )
+    if writers:
+        raise AmpRewriteError(
+            "variables updated from the gradients by ops other than Apply*: "
+            f"{', '.join(writers[:5])}; their gradients cannot be unscaled and gated here",
+            node=writers[0],
+        )
+
+
+def _scale_seeds(seeds: Sequence[Any], scale: Any) -> None:
+    """Multiply every output of each gradient seed by ``scale`` for all its consumers.
+    Mutates the default graph (adds ops, rewires the consumers)."""
+    import tensorflow as tf
+
+    for seed in seeds:
+        for out in seed.outputs:
+            consumers = [(c, i) for c in out.consumers()
+                         for i, t in enumerate(c.inputs) if t is out]
+            scaled = tf.multiply(out, tf.cast(scale, out.dtype), name="scaled_seed")
+            for consumer, i in consumers:
+                consumer._update_input(i, scaled)  # noqa: SLF001 - graph editing
+
+
+def _unscale_and_gate(grad_inputs: Sequence[tuple[Any, int]], scale: Any, scale_config: Any) -> Any:
+    """Divide each update op's gradient by ``scale`` and, for a dynamic scale, gate it on
+    all of them being finite; returns the ``all_finite`` tensor.  Mutates the default graph
+    (adds ops, rewires the update ops' grad inputs)."""
+    import tensorflow as tf
+
+    unscaled = []
+    for op, index in grad_inputs:
+        grad = op.inputs[index]
+        with tf.name_scope("unscale"):
+            unscaled.append(loss_scale_module.unscale(grad, scale))
+    finite = tf.identity(loss_scale_module.all_finite(unscaled), name="all_finite")
+    for (op, index), value in zip(grad_inputs, unscaled):
+        if scale_config.dynamic:
+            # Switch's true output is dead when `finite` is false, and an op with a
+            # dead input does not run: the update is skipped.
+            value = tf.raw_ops.Switch(data=value, pred=finite, name="gate")[1]
+        op._update_input(index, value)  # noqa: SLF001
+    return finite
+
+
+def _write_loss_scaling(scale_config: Any, seeds: Sequence[Any],
+                        grad_inputs: Sequence[tuple[Any, int]]) -> tuple[tuple[Any, Any, Any], Any]:
+    """Write loss scaling into the default graph under ``amp_loss_scale/``: the three
+    variables, the scaled seeds, the unscaled and gated gradients and the scale update.
+    Returns ``((current_loss_scale, good_steps, skipped_steps), update op)``.  Mutates the
+    default graph."""
+    import tensorflow as tf
+
+    with tf.name_scope(f"{_SCOPE}/"):
+        def variable(value: Any, dtype: Any, name: str) -> Any:
+            return tf.Variable(value, dtype=dtype, trainable=False, name=name)
+
+        scale_var = variable(scale_config.initial_scale, tf.float32, "current_loss_scale")
+        good_var = variable(0, tf.int64, "good_steps")
+        skipped_var = variable(0, tf.int64, "skipped_steps")
+        # One read per step: the seed, the unscaling and the update all use it, so the
+        # update (which depends on it) cannot run before the reads.
+        scale = tf.identity(scale_var.read_value(), name="scale")
+        _scale_seeds(seeds, scale)
+        finite = _unscale_and_gate(grad_inputs, scale, scale_config)
+        new_scale, new_good, new_skipped = loss_scale_module.next_state(
+            scale_config, scale, good_var.read_value(), skipped_var.read_value(), finite
+        )
+        update = tf.group(
+            scale_var.assign(new_scale), good_var.assign(new_good),
+            skipped_var.assign(new_skipped), name="update",
+        )
+    return (scale_var, good_var, skipped_var), update
+
+
+def _keep_meta_fields(out: Any, meta: Any, saver_def: Any) -> None:
+    """Copy into the exported ``out`` what the export does not know about: signatures, saver
+    (``saver_def`` when rebuilt, else the original's), assets, meta info.  Mutates ``out``."""
+    # The export's meta_info_def has the right stripped_op_list (it now needs Switch,
+    # IsFinite...); keep the original's tags and version strings.
+    out.meta_info_def.tags[:] = list(meta.meta_info_def.tags)
+    for name in ("meta_graph_version", "tensorflow_version", "tensorflow_git_version"):
+        if getattr(meta.meta_info_def, name):
+            setattr(out.meta_info_def, name, getattr(meta.meta_info_def, name))
+    for key, sig in meta.signature_def.items():
+        out.signature_def[key].CopyFrom(sig)
+    if meta.HasField("saver_def"):
+        out.saver_def.CopyFrom(saver_def if saver_def is not None else meta.saver_def)
+    out.asset_file_def.extend(meta.asset_file_def)
+
+
+def _training_section(train_name: str, apply_names: set[str], seeds: Sequence[Any], scale_config: Any,
+                      checkpointed: bool) -> dict[str, Any]:
+    """The report's ``"training"`` section.  Pure.
+
+    ``checkpointed``: whether the Saver that ``import_meta_graph`` builds checkpoints the
+    loss-scale variables: the rebuilt saver_def's does; without a saver_def it builds one over
+    all global variables, theirs included; a kept saver_def's does not (see the module
+    docstring)."""
+    return {
+        "train_op": train_name,
+        "apply_ops": sorted(apply_names),
+        "gradient_seeds": sorted(op.name for op in seeds),
+        "loss_scale": repr(scale_config),
+        "loss_scale_variables": [f"{_SCOPE}/current_loss_scale", f"{_SCOPE}/good_steps",
+                                 f"{_SCOPE}/skipped_steps"],
+        "loss_scale_checkpointed": checkpointed,
+    }
+
+
 def rewrite_training_meta_graph(
     meta_graph_def: Any,
     loss_scale: Any = "dynamic",
@@ -283,10 +448,7 @@ def rewrite_training_meta_graph(
     from .session import _drop_dangling_collection_entries
 
     options = check_rewrite_options(rewrite_options)
-    try:
-        scale_config = loss_scale_module.get(loss_scale)
-    except (TypeError, ValueError) as exc:  # one error type for the CLI to report
-        raise AmpRewriteError(str(exc)) from None
+    scale_config = _loss_scale_config(loss_scale)
     meta = _parse(meta_graph_def)
     train_name = _train_op_name(meta, train_op)
     if any(node.name.startswith(f"{_SCOPE}/") for node in meta.graph_def.node):
@@ -300,119 +462,21 @@ def rewrite_training_meta_graph(
     with graph.as_default():
         meta_graph.import_scoped_meta_graph(meta, clear_devices=False, graph=graph)
         train = graph.get_operation_by_name(train_name)
-        ancestors = _ancestors(train)
-        applies = [op for op in ancestors if _APPLY_OP.match(op.type)]
-        if not applies:
-            raise AmpRewriteError(
-                f"train op {train_name} depends on no Apply*/ResourceApply* update op; "
-                "nothing to loss-scale", node=train_name,
-            )
-        grad_inputs = [(op, _grad_index(op)) for op in applies]
-        # The seeds of the gradients that reach the update ops.
-        grad_ancestors: dict[str, Any] = {}
-        unseeded = []
-        for op, index in grad_inputs:
-            parents = _ancestors(op.inputs[index].op)
-            for parent in parents:
-                grad_ancestors[parent.name] = parent
-            if not any(_SEED.search(parent.name) for parent in parents):
-                unseeded.append(op.name)
-        if unseeded and len(unseeded) < len(grad_inputs):
-            # Dividing such an update by the scale would shrink it silently.
-            raise AmpRewriteError(
-                f"update op(s) {', '.join(sorted(unseeded)[:5])} apply a value that no "
-                "tf.gradients seed ('.../grad_ys_N') leads to, next to updates that do; only "
-                "gradients of the loss can be loss-scaled", node=sorted(unseeded)[0],
-            )
-        seeds = [op for op in grad_ancestors.values() if _SEED.search(op.name)]
-        if not seeds:
-            raise AmpRewriteError(
-                "could not find the gradient seed (a node named '.../grad_ys_N', as "
-                "tf.gradients creates) behind the update ops' gradients"
-            )
-        apply_names = {op.name for op in applies}
-        writers = sorted(
-            op.name for op in _data_descendants(seeds)
-            if _WRITERS.match(op.type) and op.name not in apply_names
-        )
-        if writers:
-            raise AmpRewriteError(
-                "variables updated from the gradients by ops other than Apply*: "
-                f"{', '.join(writers[:5])}; their gradients cannot be unscaled and gated here",
-                node=writers[0],
-            )
-
-        with tf.name_scope(f"{_SCOPE}/"):
-            def variable(value: Any, dtype: Any, name: str) -> Any:
-                return tf.Variable(value, dtype=dtype, trainable=False, name=name)
-
-            scale_var = variable(scale_config.initial_scale, tf.float32, "current_loss_scale")
-            good_var = variable(0, tf.int64, "good_steps")
-            skipped_var = variable(0, tf.int64, "skipped_steps")
-            # One read per step: the seed, the unscaling and the update all use it, so the
-            # update (which depends on it) cannot run before the reads.
-            scale = tf.identity(scale_var.read_value(), name="scale")
-
-            for seed in seeds:
-                for out in seed.outputs:
-                    consumers = [(c, i) for c in out.consumers()
-                                 for i, t in enumerate(c.inputs) if t is out]
-                    scaled = tf.multiply(out, tf.cast(scale, out.dtype), name="scaled_seed")
-                    for consumer, i in consumers:
-                        consumer._update_input(i, scaled)  # noqa: SLF001 - graph editing
-
-            unscaled = []
-            for op, index in grad_inputs:
-                grad = op.inputs[index]
-                with tf.name_scope("unscale"):
-                    unscaled.append(loss_scale_module.unscale(grad, scale))
-            finite = tf.identity(loss_scale_module.all_finite(unscaled), name="all_finite")
-            for (op, index), value in zip(grad_inputs, unscaled):
-                if scale_config.dynamic:
-                    # Switch's true output is dead when `finite` is false, and an op with a
-                    # dead input does not run: the update is skipped.
-                    value = tf.raw_ops.Switch(data=value, pred=finite, name="gate")[1]
-                op._update_input(index, value)  # noqa: SLF001
-
-            new_scale, new_good, new_skipped = loss_scale_module.next_state(
-                scale_config, scale, good_var.read_value(), skipped_var.read_value(), finite
-            )
-            update = tf.group(
-                scale_var.assign(new_scale), good_var.assign(new_good),
-                skipped_var.assign(new_skipped), name="update",
-            )
+        grad_inputs = _update_ops(train, train_name)
+        apply_names = {op.name for op, _ in grad_inputs}
+        seeds = _gradient_seeds(grad_inputs)
+        _check_only_updates_write(seeds, apply_names)
+        variables, update = _write_loss_scaling(scale_config, seeds, grad_inputs)
         train._add_control_input(update)  # noqa: SLF001
 
         saver_def = None
         if meta.HasField("saver_def"):
-            saver_def = _saver_with_loss_scale(graph, meta.saver_def,
-                                               [scale_var, good_var, skipped_var])
+            saver_def = _saver_with_loss_scale(graph, meta.saver_def, list(variables))
         out = tf.compat.v1.train.export_meta_graph(graph=graph, clear_devices=False)
-    # Keep what the export does not know about: signatures, saver, assets, meta info.
-    # The export's meta_info_def has the right stripped_op_list (it now needs Switch,
-    # IsFinite...); keep the original's tags and version strings.
-    out.meta_info_def.tags[:] = list(meta.meta_info_def.tags)
-    for name in ("meta_graph_version", "tensorflow_version", "tensorflow_git_version"):
-        if getattr(meta.meta_info_def, name):
-            setattr(out.meta_info_def, name, getattr(meta.meta_info_def, name))
-    for key, sig in meta.signature_def.items():
-        out.signature_def[key].CopyFrom(sig)
-    if meta.HasField("saver_def"):
-        out.saver_def.CopyFrom(saver_def if saver_def is not None else meta.saver_def)
-    out.asset_file_def.extend(meta.asset_file_def)
+    _keep_meta_fields(out, meta, saver_def)
     report = dict(result.report)
-    report["training"] = {
-        "train_op": train_name,
-        "apply_ops": sorted(apply_names),
-        "gradient_seeds": sorted(op.name for op in seeds),
-        "loss_scale": repr(scale_config),
-        "loss_scale_variables": [f"{_SCOPE}/current_loss_scale", f"{_SCOPE}/good_steps",
-                                 f"{_SCOPE}/skipped_steps"],
-        # Whether the Saver that import_meta_graph builds checkpoints those variables: the
-        # rebuilt saver_def's does; without a saver_def it builds one over all global
-        # variables, theirs included; a kept saver_def's does not (see the module docstring).
-        "loss_scale_checkpointed": saver_def is not None or not meta.HasField("saver_def"),
-    }
+    checkpointed = saver_def is not None or not meta.HasField("saver_def")
+    report["training"] = _training_section(train_name, apply_names, seeds, scale_config, checkpointed)
     log.info("amp_rewrite: loss scaling written into the training graph: %d update op(s), "
-             "%d gradient seed(s)", len(applies), len(seeds))
+             "%d gradient seed(s)", len(grad_inputs), len(seeds))
     return TrainingRewriteResult(out, report, result, tuple(sorted(apply_names)))
