@@ -153,6 +153,58 @@ class MixedPrecisionSessionCreator(tf.compat.v1.train.SessionCreator):
         return session
 
 
+def _refuse_distribute_coordinator() -> None:
+    """Raise :class:`AmpRewriteError` under TensorFlow's distribute coordinator (a worker
+    context), whose session creation :func:`MonitoredTrainingSession` does not reproduce."""
+    from tensorflow.python.distribute import distribute_coordinator_context
+
+    if distribute_coordinator_context.get_current_worker_context():
+        raise AmpRewriteError(
+            "amp_rewrite's MonitoredTrainingSession does not support TensorFlow's distribute "
+            "coordinator; use MixedPrecisionSessionCreator with MonitoredSession"
+        )
+
+
+def _schedule(steps: Any, secs: Any, default: tuple[Any, Any]) -> tuple[Any, Any]:
+    """``(steps, secs)`` of a periodic hook with ``USE_DEFAULT`` resolved as TensorFlow does:
+    both left at ``USE_DEFAULT`` give ``default``; one given, the other becomes ``None``.
+    Pure."""
+    if steps == USE_DEFAULT and secs == USE_DEFAULT:
+        return default
+    if secs == USE_DEFAULT:
+        return steps, None
+    if steps == USE_DEFAULT:
+        return None, secs
+    return steps, secs
+
+
+def _chief_hooks(scaffold: Any, checkpoint_dir: str | None, summary_dir: str | None,
+                 log_step_count_steps: int, summaries: tuple[Any, Any], checkpoints: tuple[Any, Any],
+                 save_graph_def: bool) -> list[Any]:
+    """The hooks TensorFlow's ``MonitoredTrainingSession`` adds on the chief, in its order:
+    step counter and summary saver (with a ``summary_dir``), checkpoint saver (with a
+    ``checkpoint_dir``).  ``summaries`` and ``checkpoints`` are resolved ``(steps, secs)``
+    pairs (:func:`_schedule`).  Creates the hooks, changes nothing else."""
+    save_summaries_steps, save_summaries_secs = summaries
+    save_checkpoint_steps, save_checkpoint_secs = checkpoints
+    out: list[Any] = []
+    if summary_dir:
+        if log_step_count_steps and log_step_count_steps > 0:
+            out.append(basic_session_run_hooks.StepCounterHook(
+                output_dir=summary_dir, every_n_steps=log_step_count_steps))
+        if (save_summaries_steps and save_summaries_steps > 0) or (
+                save_summaries_secs and save_summaries_secs > 0):
+            out.append(basic_session_run_hooks.SummarySaverHook(
+                scaffold=scaffold, save_steps=save_summaries_steps,
+                save_secs=save_summaries_secs, output_dir=summary_dir))
+    if checkpoint_dir and ((save_checkpoint_secs and save_checkpoint_secs > 0) or (
+            save_checkpoint_steps and save_checkpoint_steps > 0)):
+        out.append(basic_session_run_hooks.CheckpointSaverHook(
+            checkpoint_dir, save_steps=save_checkpoint_steps, save_secs=save_checkpoint_secs,
+            scaffold=scaffold, save_graph_def=save_graph_def))
+    return out
+
+
 def MonitoredTrainingSession(  # noqa: N802 - TensorFlow's name, as a drop-in
     master: str = "",
     is_chief: bool = True,
@@ -187,26 +239,12 @@ def MonitoredTrainingSession(  # noqa: N802 - TensorFlow's name, as a drop-in
         Under TensorFlow's distribute coordinator (a worker context), whose session creation
         this does not reproduce; and for an unknown rewrite option.
     """
-    from tensorflow.python.distribute import distribute_coordinator_context
-
-    if distribute_coordinator_context.get_current_worker_context():
-        raise AmpRewriteError(
-            "amp_rewrite's MonitoredTrainingSession does not support TensorFlow's distribute "
-            "coordinator; use MixedPrecisionSessionCreator with MonitoredSession"
-        )
+    _refuse_distribute_coordinator()
     # TensorFlow's defaults: summaries every 100 steps, checkpoints every 600 s.
-    if save_summaries_steps == USE_DEFAULT and save_summaries_secs == USE_DEFAULT:
-        save_summaries_steps, save_summaries_secs = 100, None
-    elif save_summaries_secs == USE_DEFAULT:
-        save_summaries_secs = None
-    elif save_summaries_steps == USE_DEFAULT:
-        save_summaries_steps = None
-    if save_checkpoint_steps == USE_DEFAULT and save_checkpoint_secs == USE_DEFAULT:
-        save_checkpoint_steps, save_checkpoint_secs = None, 600
-    elif save_checkpoint_secs == USE_DEFAULT:
-        save_checkpoint_secs = None
-    elif save_checkpoint_steps == USE_DEFAULT:
-        save_checkpoint_steps = None
+    save_summaries_steps, save_summaries_secs = _schedule(
+        save_summaries_steps, save_summaries_secs, (100, None))
+    save_checkpoint_steps, save_checkpoint_secs = _schedule(
+        save_checkpoint_steps, save_checkpoint_secs, (None, 600))
 
     scaffold = scaffold or tf.compat.v1.train.Scaffold()
     creator = MixedPrecisionSessionCreator(
@@ -220,21 +258,10 @@ def MonitoredTrainingSession(  # noqa: N802 - TensorFlow's name, as a drop-in
             stop_grace_period_secs=stop_grace_period_secs)
 
     all_hooks = list(chief_only_hooks or [])
-    summary_dir = summary_dir or checkpoint_dir
-    if summary_dir:
-        if log_step_count_steps and log_step_count_steps > 0:
-            all_hooks.append(basic_session_run_hooks.StepCounterHook(
-                output_dir=summary_dir, every_n_steps=log_step_count_steps))
-        if (save_summaries_steps and save_summaries_steps > 0) or (
-                save_summaries_secs and save_summaries_secs > 0):
-            all_hooks.append(basic_session_run_hooks.SummarySaverHook(
-                scaffold=scaffold, save_steps=save_summaries_steps,
-                save_secs=save_summaries_secs, output_dir=summary_dir))
-    if checkpoint_dir and ((save_checkpoint_secs and save_checkpoint_secs > 0) or (
-            save_checkpoint_steps and save_checkpoint_steps > 0)):
-        all_hooks.append(basic_session_run_hooks.CheckpointSaverHook(
-            checkpoint_dir, save_steps=save_checkpoint_steps, save_secs=save_checkpoint_secs,
-            scaffold=scaffold, save_graph_def=save_graph_def))
+    all_hooks += _chief_hooks(
+        scaffold, checkpoint_dir, summary_dir or checkpoint_dir, log_step_count_steps,
+        (save_summaries_steps, save_summaries_secs), (save_checkpoint_steps, save_checkpoint_secs),
+        save_graph_def)
     all_hooks.extend(hooks or [])
     return tf.compat.v1.train.MonitoredSession(
         session_creator=creator, hooks=all_hooks, stop_grace_period_secs=stop_grace_period_secs)
