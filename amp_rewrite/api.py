@@ -25,10 +25,11 @@ from typing import Any, Collection, Iterable, Iterator, Literal, Mapping, Sequen
 
 import networkx as nx
 
-from .plan.painter import DecideOptions, Plan, decide
+from .plan.painter import DecideOptions, Placement, Plan, decide
 from .errors import AmpRewriteError, InvalidGraphError, ListError, TargetError
-from .plan.exclude import NameMatcher, keras_scoped
+from .plan.exclude import NameMatcher
 from .graph.io import export_graph_def, import_graph_def, loop_functions, parse_graph_def, reachable_functions
+from .plan.preserve import excluded_nodes, preserved_nodes
 from .plan.lists import PLANNERS, ListContext, ListEdit, OpLists, edits_from_environ, load_lists, tf_major_minor
 from .graph.op_registry import OpRegistry, default_registry
 from .report.build import build_report
@@ -37,7 +38,7 @@ from .graph.shapes import check_variable_shapes, function_shapes, graph_shapes
 from .option_types import (check_bool, check_list_edits, check_names, check_optional_str, check_path,
                            check_str)
 from .plan.targets import Target, detect_target, parse_target, resolve_precision
-from .graph.tensor_names import node_name
+from .graph.validate import check_cycles
 
 __all__ = ["RewriteResult", "rewrite_graph_def", "resolve_lists", "resolve_target", "installed_tf_version",
            "tensorflow_lists_version"]
@@ -227,116 +228,15 @@ def _load_lists_cached(
     )
 
 
-def _check_cycles(g: nx.MultiDiGraph, where: str) -> None:
-    """Raise unless every cycle of ``g`` goes through a NextIteration node.  Reads ``g``.
+def _placement(planner: str) -> Placement | None:
+    """The :class:`~amp_rewrite.plan.painting.Placement` that runs ``planner`` after
+    TensorFlow's passes: none for ``"greedy"``, the minimum cut for ``"optimal"`` and
+    ``"min-casts"``."""
+    if planner == "greedy":
+        return None
+    from .plan import optimal  # deferred: the cost model is not needed by the greedy planner
 
-    One pass in node order marks *settled* every node whose inputs (but loop back edges,
-    NextIteration's out-edges) are all settled already: such a node has only settled
-    ancestors, so it lies on no forbidden cycle.  TensorFlow writes nodes in creation order,
-    so nearly every node settles; the few left (a node listed before one of its inputs) go
-    through Kahn's algorithm, and only if that finds a cycle does the full check below run,
-    for its error message.  Linear in nodes + edges.
-    """
-    nodes = g._node  # networkx's dicts, read directly: the views cost a call per item
-    settled: set[str] = set()
-    left: list[str] = []
-    for v, preds in g._pred.items():
-        for u in preds:
-            if u not in settled and nodes[u]["op"] != "NextIteration":
-                left.append(v)
-                break
-        else:
-            settled.add(v)
-    if not left:
-        return
-    # Kahn's algorithm on the nodes left, counting only edges between them.
-    pending = set(left)
-    indegree = dict.fromkeys(left, 0)
-    for v in left:
-        for u, keyed in g._pred[v].items():
-            if u in pending and nodes[u]["op"] != "NextIteration":
-                indegree[v] += len(keyed)
-    ready = [v for v in left if indegree[v] == 0]
-    done = 0
-    while ready:
-        u = ready.pop()
-        done += 1
-        if nodes[u]["op"] == "NextIteration":
-            continue
-        for v, keyed in g._succ[u].items():
-            if v in pending:
-                indegree[v] -= len(keyed)
-                if indegree[v] == 0:
-                    ready.append(v)
-    if done < len(left):
-        _check_cycles_full(g, where)
-
-
-def _check_cycles_full(g: nx.MultiDiGraph, where: str) -> None:
-    """Raise unless every cycle of ``g`` goes through a NextIteration node.
-
-    Kahn's algorithm on the graph without NextIteration's out-edges (loop back edges); the
-    nodes left over all lie on or behind a forbidden cycle.  Linear in nodes + edges.
-    """
-    # Reads networkx's adjacency dicts directly (read-only): the public views cost a Python
-    # call per item, several times the work done here.
-    succ = g._succ
-    nodes = g._node
-    indegree = dict.fromkeys(nodes, 0)
-    ops = {n: d["op"] for n, d in nodes.items()}
-    for u, nbrs in succ.items():
-        if ops[u] == "NextIteration":
-            continue
-        for v, keyed in nbrs.items():
-            indegree[v] += len(keyed)
-    ready = [n for n, k in indegree.items() if k == 0]
-    seen = 0
-    while ready:
-        u = ready.pop()
-        seen += 1
-        if ops[u] == "NextIteration":
-            continue
-        for v, keyed in succ[u].items():
-            indegree[v] -= len(keyed)
-            if indegree[v] == 0:
-                ready.append(v)
-    if seen == len(indegree):
-        return
-    stuck = {n for n, k in indegree.items() if k > 0}
-    view = nx.subgraph_view(
-        g, filter_node=stuck.__contains__, filter_edge=lambda u, v, k: ops[u] != "NextIteration"
-    )
-    cycle = nx.find_cycle(view)
-    names = " -> ".join(repr(u) for u, *_ in cycle[:8])
-    raise InvalidGraphError(
-        f"{where} has a cycle not closed by a NextIteration node: {names}", node=cycle[0][0]
-    )
-
-
-def _excluded(names: Iterable[str], excluder: NameMatcher, already: set[str],
-              counts: dict[str, int]) -> dict[str, str]:
-    """``{node: reason}`` for the nodes of ``names`` that ``excluder`` matches and that are
-    not preserved ``already`` (a fetched node keeps the generic reason: it would be kept
-    anyway).  Adds each match to ``counts[pattern]``, preserved already or not, so the
-    report says what every pattern matched."""
-    out: dict[str, str] = {}
-    if not excluder:
-        return out
-    names = list(names)
-    keras3 = keras_scoped(names)  # Keras 3 traces spell layer scopes with a _N suffix
-    for name in names:
-        hit = excluder.match(name, keras3)
-        if hit is None:
-            continue
-        counts[hit[0]] += 1
-        if name not in already:
-            out[name] = excluder.reason(name, keras3) or ""
-    return out
-
-
-def _default_preserve(g: nx.MultiDiGraph) -> set[str]:
-    """Graph outputs when no fetches are given: nodes nothing reads from."""
-    return {n for n, nbrs in g._succ.items() if not nbrs}  # read-only use of networkx's dicts
+    return optimal.min_cut_placement
 
 
 @contextlib.contextmanager
@@ -352,30 +252,7 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def rewrite_graph_def(
-    graph_def: Any,
-    *,
-    target: str | Target = "auto",
-    precision: Precision | Literal["auto"] | str = "auto",
-    lists: str | os.PathLike[str] = "default",
-    lists_file: str | os.PathLike[str] | None = None,
-    fetches: Sequence[str] | None = None,
-    add: Mapping[str, Iterable[str] | str] | None = None,
-    remove: Mapping[str, Iterable[str] | str] | None = None,
-    level: str | None = None,
-    exclude: str | Sequence[str] | None = None,
-    functions: Literal["all", "reachable"] = "all",
-    tensorflow_bugs: bool = False,
-    use_env: bool = True,
-    registry: OpRegistry | None = None,
-    planner: Literal["greedy", "optimal", "min-casts"] | None = None,
-    variable_shapes: Mapping[str, Sequence[int | None] | None] | None = None,
-    compiled: bool = False,
-    keep_float32: Collection[str] | None = None,
-) -> RewriteResult:
-    """Rewrite a GraphDef (and its function library) to mixed precision.
-
-    Parameters
+_PARAMETERS_DOC = """    Parameters
     ----------
     graph_def
         A ``tf.compat.v1.GraphDef`` or its serialized bytes.  Never modified.
@@ -437,6 +314,32 @@ def rewrite_graph_def(
         the cost-aware planners price Casts and element-wise ops as XLA fuses them
         (:func:`amp_rewrite.plan.cost_model.node_cost`).  The greedy planner ignores it.
 
+"""
+
+
+def rewrite_graph_def(
+    graph_def: Any,
+    *,
+    target: str | Target = "auto",
+    precision: Precision | Literal["auto"] | str = "auto",
+    lists: str | os.PathLike[str] = "default",
+    lists_file: str | os.PathLike[str] | None = None,
+    fetches: Sequence[str] | None = None,
+    add: Mapping[str, Iterable[str] | str] | None = None,
+    remove: Mapping[str, Iterable[str] | str] | None = None,
+    level: str | None = None,
+    exclude: str | Sequence[str] | None = None,
+    functions: Literal["all", "reachable"] = "all",
+    tensorflow_bugs: bool = False,
+    use_env: bool = True,
+    registry: OpRegistry | None = None,
+    planner: Literal["greedy", "optimal", "min-casts"] | None = None,
+    variable_shapes: Mapping[str, Sequence[int | None] | None] | None = None,
+    compiled: bool = False,
+    keep_float32: Collection[str] | None = None,
+) -> RewriteResult:
+    """Rewrite a GraphDef (and its function library) to mixed precision.
+
     Returns
     -------
     RewriteResult
@@ -455,6 +358,11 @@ def rewrite_graph_def(
             planner=planner, variable_shapes=variable_shapes, compiled=compiled,
             keep_float32=keep_float32,
         )
+
+
+# The parameters' reference, appended to the docstring (help() and the API docs show the
+# whole): kept here so that the function itself stays short enough to read.
+rewrite_graph_def.__doc__ = (rewrite_graph_def.__doc__ or "").replace("    Returns\n", _PARAMETERS_DOC + "    Returns\n", 1)
 
 
 def _rewrite_graph_def(
@@ -478,30 +386,12 @@ def _rewrite_graph_def(
     compiled: bool = False,
     keep_float32: Collection[str] | None = None,
 ) -> RewriteResult:
-    if not isinstance(compiled, bool):
-        raise AmpRewriteError(f"compiled must be True or False, not {compiled!r}")
-    check_bool("tensorflow_bugs", tensorflow_bugs)
-    check_bool("use_env", use_env)
-    check_str("functions", functions, what="'all' or 'reachable'")
-    check_optional_str("planner", planner, what="'greedy', 'optimal', 'min-casts' or None")
-    fetches = check_names("fetches", fetches)
-    if registry is not None and not (hasattr(registry, "op") and hasattr(registry, "kernels")):
-        raise AmpRewriteError(f"registry must be an OpRegistry, not {type(registry).__name__}")
-    if isinstance(graph_def, (bytes, bytearray)):
-        graph_def = parse_graph_def(bytes(graph_def))
-    elif not hasattr(graph_def, "node") or not hasattr(graph_def, "library"):
-        raise AmpRewriteError(f"expected a GraphDef or its bytes, got {type(graph_def).__name__}")
+    graph_def, fetches = _checked_arguments(graph_def, compiled, tensorflow_bugs, use_env, functions, planner,
+                                            fetches, registry)
     registry = registry or default_registry()
     t_lists = time.perf_counter()
-    tgt = resolve_target(target)
-    if use_env and ignore_performance_from_environ(os.environ) and not tgt.ignore_performance:
-        tgt = dataclasses.replace(tgt, ignore_performance=True,
-                                  description=f"{tgt.description} (ignoring performance)")
-    precision, precision_reason = resolve_precision(precision, tgt)
-    op_lists, lvl = resolve_lists(
-        lists, target=tgt, precision=precision, lists_file=lists_file, add=add, remove=remove,
-        level=level, environ=os.environ if use_env else {},
-    )
+    tgt, precision, precision_reason, op_lists, lvl = _target_and_lists(
+        target, precision, lists, lists_file, add, remove, level, use_env)
     excluder = NameMatcher.compile(exclude)
     scope_keep = frozenset(keep_float32 or ())
     excluded_counts = dict.fromkeys((text for text, _ in excluder.patterns), 0)
@@ -516,82 +406,22 @@ def _rewrite_graph_def(
     timings = dict.fromkeys(("lists", "import", "decide", "rewrite", "export"), 0.0)
     t0 = clock()
     timings["lists"] = t0 - t_lists
-    known_variables = check_variable_shapes(graph_def, variable_shapes)
-    imported = import_graph_def(graph_def, registry)
+    imported = _import(graph_def, registry, functions, optimal, variable_shapes)
     ir_graphs = [imported.graph, *imported.functions.values()]  # to free at the end
-    if functions == "reachable":
-        keep = reachable_functions(graph_def)
-        for fname in sorted(set(imported.functions) - keep):
-            del imported.functions[fname]
     g = imported.graph
-    _check_cycles(g, "the graph")
-    if optimal:
-        # The cost model needs tensor sizes; TensorFlow's shape inference gives them.
-        g.graph["shapes"] = graph_shapes(graph_def, known_variables, registry)
-        fdefs = {f.signature.name: f for f in graph_def.library.function}
-        bodies = loop_functions(graph_def)
-        for fname, fg in imported.functions.items():
-            fg.graph["shapes"] = function_shapes(fdefs[fname], registry) if fname in fdefs else {}
-            fg.graph["loop_body"] = fname in bodies
-    if fetches is None:
-        preserve = _default_preserve(g)
-    else:
-        preserve = set()
-        for f in fetches:
-            try:
-                name = node_name(f)
-            except ValueError:
-                raise InvalidGraphError(f"bad fetch name {f!r}") from None
-            if name not in g:
-                raise InvalidGraphError(f"fetch {f!r} names a node that does not exist", node=name)
-            preserve.add(name)
+    preserve = preserved_nodes(g, fetches)
     preserve |= scope_keep & set(g.nodes)
-    excluded = _excluded(g.nodes, excluder, preserve, excluded_counts)
+    excluded = excluded_nodes(g.nodes, excluder, preserve, excluded_counts)
     preserve |= excluded.keys()
 
-    options = DecideOptions(force_all=lvl == "UNSAFE_FORCE_ALL", preserve=frozenset(preserve),
-                            preserve_reasons=excluded,
-                            tensorflow_bugs=tensorflow_bugs, planner=chosen_planner,  # type: ignore[arg-type]
-                            normalization_aware=optimal, compiled=compiled,
-                            # Statistics stay float32 in every profile but TensorFlow's own
-                            # (parity), also where the lists infer Mean (optimal, in bfloat16).
-                            moments_float32=optimal or (op_lists.profile != "tensorflow"
-                                                        and "Mean" not in op_lists.deny))
+    options = _decide_options(lvl, preserve, excluded, tensorflow_bugs, chosen_planner, compiled, op_lists)
     plans: dict[str, Plan] = {}
     stats: dict[str, RewriteStats] = {}
-    t1 = clock()
-    timings["import"] += t1 - t0
-    plans[""] = decide(g, op_lists, tgt, precision, registry, options)
-    t2 = clock()
-    timings["decide"] += t2 - t1
-    stats[""] = apply_plan(g, plans[""], fold_casts=not tensorflow_bugs)
-    timings["rewrite"] += clock() - t2
-    skipped_functions = dict(imported.skipped_functions)
-    for fname in sorted(imported.functions):
-        fg = imported.functions[fname]
-        try:
-            _check_cycles(fg, f"function {fname}")
-            keep = {n for n, d in fg.nodes(data=True) if d["synthetic"] == "retval"}
-            keep |= {n for n in fg.graph["keep"] if n in fg}
-            keep |= scope_keep & set(fg.nodes)
-            f_excluded = _excluded(fg.nodes, excluder, keep, excluded_counts)
-            keep |= f_excluded.keys()
-            f_options = dataclasses.replace(options, preserve=frozenset(keep), preserve_reasons=f_excluded)
-            t1 = clock()
-            plan = decide(fg, op_lists, tgt, precision, registry, f_options)
-            t2 = clock()
-            timings["decide"] += t2 - t1
-            fstats = apply_plan(fg, plan, fold_casts=not tensorflow_bugs)
-            timings["rewrite"] += clock() - t2
-        except InvalidGraphError as exc:
-            # TensorFlow optimizes each function separately and keeps a function it cannot
-            # optimize as it was; do the same, and say so in the report.
-            log.warning("function %s left unchanged: %s", fname, exc)
-            skipped_functions[fname] = str(exc)
-            del imported.functions[fname]  # export then copies the original FunctionDef
-            continue
-        plans[fname] = plan
-        stats[fname] = fstats
+    timings["import"] += clock() - t0
+    stage = _Stage(op_lists, tgt, precision, registry, _placement(chosen_planner), not tensorflow_bugs, timings)
+    plans[""], stats[""] = stage.run(g, options)
+    skipped_functions = _rewrite_functions(imported, stage, options, excluder, scope_keep, excluded_counts,
+                                           plans, stats)
     t3 = clock()
     out = export_graph_def(imported, registry)
     timings["export"] += clock() - t3
@@ -609,6 +439,149 @@ def _rewrite_graph_def(
     # refers to these graphs.
     for ir_graph in ir_graphs:
         ir_graph.clear()
+    _log_outcome(report, precision, precision_reason, tgt, op_lists)
+    converted = {name: frozenset(n for n, _ in s.converted) for name, s in stats.items()}
+    return RewriteResult(out, report, plans, timings, converted)
+
+
+def _rewrite_functions(imported: Any, stage: _Stage, options: DecideOptions, excluder: NameMatcher,
+                       scope_keep: frozenset[str], excluded_counts: dict[str, int],
+                       plans: dict[str, Plan], stats: dict[str, RewriteStats]) -> dict[str, str]:
+    """Decide and rewrite every function of ``imported``, in name order, adding to ``plans``,
+    ``stats`` and ``excluded_counts``.  **Mutates** the functions' IR, and drops from
+    ``imported.functions`` each function that is not a valid graph.  Returns the skipped
+    functions (name -> why), those import skipped included."""
+    skipped_functions = dict(imported.skipped_functions)
+    for fname in sorted(imported.functions):
+        fg = imported.functions[fname]
+        try:
+            check_cycles(fg, f"function {fname}")
+            keep = {n for n, d in fg.nodes(data=True) if d["synthetic"] == "retval"}
+            keep |= {n for n in fg.graph["keep"] if n in fg}
+            keep |= scope_keep & set(fg.nodes)
+            f_excluded = excluded_nodes(fg.nodes, excluder, keep, excluded_counts)
+            keep |= f_excluded.keys()
+            f_options = dataclasses.replace(options, preserve=frozenset(keep), preserve_reasons=f_excluded)
+            plan, fstats = stage.run(fg, f_options)
+        except InvalidGraphError as exc:
+            # TensorFlow optimizes each function separately and keeps a function it cannot
+            # optimize as it was; do the same, and say so in the report.
+            log.warning("function %s left unchanged: %s", fname, exc)
+            skipped_functions[fname] = str(exc)
+            del imported.functions[fname]  # export then copies the original FunctionDef
+            continue
+        plans[fname] = plan
+        stats[fname] = fstats
+    return skipped_functions
+
+
+def _decide_options(lvl: str, preserve: set[str], excluded: dict[str, str], tensorflow_bugs: bool,
+                    planner: str, compiled: bool, op_lists: OpLists) -> DecideOptions:
+    """The main graph's :class:`DecideOptions`: the cost-aware planners (any ``planner`` but
+    ``"greedy"``) are normalization-aware.  Pure."""
+    optimal = planner != "greedy"
+    return DecideOptions(force_all=lvl == "UNSAFE_FORCE_ALL", preserve=frozenset(preserve),
+                         preserve_reasons=excluded,
+                         tensorflow_bugs=tensorflow_bugs, planner=planner,  # type: ignore[arg-type]
+                         normalization_aware=optimal, compiled=compiled,
+                         # Statistics stay float32 in every profile but TensorFlow's own
+                         # (parity), also where the lists infer Mean (optimal, in bfloat16).
+                         moments_float32=optimal or (op_lists.profile != "tensorflow"
+                                                     and "Mean" not in op_lists.deny))
+
+
+def _checked_arguments(graph_def: Any, compiled: object, tensorflow_bugs: object, use_env: object,
+                       functions: object, planner: object, fetches: Sequence[str] | None,
+                       registry: object) -> tuple[Any, list[str] | None]:
+    """Check the arguments of :func:`rewrite_graph_def` that need no graph (raising
+    :class:`AmpRewriteError` and its kinds), and return the GraphDef (parsed from bytes) and
+    the checked fetches.  Pure."""
+    if not isinstance(compiled, bool):
+        raise AmpRewriteError(f"compiled must be True or False, not {compiled!r}")
+    check_bool("tensorflow_bugs", tensorflow_bugs)
+    check_bool("use_env", use_env)
+    check_str("functions", functions, what="'all' or 'reachable'")
+    check_optional_str("planner", planner, what="'greedy', 'optimal', 'min-casts' or None")
+    fetches = check_names("fetches", fetches)
+    if registry is not None and not (hasattr(registry, "op") and hasattr(registry, "kernels")):
+        raise AmpRewriteError(f"registry must be an OpRegistry, not {type(registry).__name__}")
+    if isinstance(graph_def, (bytes, bytearray)):
+        graph_def = parse_graph_def(bytes(graph_def))
+    elif not hasattr(graph_def, "node") or not hasattr(graph_def, "library"):
+        raise AmpRewriteError(f"expected a GraphDef or its bytes, got {type(graph_def).__name__}")
+    return graph_def, fetches
+
+
+def _target_and_lists(target: str | Target, precision: str, lists: str | os.PathLike[str],
+                      lists_file: str | os.PathLike[str] | None,
+                      add: Mapping[str, Iterable[str] | str] | None,
+                      remove: Mapping[str, Iterable[str] | str] | None,
+                      level: str | None, use_env: bool) -> tuple[Target, Precision, str, OpLists, str]:
+    """``(target, precision, why that precision, lists, level)`` of a call; reads the
+    environment when ``use_env``."""
+    tgt = resolve_target(target)
+    if use_env and ignore_performance_from_environ(os.environ) and not tgt.ignore_performance:
+        tgt = dataclasses.replace(tgt, ignore_performance=True,
+                                  description=f"{tgt.description} (ignoring performance)")
+    resolved, precision_reason = resolve_precision(precision, tgt)
+    op_lists, lvl = resolve_lists(
+        lists, target=tgt, precision=resolved, lists_file=lists_file, add=add, remove=remove,
+        level=level, environ=os.environ if use_env else {},
+    )
+    return tgt, resolved, precision_reason, op_lists, lvl
+
+
+def _import(graph_def: Any, registry: OpRegistry, functions: str, optimal: bool,
+            variable_shapes: Mapping[str, Sequence[int | None] | None] | None) -> Any:
+    """Import ``graph_def`` (only the functions it calls, for ``functions="reachable"``),
+    check the main graph's cycles, and for the cost-aware planners (``optimal``) infer the
+    shapes of the main graph and of every function.  Returns the imported graphs."""
+    known_variables = check_variable_shapes(graph_def, variable_shapes)
+    imported = import_graph_def(graph_def, registry)
+    if functions == "reachable":
+        keep = reachable_functions(graph_def)
+        for fname in sorted(set(imported.functions) - keep):
+            del imported.functions[fname]
+    g = imported.graph
+    check_cycles(g, "the graph")
+    if optimal:
+        # The cost model needs tensor sizes; TensorFlow's shape inference gives them.
+        g.graph["shapes"] = graph_shapes(graph_def, known_variables, registry)
+        fdefs = {f.signature.name: f for f in graph_def.library.function}
+        bodies = loop_functions(graph_def)
+        for fname, fg in imported.functions.items():
+            fg.graph["shapes"] = function_shapes(fdefs[fname], registry) if fname in fdefs else {}
+            fg.graph["loop_body"] = fname in bodies
+    return imported
+
+
+@dataclass
+class _Stage:
+    """Decide and rewrite one graph after another with the same lists, target and planner,
+    adding the seconds spent to ``timings`` (mutated)."""
+
+    lists: OpLists
+    target: Target
+    precision: Precision
+    registry: OpRegistry
+    placement: Placement | None
+    fold_casts: bool
+    timings: dict[str, float]
+
+    def run(self, g: nx.MultiDiGraph, options: DecideOptions) -> tuple[Plan, RewriteStats]:
+        """Decide ``g``'s plan and carry it out.  **Mutates** ``g``."""
+        t1 = time.perf_counter()
+        plan = decide(g, self.lists, self.target, self.precision, self.registry, options, self.placement)
+        t2 = time.perf_counter()
+        self.timings["decide"] += t2 - t1
+        stats = apply_plan(g, plan, fold_casts=self.fold_casts)
+        self.timings["rewrite"] += time.perf_counter() - t2
+        return plan, stats
+
+
+def _log_outcome(report: Mapping[str, Any], precision: str, precision_reason: str, tgt: Target,
+                 op_lists: OpLists) -> None:
+    """Log what the call did (at info level)."""
     if report["skipped"]:
         log.info("amp_rewrite: graph unchanged: %s", report["skipped"])
     else:
@@ -619,5 +592,3 @@ def _rewrite_graph_def(
             precision, report["casts_to_high"], tgt.description, op_lists.profile, precision,
             precision_reason,
         )
-    converted = {name: frozenset(n for n, _ in s.converted) for name, s in stats.items()}
-    return RewriteResult(out, report, plans, timings, converted)

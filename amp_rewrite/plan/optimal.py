@@ -13,14 +13,17 @@ Vertices whose colour TensorFlow ties to others (TensorList clusters, loop back 
 decided together, as one unit, where the greedy passes put the whole group in low precision
 (float32 for all of it is always valid), and keep the greedy decision otherwise (always,
 under ``goal="min-casts"``, which converts what TensorFlow converts).  Existing
-Casts are re-matched after the cut.
+Casts are re-matched after the cut (by the painter, after every placement).
 
 Under ``goal="optimal"``, everything upstream of a normalization whose statistics reduce
 two or three values (:func:`amp_rewrite.plan.normalization.upstream_of_fragile`) stays float32:
 rounding what feeds it can flip the signs it outputs, so no estimated gain is worth it.
 TensorFlow's rewrite does not know this, and ``min-casts`` follows TensorFlow.
 
-This module mutates the painter it is given (its ``allow`` set and reasons) and nothing else.
+The planner plugs into the painter as a :class:`~amp_rewrite.plan.painting.Placement`:
+:func:`min_cut_placement`, which the API hands to :func:`amp_rewrite.plan.painter.decide`.  It
+reads only the documented interface of :class:`~amp_rewrite.plan.painting.PaintingState`, and
+mutates the state it is given (its ``allow`` set and reasons) and nothing else.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import networkx as nx
 
@@ -38,11 +41,11 @@ from .normalization import upstream_of_fragile
 from .mincut import FREE, HIGH, LOW, PlacementProblem, objective, solve
 from ..graph.shapes import Shape
 from ..graph.type_attrs import TypeAttr
+from .cut_guard import _CAST_PENALTIES, _cast_metrics, _guard  # noqa: F401  (tests and tools read them here)
+from .decisions import DecideOptions
+from .painting import PaintingState
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .painter import _Painter
-
-__all__ = ["PlacementSummary", "place_optimally"]
+__all__ = ["PlacementSummary", "min_cut_placement", "place_optimally"]
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +126,7 @@ def _spread_freedom(tg: Any, cat: list[str], elig: list[bool], free_groups: list
     return free
 
 
-def _tied_groups(p: "_Painter", clusters: list[list[str]]) -> list[list[int]]:
+def _tied_groups(p: PaintingState, clusters: list[list[str]]) -> list[list[int]]:
     """Groups of vertices TensorFlow forces to one type, which no Cast can separate: the
     element types of a TensorList cluster (they pass a variant handle) and the two ends of a
     loop back edge (NextIteration -> Merge).  Overlapping groups are merged; each group is
@@ -139,61 +142,7 @@ def _tied_groups(p: "_Painter", clusters: list[list[str]]) -> list[list[int]]:
     return sorted((sorted(g) for g in nx.connected_components(ties)), key=lambda g: g[0])
 
 
-def _cast_metrics(problem: PlacementProblem, low: list[bool], cast_bytes: list[float]) -> tuple[int, float]:
-    """(Casts, bytes moved by Casts) of a colouring, over the problem's tensors."""
-    count, total = 0, 0.0
-    for (members, cost), nbytes in zip(problem.tensors, cast_bytes):
-        if math.isinf(cost):
-            continue  # a tie between vertices, not a tensor
-        if len({low[m] for m in members}) > 1:
-            count += 1
-            total += nbytes
-    return count, total
-
-
-#: Factors by which :func:`_guard` prices Casts above their estimated cost.
-_CAST_PENALTIES = (2.0, 4.0, 8.0, 16.0, 64.0, 256.0, 1024.0)
-
-
-def _guard(problem: PlacementProblem, low: list[bool], greedy: list[bool], cast_bytes: list[float],
-           fixed: list[int], cat: list[str | None]) -> list[bool]:
-    """Never more Casts, nor more bytes through them, than the greedy colouring.
-
-    The time-optimal cut trusts the cost model; where it would add Casts or Cast traffic
-    (the model's estimate of a tensor or a kernel can be wrong), take instead the fastest
-    (by the model) of the colourings that do not.  The candidates: the cut with Casts priced
-    2x to 1024x their estimate (a Lagrangian relaxation of the Cast limit: each solve gives
-    up some node time for fewer or smaller Casts, so the first prices that satisfy the limit
-    keep most of the gain), the cut that minimizes Cast bytes with every allow-list op
-    converted, every free vertex in float32 (no Cast among them; e.g. an encoder whose only
-    gain would need its GELUs in bfloat16 on a CPU where those are 5x slower), and the
-    greedy colouring itself.  Pure.
-    """
-    limit = _cast_metrics(problem, greedy, cast_bytes)
-
-    def ok(sol: list[bool]) -> bool:
-        count, nbytes = _cast_metrics(problem, sol, cast_bytes)
-        return count <= limit[0] and nbytes <= limit[1] + 1e-6
-
-    if ok(low):
-        return low
-    candidates = [greedy]
-    for factor in _CAST_PENALTIES:
-        priced = solve(PlacementProblem(problem.fixed, problem.cost_high, problem.cost_low,
-                                        [(m, c * factor) for m, c in problem.tensors]))
-        if ok(priced):
-            candidates.append(priced)
-    bytes_fixed = [LOW if f == FREE and cat[v] == "allow" else f for v, f in enumerate(fixed)]
-    by_bytes = solve(PlacementProblem(bytes_fixed, [0.0] * len(fixed), [0.0] * len(fixed),
-                                      [(m, c if math.isinf(c) else 1.0 + b)
-                                       for (m, c), b in zip(problem.tensors, cast_bytes)]))
-    all_high = [f == LOW for f in fixed]
-    candidates += [sol for sol in (by_bytes, all_high) if ok(sol)]
-    # min() keeps the first of equals: greedy wins a tie, as before.
-    return min(candidates, key=lambda sol: objective(problem, sol))
-
-
-def _constant_nodes(p: "_Painter") -> frozenset[str]:
+def _constant_nodes(p: PaintingState) -> frozenset[str]:
     """Nodes whose value Grappler's constant folding computes once, when the graph is loaded:
     ``Const`` nodes and every stateless op whose data inputs are all such nodes (frozen
     weights behind ``Identity``, and an inference batch norm's ``gamma * rsqrt(var + eps)``).
@@ -222,7 +171,7 @@ _FORWARD_DENSE = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "MatMul
                             "_FusedMatMul"})
 
 
-def _is_folded(p: "_Painter", name: str, consts: frozenset[str], memo: dict[str, bool]) -> bool:
+def _is_folded(p: PaintingState, name: str, consts: frozenset[str], memo: dict[str, bool]) -> bool:
     """Whether element-wise ``name`` disappears when the graph is loaded, folded or fused into
     the dense op with constant weights before it (through other such ops, each the only
     consumer of its input).  Such a node costs nothing at run time in either precision:
@@ -268,7 +217,7 @@ def _is_folded(p: "_Painter", name: str, consts: frozenset[str], memo: dict[str,
     return answer
 
 
-def _swish_parts(p: "_Painter", name: str, consts: frozenset[str]) -> tuple[str, ...]:
+def _swish_parts(p: PaintingState, name: str, consts: frozenset[str]) -> tuple[str, ...]:
     """The Muls fused with Sigmoid ``name`` into one swish kernel, or ``()`` when it is not
     half of a swish.  A swish is ``x * sigmoid(x)`` or Keras 3's ``x * sigmoid(x * beta)``
     with a constant ``beta``: Grappler's remapper fuses it into one kernel (oneDNN's
@@ -290,44 +239,74 @@ def _swish_parts(p: "_Painter", name: str, consts: frozenset[str]) -> tuple[str,
     return ()
 
 
-def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
-                    goal: str = "optimal", compiled: bool = False) -> PlacementSummary:
-    """Replace the greedy colouring of ``p``'s free vertices by an optimal one.  Mutates ``p``.
+class _Pricing:
+    """Tensor shapes and per-device costs for one graph, looked up once per device.
 
-    ``goal="optimal"`` minimizes the estimated time (allow-list ops may stay float32
-    where converting loses); ``"min-casts"`` ties allow-list ops to low precision, as
-    TensorFlow does, and minimizes the bytes moved by Casts (plus one byte per Cast, so that
-    fewer Casts win a tie).  ``compiled``: the graph runs under XLA, and the cost model prices
-    Casts and element-wise ops as fused (:func:`amp_rewrite.plan.cost_model.node_cost`).
-    """
-    min_casts = goal == "min-casts"
-    tg = p.tg
-    n = len(tg)
-    shapes: dict[str, tuple[Shape, ...]] = p.g.graph.get("shapes") or {}
-    cat = p.v_cat
-    greedy = set(p.allow)
-    groups = _tied_groups(p, clusters)
-    tied = {v for g in groups for v in g}
+    Under a loop body (``g.graph["loop_body"]``) the ops run one after another, once per
+    iteration: there a Cast costs what it costs in a chain, not the in-place price measured
+    among a model's parallel branches, so ``cast_in_place`` is dropped.  Mutates only its
+    cache."""
 
-    def out_shape(src: str, port: int) -> Shape:
-        s = shapes.get(src)
+    def __init__(self, p: PaintingState) -> None:
+        self.p = p
+        self.shapes: dict[str, tuple[Shape, ...]] = p.g.graph.get("shapes") or {}
+        self.serial = bool(p.g.graph.get("loop_body"))
+        self._device_costs: dict[str, DeviceCosts] = {}
+
+    def out_shape(self, src: str, port: int) -> Shape:
+        s = self.shapes.get(src)
         return s[port] if s is not None and port < len(s) else None
 
-    # ---- which vertices are free
-    def eligible(v: int) -> bool:
-        if v in tied or v in p.deny or not p.v_proc[v] or not p.is_f32(v):
-            return False
-        name = tg.node[v]
-        if p.ops[name] == "Cast":
-            return False
-        if cat[v] == "allow":
-            return v in greedy
-        if cat[v] in ("infer", "clear"):
-            if v in p.kernel_missing or not p.supports(v):
-                return False
-            return not (cat[v] == "clear" and p.reads_ref_var(name))
-        return False
+    def costs_of(self, name: str) -> DeviceCosts:
+        device = self.p.g._node[name]["device"]
+        got = self._device_costs.get(device)
+        if got is None:
+            got = costs_for(self.p.target.place(device), self.p.precision)
+            if self.serial and got.cast_in_place is not None:
+                got = replace(got, cast_in_place=None)
+            self._device_costs[device] = got
+        return got
 
+
+@dataclass
+class _Freedom:
+    """Which vertices the cut decides (``free``), the tied groups decided as one unit
+    (``free_groups``), the vertices held float32 upstream of a fragile normalization
+    (``held``: vertex -> (normalization, values reduced), or ``None`` for a vertex that
+    reached allow-list ops only through held ones), and the fragile normalizations found."""
+
+    free: list[bool]
+    free_groups: list[list[int]]
+    held: dict[int, tuple[str, int] | None]
+    fragile_norms: Any
+
+
+def _eligible(p: PaintingState, v: int, tied: set[int], greedy: set[int]) -> bool:
+    """Whether vertex ``v`` may be re-decided by the cut on its own (before freedom spreads
+    from allow-list vertices).  Pure."""
+    cat = p.v_cat
+    if v in tied or v in p.deny or not p.v_proc[v] or not p.is_f32(v):
+        return False
+    name = p.tg.node[v]
+    if p.ops[name] == "Cast":
+        return False
+    if cat[v] == "allow":
+        return v in greedy
+    if cat[v] in ("infer", "clear"):
+        if v in p.kernel_missing or not p.supports(v):
+            return False
+        return not (cat[v] == "clear" and p.reads_ref_var(name))
+    return False
+
+
+def _find_freedom(p: PaintingState, clusters: list[list[str]], greedy: set[int], min_casts: bool) -> _Freedom:
+    """The free vertices of ``p`` and the tied groups among them (see :class:`_Freedom`).
+    Reads ``p`` only."""
+    tg = p.tg
+    n = len(tg)
+    cat = p.v_cat
+    groups = _tied_groups(p, clusters)
+    tied = {v for g in groups for v in g}
     # A tied group that the greedy passes put wholly in low precision is free as a unit: float32
     # for all of it is the original graph, always valid, and the cut may prefer it (a
     # recurrent cell of tiny MatMuls whose Casts cost more than they save).  Its members are
@@ -341,7 +320,7 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
         g for g in groups
         if all(v in greedy and p.is_f32(v) and p.v_proc[v]
                and p.ops[tg.node[v]] != "Cast" for v in g)]
-    elig = [eligible(v) for v in range(n)]
+    elig = [_eligible(p, v, tied, greedy) for v in range(n)]
     for g in free_groups:
         for v in g:
             elig[v] = True
@@ -369,35 +348,35 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
             free_groups = [g for g in free_groups if g[0] not in held]
             free = _spread_freedom(tg, cat, elig, free_groups)
             held.update((v, None) for v in range(n) if was_free[v] and not free[v] and v not in held)
-    # Vertices the cut does not decide keep the greedy colour (other tied groups, and whatever
-    # the passes painted outside the free set), except existing Casts, which are matched to
-    # their consumers again afterwards.
+    return _Freedom(free, free_groups, held, fragile_norms)
+
+
+def _fixed_colours(p: PaintingState, freedom: _Freedom, greedy: set[int], min_casts: bool) -> list[int]:
+    """Per vertex: ``FREE`` for the cut to decide, else its fixed side.  Vertices the cut does
+    not decide keep the greedy colour (other tied groups, and whatever the passes painted
+    outside the free set), except existing Casts, which are matched to their consumers again
+    afterwards.  Under min-casts every free allow-list vertex is low.  Pure."""
+    tg = p.tg
+    free, held = freedom.free, freedom.held
     fixed = [FREE if free[v] else (
         LOW if v in greedy and p.is_f32(v) and p.ops[tg.node[v]] != "Cast" and v not in held else HIGH)
-        for v in range(n)]
+        for v in range(len(tg))]
     if min_casts:
-        fixed = [LOW if f == FREE and cat[v] == "allow" else f for v, f in enumerate(fixed)]
+        fixed = [LOW if f == FREE and p.v_cat[v] == "allow" else f for v, f in enumerate(fixed)]
+    return fixed
 
-    # ---- unary costs: each node's time goes on its first free (or float) vertex
+
+def _unary_costs(p: PaintingState, free: list[bool], pricing: _Pricing, shape_aware: bool,
+                 compiled: bool) -> tuple[list[float], list[float], dict[str, tuple[int, ...]], frozenset[str]]:
+    """``(cost_high, cost_low, misaligned, consts)``: each node's time goes on its first free
+    vertex, in each precision; the allow-list nodes whose dimensions miss the device's
+    multiple; the constant nodes (:func:`_constant_nodes`).  Reads ``p`` only."""
+    tg = p.tg
+    n = len(tg)
+    cat = p.v_cat
     cost_high = [0.0] * n
     cost_low = [0.0] * n
-    device_costs: dict[str, DeviceCosts] = {}
     misaligned: dict[str, tuple[int, ...]] = {}
-
-    # A loop body runs its ops one after another, once per iteration: there a Cast costs what
-    # it costs in a chain, not the in-place price measured among a model's parallel branches.
-    serial = bool(p.g.graph.get("loop_body"))
-
-    def costs_of(name: str) -> DeviceCosts:
-        device = p.g._node[name]["device"]
-        got = device_costs.get(device)
-        if got is None:
-            got = costs_for(p.target.place(device), p.precision)
-            if serial and got.cast_in_place is not None:
-                got = replace(got, cast_in_place=None)
-            device_costs[device] = got
-        return got
-
     folded: dict[str, bool] = {}
     consts = _constant_nodes(p)
     # A swish is priced as one fused kernel, on its Sigmoid; its Muls cost nothing more.
@@ -407,10 +386,10 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
     for name in p.order:
         vs = tg.by_node[name]
         carrier = next((v for v in vs if free[v]), None)
-        if carrier is None or min_casts:
+        if carrier is None:
             continue
-        ins = [out_shape(src, port) for src, port in p.inputs[name]]
-        outs = list(shapes.get(name, ()))
+        ins = [pricing.out_shape(src, port) for src, port in p.inputs[name]]
+        outs = list(pricing.shapes.get(name, ()))
         op = p.ops[name]
         # Nothing runs for a constant (folded when the graph is loaded), an op folded into a
         # frozen dense op, or a swish's Mul (priced with its Sigmoid).
@@ -419,7 +398,7 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
             continue
         weights = p.inputs[name][1][0] if op in DENSE_OPS and len(p.inputs[name]) > 1 else None
         priced = "_Swish" if name in swishes else op
-        device = costs_of(name)
+        device = pricing.costs_of(name)
         nc = node_cost(priced, ins, outs, 2, device, shape_aware=shape_aware,
                        constant_weights=weights is not None and weights in consts, compiled=compiled)
         if op in DENSE_OPS or priced in device.elementwise:
@@ -434,8 +413,13 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
             cost_low[carrier] += max(0.0, nc.low - nc.high)
         if nc.misaligned and cat[carrier] == "allow":
             misaligned[name] = nc.misaligned
+    return cost_high, cost_low, misaligned, consts
 
-    # ---- one hyperedge per float tensor: its producer vertex and consumer vertices
+
+def _tensor_members(p: PaintingState) -> dict[tuple[str, int], list[int]]:
+    """One hyperedge per float tensor ``(producer, port)``: its producer vertex, then its
+    consumer vertices, in node order.  Pure."""
+    tg = p.tg
     members: dict[tuple[str, int], list[int]] = {}
     for name in p.order:
         types = p.types[name]
@@ -450,54 +434,68 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
             m = members.setdefault((src, sp), [a])
             if b not in m:
                 m.append(b)
+    return members
+
+
+def _tensors(p: PaintingState, freedom: _Freedom, pricing: _Pricing, consts: frozenset[str] | None,
+             min_casts: bool, compiled: bool) -> tuple[list[tuple[tuple[int, ...], float]], list[float]]:
+    """``(tensors, cast_bytes)``: the cut's hyperedges (members, cost of a Cast), one per float
+    tensor with a free member, then one uncuttable edge per free tied group; and per
+    hyperedge the bytes a Cast of it moves (read + write; 0 for a group), for the guard.
+    ``consts`` is unused (``None``) under min-casts.  Pure."""
+    free = freedom.free
     tensors = []
-    cast_bytes = []  # per tensor: bytes a Cast of it moves (read + write), for the guard
-    for (src, sp), ms in members.items():
+    cast_bytes = []
+    for (src, sp), ms in _tensor_members(p).items():
         if len(ms) < 2 or not any(free[m] for m in ms):
             continue
-        c = costs_of(src)
-        nbytes = 6.0 * elements(out_shape(src, sp))
+        c = pricing.costs_of(src)
+        nbytes = 6.0 * elements(pricing.out_shape(src, sp))
         cast_bytes.append(nbytes)
         if min_casts:
             # Bytes, plus one per Cast so that fewer Casts win a tie.
             cost = 1.0 + nbytes
-        elif src in consts:
+        elif src in consts:  # type: ignore[operator]
             # A Cast of a constant is folded by Grappler when the graph is loaded: it costs
             # nothing per step (weights of frozen graphs; variables are read every step).
             # It still costs a little, so that among equally fast colourings the cut prefers
             # the one with fewer Cast nodes.
             cost = 0.01 * c.op_overhead
         else:
-            cost = cast_cost(out_shape(src, sp), 2, c, compiled=compiled)
+            cost = cast_cost(pricing.out_shape(src, sp), 2, c, compiled=compiled)
         tensors.append((tuple(ms), cost))
-    for g in free_groups:
+    for g in freedom.free_groups:
         if len(g) > 1:
             tensors.append((tuple(g), math.inf))
             cast_bytes.append(0.0)
-    problem = PlacementProblem(fixed, cost_high, cost_low, tensors)
-    low = solve(problem)
-    before = [v in greedy for v in range(n)]
-    guarded = False
-    if not min_casts:
-        guarded_low = _guard(problem, low, before, cast_bytes, fixed, cat)
-        guarded = guarded_low is not low
-        low = guarded_low
+    return tensors, cast_bytes
 
-    all_high = [False] * n
-    below_margin = False
-    if not min_casts and low != all_high:
-        f32_cost = objective(problem, all_high)
-        if f32_cost - objective(problem, low) < MIN_ESTIMATED_GAIN * f32_cost:
-            # Below the margin the whole plan is declined, the vertices the cut did not decide
-            # included: keeping a loop's tied plumbing low while its MatMul goes back to
-            # float32 would add Casts for nothing.  All float32 is the original graph.
-            low, below_margin = all_high, True
-    summary_costs = (objective(problem, all_high), objective(problem, before), objective(problem, low))
 
-    # ---- apply: the cut decides float vertices; vertices already in low precision stay
+def _below_margin(problem: PlacementProblem, low: list[bool]) -> bool:
+    """Whether colouring ``low``'s estimated gain over all float32 is below
+    :data:`MIN_ESTIMATED_GAIN` of the float32 estimate (never for all float32 itself).  Below
+    the margin the whole plan is declined, the vertices the cut did not decide included:
+    keeping a loop's tied plumbing low while its MatMul goes back to float32 would add Casts
+    for nothing.  All float32 is the original graph.  Pure."""
+    all_high = [False] * len(low)
+    if low == all_high:
+        return False
+    f32_cost = objective(problem, all_high)
+    return f32_cost - objective(problem, low) < MIN_ESTIMATED_GAIN * f32_cost
+
+
+def _apply(p: PaintingState, low: list[bool], greedy: set[int], fixed: list[int], freedom: _Freedom,
+           below_margin: bool, costs: tuple[list[float], list[float]], pricing: _Pricing) -> tuple[int, int]:
+    """Make ``low`` the paint of ``p``: the cut decides float vertices; vertices already in
+    low precision stay.  Records the reason of every vertex that changed colour or was held
+    float32.  Mutates ``p.allow`` (replaced) and ``p.reason``.  Returns ``(to_low, to_high)``."""
+    tg = p.tg
+    cat = p.v_cat
+    held = freedom.held
+    cost_high, cost_low = costs
     to_low = to_high = 0
     new_allow = {v for v in greedy if not p.is_f32(v)}
-    for v in range(n):
+    for v in range(len(tg)):
         if not p.is_f32(v):
             continue
         if v in held:
@@ -519,26 +517,76 @@ def place_optimally(p: "_Painter", clusters: list[list[str]], shape_aware: bool,
             if below_margin:
                 p.reason[v] = (
                     f"{cat[v]} op kept float32: the plan's estimated gain on "
-                    f"{costs_of(tg.node[v]).name} is below {MIN_ESTIMATED_GAIN:.0%} of the float32 "
+                    f"{pricing.costs_of(tg.node[v]).name} is below {MIN_ESTIMATED_GAIN:.0%} of the float32 "
                     "estimate, within the cost model's error")
             elif cat[v] == "allow":
                 p.reason[v] = (
                     f"{p.ops[tg.node[v]]} kept float32 by the cost model: converting does not pay "
-                    f"on {costs_of(tg.node[v]).name} (est. {cost_high[v] / 1e3:.1f} us in float32 vs "
+                    f"on {pricing.costs_of(tg.node[v]).name} (est. {cost_high[v] / 1e3:.1f} us in float32 vs "
                     f"{cost_low[v] / 1e3:.1f} us plus Casts)"
                 )
             else:
                 p.reason[v] = f"{cat[v]} op kept float32 by the min-cut planner (saves Casts)"
     p.allow = new_allow
-    p.existing_casts()
+    return to_low, to_high
+
+
+def place_optimally(p: PaintingState, clusters: list[list[str]], shape_aware: bool,
+                    goal: str = "optimal", compiled: bool = False) -> PlacementSummary:
+    """Replace the greedy colouring of ``p``'s free vertices by an optimal one.  Mutates ``p``.
+
+    ``goal="optimal"`` minimizes the estimated time (allow-list ops may stay float32
+    where converting loses); ``"min-casts"`` ties allow-list ops to low precision, as
+    TensorFlow does, and minimizes the bytes moved by Casts (plus one byte per Cast, so that
+    fewer Casts win a tie).  ``compiled``: the graph runs under XLA, and the cost model prices
+    Casts and element-wise ops as fused (:func:`amp_rewrite.plan.cost_model.node_cost`).
+    """
+    min_casts = goal == "min-casts"
+    n = len(p.tg)
+    greedy = set(p.allow)
+    freedom = _find_freedom(p, clusters, greedy, min_casts)
+    fixed = _fixed_colours(p, freedom, greedy, min_casts)
+    pricing = _Pricing(p)
+    if min_casts:
+        # Only Cast bytes count: no node is priced.
+        cost_high, cost_low, misaligned, consts = [0.0] * n, [0.0] * n, {}, None
+    else:
+        cost_high, cost_low, misaligned, consts = _unary_costs(p, freedom.free, pricing, shape_aware, compiled)
+    tensors, cast_bytes = _tensors(p, freedom, pricing, consts, min_casts, compiled)
+    problem = PlacementProblem(fixed, cost_high, cost_low, tensors)
+    low = solve(problem)
+    before = [v in greedy for v in range(n)]
+    guarded = below_margin = False
+    if not min_casts:
+        guarded_low = _guard(problem, low, before, cast_bytes, fixed, p.v_cat)
+        guarded = guarded_low is not low
+        low = guarded_low
+        below_margin = _below_margin(problem, low)
+        if below_margin:
+            low = [False] * n
+    summary_costs = (objective(problem, [False] * n), objective(problem, before), objective(problem, low))
+    to_low, to_high = _apply(p, low, greedy, fixed, freedom, below_margin, (cost_high, cost_low), pricing)
     summary = PlacementSummary(
         summary_costs[0] / 1e3, summary_costs[1] / 1e3, summary_costs[2] / 1e3,
-        sum(free), to_low, to_high, misaligned, problem, tuple(low), goal, guarded, below_margin,
-        len(fragile_norms), len(held),
+        sum(freedom.free), to_low, to_high, misaligned, problem, tuple(low), goal, guarded, below_margin,
+        len(freedom.fragile_norms), len(freedom.held),
     )
+    _log_summary(p, summary, misaligned)
+    return summary
+
+
+def _log_summary(p: PaintingState, summary: PlacementSummary, misaligned: dict[str, tuple[int, ...]]) -> None:
+    """Log the summary and the misaligned dense nodes, at debug level."""
     log.debug("optimal placement: %s", summary.as_dict())
     for name, dims in sorted(misaligned.items()):
         if p.ops[name] in DENSE_OPS:
             log.debug("%s (%s): dimensions %s are not multiples of the preferred size",
                       name, p.ops[name], dims)
-    return summary
+
+
+def min_cut_placement(state: PaintingState, clusters: list[list[str]], options: DecideOptions) -> PlacementSummary:
+    """The :class:`~amp_rewrite.plan.painting.Placement` of the ``optimal`` and ``min-casts``
+    planners: :func:`place_optimally` with the goal and knobs of ``options``.  Mutates
+    ``state``'s paint (see :func:`place_optimally`)."""
+    return place_optimally(state, clusters, options.shape_aware, goal=options.planner,
+                           compiled=options.compiled)

@@ -1,0 +1,482 @@
+"""TensorFlow's painting passes, as functions over one :class:`~.painting.PaintingState`.
+
+Each pass reads the state's facts and paints: it adds vertices to ``state.allow`` or
+``state.deny`` and records why in ``state.reason`` (mutating the state, nothing else).
+:func:`amp_rewrite.plan.painter.paint` calls them in TensorFlow's order, which the module
+docstring of :mod:`amp_rewrite.plan.painter` describes pass by pass.
+"""
+
+from __future__ import annotations
+
+from ..errors import InvalidGraphError
+from ..graph import dtypes as dt
+from ..graph import ir
+from ..graph.type_attrs import TypeAttr
+from .normalization import NormalizationInfo, find_normalizations
+from .painting import PaintingState
+
+__all__ = [
+    "paint_allow", "propagate_deny", "paint_between_allow", "paint_infer_after_allow",
+    "paint_through_clear", "drop_unconvertible", "tensor_list_clusters", "tensor_list_edges",
+    "tensor_list_match", "recurrent_match", "existing_casts",
+]
+
+_TL_READERS = frozenset({
+    "TensorListConcat", "TensorListConcatV2", "TensorListGather", "TensorListGetItem",
+    "TensorListPopBack", "TensorListStack",
+})
+_TL_WRITERS = frozenset({
+    "TensorListFromTensor", "TensorListPushBack", "TensorListPushBackBatch", "TensorListScatter",
+    "TensorListScatterV2", "TensorListScatterIntoExistingList", "TensorListSetItem",
+    "TensorListSplit",
+})
+_SOURCE_OR_SINK = frozenset({
+    "_Arg", "_Retval", "OptionalFromValue", "OptionalGetValue", "PartitionedCall", "Placeholder",
+    "StatefulPartitionedCall",
+})
+
+#: The first TensorFlow release whose pass runs "infer after allow" (pass 4) in every mode.
+#: Found by running each release's own pass (2.16 to 2.21) on MatMul -> Tanh: 2.16 to 2.19
+#: convert the Tanh in their bfloat16 mode only, 2.20 and 2.21 in float16 (CUDA) mode too.
+_INFER_AFTER_ALLOW_EVERY_MODE_SINCE = (2, 20)
+
+
+def _infer_after_allow_in_every_mode(tf_version: str | None) -> bool:
+    """Whether TensorFlow ``tf_version`` (``"2.16"``; ``None``: the newest) runs pass 4 in
+    every mode rather than only in its bfloat16 mode."""
+    if tf_version is None:
+        return True
+    major, minor = (int(part) for part in tf_version.split(".")[:2])
+    return (major, minor) >= _INFER_AFTER_ALLOW_EVERY_MODE_SINCE
+
+
+def _op_reason(state: PaintingState, v: int, template: str) -> str:
+    """``template`` naming the op of vertex ``v``: reasons that name only an op are made once
+    per op and shared by its vertices (:meth:`PaintingState.text`)."""
+    return state.text(template, state.ops_l[state.v_node[v]])
+
+
+# ---------------------------------------------------------------------------- TensorLists
+
+def tensor_list_clusters(state: PaintingState) -> list[list[str]]:
+    """Find float32 TensorList clusters; deny those that cross a boundary (TF's D0)."""
+    tg = state.tg
+    comp: dict[int, int] = {}
+    clusters: list[list[str]] = []
+    # Only TensorList ops have a float element type (tl_float); most graphs have none, so
+    # the scan over vertices is limited to their nodes (in order, as the vertices are).
+    tl_ops = {op for op in state.op_set if "TensorList" in op}
+    if not tl_ops:
+        return clusters
+    bases = state.bases
+    candidates = (v for i, op in enumerate(state.ops_l) if op in tl_ops
+                  for v in range(bases[i], bases[i + 1]))
+    for r in candidates:
+        name = tg.node[r]
+        ta = tg.attr[r]
+        if not (state.v_proc[r] and ta.is_fixed and ta.fixed == dt.VARIANT):
+            continue
+        rf = state.tl_float(name)
+        if rf is None:
+            continue
+        if r not in comp:
+            cid = len(clusters)
+            stack = [r]
+            comp[r] = cid
+            visited = []
+            while stack:
+                x = stack.pop()
+                visited.append(x)
+                for y in tg.fanin[x] + tg.fanout[x]:
+                    if y not in comp:
+                        comp[y] = cid
+                        stack.append(y)
+            members: dict[str, None] = {}
+            for x in sorted(visited):
+                members.setdefault(tg.node[x], None)
+            clusters.append(list(members))
+        members_list = clusters[comp[r]]
+        for member in members_list:
+            i = state.index[member]
+            op = state.ops_l[i]
+            if state.tl_float(member) is not None and not state.proc_l[i]:
+                why = f"TensorList cluster includes {member!r}, which is not rewritten"
+            elif op in _SOURCE_OR_SINK or op in state.signatures:
+                why = f"TensorList handle crosses {op} node {member!r}"
+            elif state.g._node[member]["funcs"] and not state.options.tensorflow_bugs:
+                # Known difference KD-3: TensorFlow lets a list cross While/If/Case and
+                # paints it half while the function body still reads float elements.
+                why = (f"[KD-3] TensorList handle crosses {op} node {member!r}, "
+                       "whose functions read its elements as float32")
+            else:
+                continue
+            if rf not in state.deny:
+                state.deny.add(rf)
+                state.reason[rf] = why
+    return [
+        [m for m in members if state.tl_float(m) is not None] for members in clusters
+    ]
+
+def tensor_list_edges(state: PaintingState, clusters: list[list[str]]) -> None:
+    """Add implicit writer -> reader edges between element-type vertices."""
+    tg = state.tg
+    ops = state.ops_l
+    index = state.index
+    for members in clusters:
+        for reader in members:
+            if ops[index[reader]] not in _TL_READERS:
+                continue
+            start = tg.find(reader, TypeAttr("", -1, dt.VARIANT))
+            if start is None or not state.v_proc[start]:
+                continue
+            target = state.tl_float(reader)
+            seen = {start}
+            stack = [start]
+            while stack:
+                x = stack.pop()
+                writer = tg.node[x]
+                if ops[index[writer]] in _TL_WRITERS:
+                    wf = state.tl_float(writer)
+                    if wf is not None and target is not None:
+                        tg.add_edge(wf, target)
+                for y in tg.fanin[x]:
+                    if y not in seen and state.v_proc[y]:
+                        seen.add(y)
+                        stack.append(y)
+    if clusters:  # the adjacency lists are finalized already unless edges were added
+        tg.finalize()
+
+def tensor_list_match(state: PaintingState, clusters: list[list[str]]) -> None:
+    for members in clusters:
+        vs = [v for v in (state.tl_float(m) for m in members) if v is not None]
+        if any(v in state.deny for v in vs):
+            for v in vs:
+                state.allow.discard(v)
+                if v not in state.deny:
+                    state.deny.add(v)
+                    state.reason[v] = "a sibling in its TensorList cluster is deny"
+        elif any(v in state.allow for v in vs):
+            for v in vs:
+                if v not in state.allow:
+                    state.allow.add(v)
+                    state.reason[v] = "a sibling in its TensorList cluster is allow"
+
+
+# ------------------------------------------------------------------ the passes
+
+
+# ---------------------------------------------------------------------------- passes 1 to 5
+
+def paint_allow(state: PaintingState) -> list[int]:
+    """Pass 1: paint allow-list ops (and everything forceable under UNSAFE_FORCE_ALL).
+    Returns the allow-list vertices painted (the roots of pass 3), in vertex order."""
+    tg = state.tg
+    cat = state.v_cat
+    proc = state.v_proc
+    v_dtype = state.v_dtype
+    node_of = tg.node
+    allow = state.allow
+    reason = state.reason
+    FLOAT = dt.FLOAT
+    supports_dtype = state.supports_dtype
+    supports = state.supports
+    bugs = state.options.tensorflow_bugs
+    force_all = state.options.force_all
+    roots = []
+    for v in range(len(tg)):
+        if not proc[v]:
+            continue
+        if cat[v] == "allow":
+            if (not bugs and v_dtype[v] == FLOAT and supports_dtype(v)
+                    and not state.has_kernel(v)):
+                # Known difference KD-1: TensorFlow converts it and the graph cannot run.
+                state.kernel_missing.add(v)
+                continue
+            roots.append(v)
+            allow.add(v)
+            reason[v] = _op_reason(state, v, "{} is on the allow list")
+        elif force_all and not bugs and state.is_boundary_cast(node_of[v]):
+            reason[v] = (f"[KD-5] a Cast between float32 and {dt.name(state.low)} is a "
+                         "precision boundary: UNSAFE_FORCE_ALL does not force it")
+        elif force_all and state.can_force(node_of[v]) and (bugs or supports(v)):
+            # Known difference KD-4: TensorFlow also paints attributes the op cannot take in
+            # low precision (SparseMatMul's fixed float output, its float/bfloat16-only Ta),
+            # which fails the pass or yields a graph that does not import; we skip them.
+            allow.add(v)
+            reason[v] = "UNSAFE_FORCE_ALL paints every op that can be forced"
+    return roots
+
+
+def propagate_deny(state: PaintingState) -> None:
+    """Pass 2: deny propagates forward through clear/infer when it reaches deny/infer.
+    Normalization-aware: not from a statistic into the op that applies it.  Moments kept
+    float32: their Mean nodes are denied like deny-list ops.  Sets ``state.norm_info``."""
+    tg = state.tg
+    n = len(tg)
+    cat = state.v_cat
+    aware, pin = state.options.normalization_aware, state.options.moments_float32
+    info = state.norm_info = find_normalizations(state.g, state.inputs) if aware or pin else None
+    blocked = _normalization_blocks(state, info) if aware and info is not None else set()
+    moments = ({v for name in info.moments for v in tg.by_node.get(name, ()) if state.is_f32(v)}
+               if pin and info is not None else set())
+    if state.options.force_all:
+        return
+    fanin_of = tg.fanin
+    fanout_of = tg.fanout
+    deny = state.deny
+    reason = state.reason
+    reach: set[int] = {v for v in range(n) if cat[v] in ("deny", "infer")}
+    stack = list(reach)
+    while stack:
+        x = stack.pop()
+        for y in fanin_of[x]:
+            if y not in reach and cat[y] == "clear":
+                reach.add(y)
+                stack.append(y)
+    for r in range(n):
+        if (cat[r] != "deny" and r not in moments) or r in deny:
+            continue
+        deny.add(r)
+        if cat[r] == "deny":
+            reason[r] = _op_reason(state, r, "{} is on the deny list")
+        else:
+            # A profile may let Mean run in low precision (its kernels accumulate in
+            # float32), but a normalization's statistics stay float32 regardless.
+            reason[r] = (f"{state.ops_l[state.v_node[r]]} computes a normalization's moment statistic: "
+                         "statistics stay float32 whatever the lists say")
+        stack = [r]
+        while stack:
+            x = stack.pop()
+            for y in fanout_of[x]:
+                if y not in deny and y in reach and (not blocked or (x, y) not in blocked):
+                    deny.add(y)
+                    state.deny_parent[y] = x
+                    reason[y] = "deny propagated"
+                    stack.append(y)
+
+
+def paint_between_allow(state: PaintingState, roots: list[int]) -> None:
+    """Pass 3: clear/infer attributes on a forward path between two allow-list ops (from the
+    ``roots`` of pass 1) become allow."""
+    tg = state.tg
+    cat = state.v_cat
+    proc = state.v_proc
+    v_dtype = state.v_dtype
+    fanin_of = tg.fanin
+    fanout_of = tg.fanout
+    allow = state.allow
+    deny = state.deny
+    reason = state.reason
+    FLOAT = dt.FLOAT
+    supports = state.supports
+
+    def elig3(x: int) -> bool:
+        return (
+            cat[x] in ("clear", "infer")
+            and x not in deny
+            and proc[x]
+            and v_dtype[x] == FLOAT
+            and supports(x)
+        )
+
+    down: set[int] = set(roots)
+    stack = list(roots)
+    while stack:
+        x = stack.pop()
+        for y in fanout_of[x]:
+            if y not in down and cat[y] in ("clear", "infer") and elig3(y):
+                down.add(y)
+                stack.append(y)
+    up: set[int] = set()
+    between = {c: f"{c} op on a path between allow-list ops" for c in ("clear", "infer")}
+    for r in roots:
+        if r in up:
+            continue
+        up.add(r)
+        stack = [r]
+        while stack:
+            x = stack.pop()
+            for y in fanin_of[x]:
+                if y in down and y not in up:
+                    up.add(y)
+                    if y not in allow:
+                        allow.add(y)
+                        reason[y] = between[cat[y]]  # type: ignore[index]
+                    stack.append(y)
+
+
+def paint_infer_after_allow(state: PaintingState) -> None:
+    """Pass 4: infer ops fed directly by allow, in node order.  The design notes say this
+    pass is bfloat16-only; TensorFlow 2.20 and later run it in every mode (seen in their logs
+    and outputs), older releases only in their bfloat16 mode."""
+    if not (state.precision == "bfloat16" or _infer_after_allow_in_every_mode(state.lists.tf_version)):
+        return
+    tg = state.tg
+    cat = state.v_cat
+    proc = state.v_proc
+    v_dtype = state.v_dtype
+    fanin_of = tg.fanin
+    node_of = tg.node
+    allow = state.allow
+    deny = state.deny
+    FLOAT = dt.FLOAT
+    supports_dtype = state.supports_dtype
+    for v in range(len(tg)):
+        if not (proc[v] and v not in deny and v not in allow and cat[v] == "infer"
+                and v_dtype[v] == FLOAT and supports_dtype(v)):
+            continue
+        fanin = fanin_of[v]
+        if any(f in deny for f in fanin):
+            continue
+        src = next((f for f in fanin if f in allow), None)
+        if src is not None:
+            allow.add(v)
+            state.reason[v] = f"infer op fed by allow node {node_of[src]!r}"
+
+
+def paint_through_clear(state: PaintingState) -> None:
+    """Pass 5: spread allow through connected clear ops (both directions)."""
+    tg = state.tg
+    cat = state.v_cat
+    proc = state.v_proc
+    v_dtype = state.v_dtype
+    fanin_of = tg.fanin
+    fanout_of = tg.fanout
+    node_of = tg.node
+    v_node = state.v_node
+    allow = state.allow
+    deny = state.deny
+    FLOAT = dt.FLOAT
+    supports = state.supports
+
+    def elig5(x: int) -> bool:
+        return (
+            cat[x] == "clear"
+            and x not in allow
+            and x not in deny
+            and proc[x]
+            and v_dtype[x] == FLOAT
+            and supports(x)
+            and not state.reads_ref_var_at(v_node[x])
+        )
+
+    seen: set[int] = set()
+    for r in range(len(tg)):
+        if not proc[r] or r in seen or r not in allow:
+            continue
+        seen.add(r)
+        stack = [r]
+        why = None
+        while stack:
+            x = stack.pop()
+            # Both directions; the order does not matter (every vertex reachable from r
+            # through eligible clear vertices is painted, with r as the reason).
+            for neighbours in (fanin_of[x], fanout_of[x]):
+                for y in neighbours:
+                    if y not in seen and cat[y] == "clear" and elig5(y):
+                        seen.add(y)
+                        allow.add(y)
+                        if why is None:
+                            why = f"clear op connected to allow node {node_of[r]!r}"
+                        state.reason[y] = why
+                        stack.append(y)
+
+
+# ---------------------------------------------------------------------------- pass 6: clean-up
+
+def drop_unconvertible(state: PaintingState) -> None:
+    """Pass 6, first step: drop allow-list attributes that cannot take the type (and those of
+    quantized nodes)."""
+    cat = state.v_cat
+    v_node = state.v_node
+    ops_l = state.ops_l
+    allow = state.allow
+    reason = state.reason
+    quantized = state.quantized
+    types_l = state.types_l
+    for v in sorted(v for v in allow if cat[v] == "allow"):
+        if not state.supports_dtype(v):
+            allow.discard(v)
+            reason[v] = f"{ops_l[v_node[v]]} does not accept {state.precision} for {state.tg.attr[v]}"
+        elif quantized[id(types_l[v_node[v]])]:
+            allow.discard(v)
+            reason[v] = "quantized node"
+
+
+def _normalization_blocks(state: PaintingState, info: NormalizationInfo) -> set[tuple[int, int]]:
+    """(statistic vertex, apply vertex) pairs along which deny must not propagate.
+    Records each apply node's reason in :attr:`normalized`."""
+    tg = state.tg
+    blocked: set[tuple[int, int]] = set()
+    for name, (ports, norm) in sorted(info.apply.items()):
+        types = state.types.get(name)
+        if types is None or name not in state.inputs:
+            continue
+        for q in sorted(ports):
+            src, sp = state.inputs[name][q]
+            src_types = state.types.get(src)
+            if src_types is None or sp >= len(src_types.outputs) or q >= len(types.inputs):
+                continue
+            blocked.add((tg.index[(src, src_types.outputs[sp])], tg.index[(name, types.inputs[q])]))
+        state.normalized[name] = (
+            f"applies the statistics of normalization {norm.mean!r}/{norm.variance!r} to a "
+            "full-size tensor: bounded by construction, so deny does not propagate from the "
+            "statistics (they stay float32)"
+        )
+    return blocked
+
+
+def recurrent_match(state: PaintingState) -> None:
+    """Force NextIteration and the Merge nodes it feeds to one colour."""
+    tg = state.tg
+    ops_l = state.ops_l
+    index = state.index
+    for i in state.nodes_with_op("NextIteration"):
+        name = state.order[i]
+        t_attr = TypeAttr("T", -1, 0)
+        ni = tg.find(name, t_attr)
+        if ni is None:
+            continue
+        merges = []
+        for dst, _, _ in ir.consumers(state.g, name, 0):
+            dst_op = ops_l[index[dst]]
+            if dst_op != "Merge":
+                raise InvalidGraphError(
+                    f"NextIteration node {name!r} feeds {dst_op} node {dst!r}; "
+                    "a loop back edge must end at a Merge",
+                    node=name,
+                )
+            merges.append(tg.vertex(dst, t_attr))
+        if not merges:
+            # TensorFlow paints a dangling NextIteration unconditionally.
+            state.allow.add(ni)
+            state.reason.setdefault(ni, "dangling NextIteration (no Merge to match)")
+            continue
+        if all(m in state.allow for m in merges):
+            if ni not in state.allow:
+                state.allow.add(ni)
+                state.reason[ni] = "loop back edge: its Merge is allow"
+        else:
+            for v in merges + [ni]:
+                if v in state.allow:
+                    state.allow.discard(v)
+                    state.reason[v] = "loop back edge: NextIteration and Merge must match"
+
+def existing_casts(state: PaintingState) -> None:
+    """An existing Cast to float32 whose consumers are all allow casts to the target."""
+    tg = state.tg
+    for i in state.nodes_with_op("Cast"):
+        name = state.order[i]
+        if name in state.options.preserve and not state.options.tensorflow_bugs:
+            # Known difference KD-2: a fetched Cast keeps its dtype.
+            continue
+        dst_attr = TypeAttr("DstT", -1, 0)
+        v = tg.find(name, dst_attr)
+        if v is None or state.v_dtype[v] != dt.FLOAT:
+            continue
+        cons = ir.consumers(state.g, name, 0)
+        if not cons:
+            continue
+        if all(tg.vertex(c, state.types[c].inputs[q]) in state.allow for c, q, _ in cons):
+            state.allow.add(v)
+            state.reason[v] = "existing Cast feeds only allow consumers"
