@@ -13,13 +13,14 @@ from __future__ import annotations
 import logging
 import operator
 from dataclasses import dataclass
+from typing import Iterable, Mapping
 
 import networkx as nx
 
 from .graph import dtypes as dt
 from .graph import ir
 from .plan.painter import Plan
-from .graph.type_attrs import TypeAttr, get_dtype
+from .graph.type_attrs import NodeTypes, TypeAttr, get_dtype
 
 __all__ = ["CastInfo", "RewriteStats", "apply_plan"]
 
@@ -180,54 +181,30 @@ def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> Re
     """
     if plan.skipped is not None:
         return RewriteStats((), (), 0)
+    _apply_renames(g, plan)
     low = plan.target_dtype
     allow = plan.allow
-    types = plan.types
-    nodes = g._node  # networkx's dicts, written directly as in ir.add_node / add_data_edge
-    pred = g._pred
-    for name, op in sorted(plan.renames.items()):
-        data = nodes[name]
-        data["op"] = op
-        data["dtypes"]["U"] = dt.FLOAT
-        data.setdefault("changed_attrs", set()).add("U")
-        data["dirty"] = True
-
-    converted: list[tuple[str, TypeAttr]] = []
-    casts: list[CastInfo] = []
-    tf_style = 0
+    rewriter = _Rewriter(g, plan)
     # Every node with its dicts, in order, without a lookup by name per node (a million-entry
     # dict misses the CPU caches on every lookup).  The plan's types are in the same order
     # when decide made them for this graph.
     order, datas, outs, _ = ir.ordered_entries(g, pred=False)
-    if len(types) == len(order) and all(map(operator.is_, types, order)):
-        node_types = list(types.values())
-    else:
-        node_types = list(map(types.get, order))
-    # Inserted casts whose producer, or one of whose consumers, is a Cast: the only ones
-    # _fold_cast_chains can change.
-    fold_candidates: set[str] = set()
+    node_types = _types_in_order(plan.types, order)
     # Per NodeTypes object (shared by the nodes of one op and attrs): its float32 attrs, each
-    # with the output ports it governs.  id() is stable while ``types`` holds the objects.
+    # with the output ports it governs.  id() is stable while ``plan.types`` holds the objects.
     float_attrs: dict[int, list[tuple[TypeAttr, list[int]]]] = {}
     # Checked once: log.debug's own check and its arguments cost a call per converted attr.
     debug = log.isEnabledFor(logging.DEBUG)
-    tokens = {dtype: _token(dtype) for dtype in (low, dt.FLOAT)}
+    converted = rewriter.converted
     for name, nt, data, out in zip(order, node_types, datas, outs):
         if nt is None:
             continue
         todo = float_attrs.get(id(nt))
         if todo is None:
-            # One pass over the outputs: a training step's IdentityN has hundreds of outputs,
-            # each with its own attr, and a scan per attr would be quadratic.
-            ports_of: dict[TypeAttr, list[int]] = {}
-            for port, out_ta in enumerate(nt.outputs):
-                ports_of.setdefault(out_ta, []).append(port)
-            todo = float_attrs[id(nt)] = [
-                (ta, ports_of.get(ta, [])) for ta in nt.attrs if get_dtype(nt.dtypes, ta) == dt.FLOAT
-            ]
+            todo = float_attrs[id(nt)] = _float_attrs(nt)
         if not todo:
             continue
-        seq = 0
+        rewriter.seq = 0
         # Snapshot of the consumers before any cast of this node is inserted.
         fanout = ir.consumers_of(out)
         for ta, ports in todo:
@@ -240,60 +217,132 @@ def apply_plan(g: nx.MultiDiGraph, plan: Plan, *, fold_casts: bool = True) -> Re
                 if debug:
                     log.debug("changing type %s of %s node %s to %s", ta, data["op"], name, dt.name(low))
             for port in ports:
-                cast_name = None
-                rewired = []
-                for dst, q, key in fanout.get(port, ()):
-                    dst_types = types.get(dst)
-                    dst_allow = dst_types is not None and (dst, dst_types.inputs[q]) in allow
-                    if dst_allow == src_allow:
-                        continue
-                    if cast_name is None:
-                        to_dtype = low if dst_allow else dt.FLOAT
-                        token = tokens[to_dtype]
-                        k = 0
-                        while f"{name}-{port}-{token}-{k}-AutoMixedPrecision" in nodes:
-                            k += 1
-                        cast_name = f"{name}-{port}-{token}-{k}-AutoMixedPrecision"
-                        seq += 1
-                        cast_data, cast_out, cast_in = ir.add_new_node(
-                            g, cast_name, op="Cast", device=data["device"],
-                            order=(data["order"][0], data["order"][1] + seq),
-                            dtypes={"SrcT": low if src_allow else dt.FLOAT, "DstT": to_dtype},
-                        )
-                        cast_data["bools"] = {"Truncate": False}
-                        # ir.add_data_edge(g, name, port, cast_name, 0, None), inlined: the
-                        # cast is new, so the edge is too.
-                        out[cast_name] = cast_in[name] = {
-                            0: {"src_port": port, "dst_port": 0, "pos": 0, "text": None}}
-                        op = data["op"]
-                        if op == "Cast":
-                            fold_candidates.add(cast_name)
-                        # Only an Identity or Enter can read a ref variable (_reads_ref_var).
-                        if dst_allow and op not in _CONST_OR_VARIABLE and not (
-                                op in ("Identity", "Enter") and _reads_ref_var(g, name)):
-                            tf_style += 1
-                        if debug:
-                            log.debug("inserting cast to %s at %s:%d", dt.name(to_dtype), name, port)
-                    # g.remove_edge(name, dst, key=key), inlined.
-                    keydict = out[dst]
-                    del keydict[key]
-                    dst_pred = pred[dst]
-                    if not keydict:
-                        del out[dst]
-                        del dst_pred[name]
-                    ir.link(cast_out, dst_pred, cast_name, dst, 0, q, None)
-                    dst_data = nodes[dst]
-                    dst_data["dirty"] = True
-                    dst_data["inputs_changed"] = True
-                    if dst_data["op"] == "Cast":
-                        fold_candidates.add(cast_name)
-                    rewired.append(dst)
-                if cast_name is not None:
-                    casts.append(CastInfo(cast_name, name, port, low if not src_allow else dt.FLOAT,
-                                          tuple(rewired)))
+                rewriter.rewire(name, data, out, port, src_allow, fanout.get(port, ()))
     nx._clear_cache(g)  # once, for the dicts written directly above
+    casts = rewriter.casts
     folded: list[str] = []
     if fold_casts:
-        casts = _fold_cast_chains(g, casts, plan, folded, fold_candidates)
+        casts = _fold_cast_chains(g, casts, plan, folded, rewriter.fold_candidates)
         converted += [(name, TypeAttr("SrcT", -1, 0)) for name in folded]
-    return RewriteStats(tuple(converted), tuple(casts), tf_style, tuple(folded))
+    return RewriteStats(tuple(converted), tuple(casts), rewriter.tf_style, tuple(folded))
+
+
+def _apply_renames(g: nx.MultiDiGraph, plan: Plan) -> None:
+    """Give the renamed nodes (FusedBatchNorm -> V2) their new op and ``U = float32``.
+    **Mutates** ``g``."""
+    nodes = g._node  # networkx's dicts, written directly as in ir.add_node / add_data_edge
+    for name, op in sorted(plan.renames.items()):
+        data = nodes[name]
+        data["op"] = op
+        data["dtypes"]["U"] = dt.FLOAT
+        data.setdefault("changed_attrs", set()).add("U")
+        data["dirty"] = True
+
+
+def _types_in_order(types: Mapping[str, NodeTypes], order: list[str]) -> list[NodeTypes | None]:
+    """The :class:`NodeTypes` of the nodes of ``order`` (``None`` for a node the plan does not
+    know).  Pure."""
+    if len(types) == len(order) and all(map(operator.is_, types, order)):
+        return list(types.values())
+    return list(map(types.get, order))
+
+
+def _float_attrs(nt: NodeTypes) -> list[tuple[TypeAttr, list[int]]]:
+    """The float32 type attributes of ``nt``, each with the output ports it governs.  Pure.
+
+    One pass over the outputs: a training step's IdentityN has hundreds of outputs, each with
+    its own attr, and a scan per attr would be quadratic."""
+    ports_of: dict[TypeAttr, list[int]] = {}
+    for port, out_ta in enumerate(nt.outputs):
+        ports_of.setdefault(out_ta, []).append(port)
+    return [(ta, ports_of.get(ta, [])) for ta in nt.attrs if get_dtype(nt.dtypes, ta) == dt.FLOAT]
+
+
+class _Rewriter:
+    """Inserts the Casts of one :func:`apply_plan` run and rewires consumers to them,
+    collecting what it did (``converted``, ``casts``, ``tf_style``, ``fold_candidates``).
+    **Mutates** the graph it is given."""
+
+    def __init__(self, g: nx.MultiDiGraph, plan: Plan) -> None:
+        self.g = g
+        self.nodes = g._node  # networkx's dicts, written directly as in ir.add_node / add_data_edge
+        self.pred = g._pred
+        self.types = plan.types
+        self.allow = plan.allow
+        self.low = plan.target_dtype
+        self.tokens = {dtype: _token(dtype) for dtype in (self.low, dt.FLOAT)}
+        self.debug = log.isEnabledFor(logging.DEBUG)
+        self.converted: list[tuple[str, TypeAttr]] = []
+        self.casts: list[CastInfo] = []
+        self.tf_style = 0
+        # Inserted casts whose producer, or one of whose consumers, is a Cast: the only ones
+        # _fold_cast_chains can change.
+        self.fold_candidates: set[str] = set()
+        #: Casts inserted for the current node so far (orders them after it).
+        self.seq = 0
+
+    def rewire(self, name: str, data: dict, out: dict, port: int, src_allow: bool,
+               consumers: Iterable[tuple[str, int, int]]) -> None:
+        """Give output ``port`` of node ``name`` (``data``, its successor dict ``out``) one
+        Cast for the ``consumers`` whose side (allow or not) differs from ``src_allow``, and
+        move those consumers onto it."""
+        types, allow, nodes, pred = self.types, self.allow, self.nodes, self.pred
+        cast_name = None
+        rewired = []
+        for dst, q, key in consumers:
+            dst_types = types.get(dst)
+            dst_allow = dst_types is not None and (dst, dst_types.inputs[q]) in allow
+            if dst_allow == src_allow:
+                continue
+            if cast_name is None:
+                cast_name, cast_out = self._new_cast(name, data, out, port, src_allow, dst_allow)
+            # g.remove_edge(name, dst, key=key), inlined.
+            keydict = out[dst]
+            del keydict[key]
+            dst_pred = pred[dst]
+            if not keydict:
+                del out[dst]
+                del dst_pred[name]
+            ir.link(cast_out, dst_pred, cast_name, dst, 0, q, None)
+            dst_data = nodes[dst]
+            dst_data["dirty"] = True
+            dst_data["inputs_changed"] = True
+            if dst_data["op"] == "Cast":
+                self.fold_candidates.add(cast_name)
+            rewired.append(dst)
+        if cast_name is not None:
+            self.casts.append(CastInfo(cast_name, name, port, self.low if not src_allow else dt.FLOAT,
+                                       tuple(rewired)))
+
+    def _new_cast(self, name: str, data: dict, out: dict, port: int, src_allow: bool,
+                  dst_allow: bool) -> tuple[str, dict]:
+        """Insert the Cast of output ``port`` of ``name`` to the consumers' side, fed by that
+        output; returns its name and successor dict."""
+        low = self.low
+        to_dtype = low if dst_allow else dt.FLOAT
+        token = self.tokens[to_dtype]
+        k = 0
+        while f"{name}-{port}-{token}-{k}-AutoMixedPrecision" in self.nodes:
+            k += 1
+        cast_name = f"{name}-{port}-{token}-{k}-AutoMixedPrecision"
+        self.seq += 1
+        cast_data, cast_out, cast_in = ir.add_new_node(
+            self.g, cast_name, op="Cast", device=data["device"],
+            order=(data["order"][0], data["order"][1] + self.seq),
+            dtypes={"SrcT": low if src_allow else dt.FLOAT, "DstT": to_dtype},
+        )
+        cast_data["bools"] = {"Truncate": False}
+        # ir.add_data_edge(g, name, port, cast_name, 0, None), inlined: the cast is new, so the
+        # edge is too.
+        out[cast_name] = cast_in[name] = {
+            0: {"src_port": port, "dst_port": 0, "pos": 0, "text": None}}
+        op = data["op"]
+        if op == "Cast":
+            self.fold_candidates.add(cast_name)
+        # Only an Identity or Enter can read a ref variable (_reads_ref_var).
+        if dst_allow and op not in _CONST_OR_VARIABLE and not (
+                op in ("Identity", "Enter") and _reads_ref_var(self.g, name)):
+            self.tf_style += 1
+        if self.debug:
+            log.debug("inserting cast to %s at %s:%d", dt.name(to_dtype), name, port)
+        return cast_name, cast_out

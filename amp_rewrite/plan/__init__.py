@@ -3,9 +3,12 @@ every (node, type attribute).  Pure: nothing here modifies a graph it is given.
 
 :mod:`.lists` loads the allow/infer/deny/clear lists (data in ``lists/``); :mod:`.targets`
 says which devices can profit and which low type is fast; :mod:`.painter` runs TensorFlow's
-passes in TensorFlow's order; the cost-aware planners plug into it through
-:class:`.painter.Placement`: :mod:`.optimal` prices colourings with :mod:`.cost_model`, keeps
-fragile normalizations float32 (:mod:`.normalization`) and solves a minimum cut
-(:mod:`.mincut`); :mod:`.exclude` keeps the user's patterns float32.  Imports only
+passes (:mod:`.passes`, functions over one :class:`.painting.PaintingState`) in TensorFlow's
+order and returns a :class:`.decisions.Plan`.  The cost-aware planners plug into it through
+:class:`.painting.Placement`, which the caller hands to :func:`.painter.decide` (the painter
+imports no planner): :func:`.optimal.min_cut_placement` prices colourings with
+:mod:`.cost_model`, keeps fragile normalizations float32 (:mod:`.normalization`) and solves a
+minimum cut (:mod:`.mincut`, guarded by :mod:`.cut_guard`); :mod:`.exclude` and
+:mod:`.preserve` keep the fetches and the user's patterns float32.  Imports only
 :mod:`amp_rewrite.graph` and :mod:`amp_rewrite.errors` from outside.
 """
