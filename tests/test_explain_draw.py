@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import amp_rewrite
-from amp_rewrite.report.build import draw
+from amp_rewrite.report import draw
 from amp_rewrite.api import resolve_lists, resolve_target
 from amp_rewrite.errors import AmpRewriteError
 from amp_rewrite.report.explain import decided_by, explain_node, explain_text

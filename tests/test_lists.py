@@ -441,10 +441,12 @@ def test_fallback_to_source_tree_when_package_missing(monkeypatch):
 def test_installed_layout_finds_package_data(tmp_path):
     # Mimic a non-editable install: lists/ is shipped as amp_rewrite/_lists.
     package = tmp_path / "site" / "amp_rewrite"
-    package.mkdir(parents=True)
+    (package / "plan").mkdir(parents=True)
     (package / "__init__.py").write_text("")
-    for name in ("errors.py", "lists.py"):
-        shutil.copy(REPO / "amp_rewrite" / name, package / name)
+    (package / "plan" / "__init__.py").write_text("")
+    shutil.copy(REPO / "amp_rewrite" / "errors.py", package / "errors.py")
+    for source in (REPO / "amp_rewrite" / "plan").glob("lists*.py"):
+        shutil.copy(source, package / "plan" / source.name)
     shutil.copytree(LISTS_DIR, package / "_lists")
     code = (
         "from amp_rewrite.plan import lists as m\n"

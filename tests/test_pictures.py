@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import amp_rewrite
-from amp_rewrite.report.build import draw
+from amp_rewrite.report import draw
 from amp_rewrite.models import saved_model as sm
 from graphs import graph_def, v1
 
