@@ -144,3 +144,27 @@ def test_materializing_is_independent_of_tensorflows_function_counters():
         assert [f.signature.name for f in again.library.function] == [
             f.signature.name for f in case.graph_def.library.function]
         assert again.SerializeToString(deterministic=True) == case.graph_def.SerializeToString(deterministic=True)
+
+
+def _names(program) -> list[str]:
+    """Every step name of ``program`` and of its loop bodies (not function bodies, which are
+    built in a graph of their own)."""
+    names = []
+    for step in program.steps:
+        names.append(step.name)
+        if step.op == "While":
+            names.extend(_names(step.body))
+    return names
+
+
+@settings(max_examples=100, database=None, derandomize=True, deadline=None,
+          suppress_health_check=list(HealthCheck))
+@given(graphs(while_loops=True, max_nodes=12))
+def test_a_loop_body_never_reuses_a_name_of_its_program(case):
+    """Regression (deep run, 2026-11-25): a loop body numbered its steps from 0, so a body
+    Const could take the name of a captured outer value (``c_1`` outside and inside) and
+    shadow it while the body was built: a depthwise convolution of a filter with itself, or a
+    loop variable whose shape changed after one iteration, and the draw failed.  Step numbers
+    are now unique across a program and its loop bodies, so no name can be shadowed."""
+    numbers = [int(name.rpartition("_")[2]) for name in _names(case.program)]
+    assert len(numbers) == len(set(numbers)), _names(case.program)

@@ -63,11 +63,13 @@ def _while_emit(d: _Drawer) -> None:
     iterations = d.integer(1, 3)
     arg = Val("arg", v.dtype, v.shape, min(v.lo, -1.0), max(v.hi, 1.0), v.smooth)
     captured = _floats(d, lambda x: x.dtype == "float32")[:4]
-    sub = _Drawer(d.draw, d.opts, args=[arg], captured=list(reversed(captured)), body=True)
+    sub = _Drawer(d.draw, d.opts, args=[arg], captured=list(reversed(captured)), body=True,
+                  first=d.count)
     _draw_steps(sub, 0, d.opts.body_nodes)
     same = [x for x in reversed(sub.made) if x.shape == v.shape and x.dtype == v.dtype]
     r = d.pick(same + [arg])
     (bounded,) = sub.emit("Tanh", [r], {}, [(v.dtype, v.shape, (-1.0, 1.0), r.smooth)])
+    d.count = sub.count  # names stay unique across the program and its loop bodies
     body = Program(_prune(sub.steps, [bounded.ref]), (arg,), (bounded.ref,))
     d.emit("While", [v], {"iterations": iterations},
            [(v.dtype, v.shape, (min(v.lo, -1.0), max(v.hi, 1.0)), v.smooth and bounded.smooth)],

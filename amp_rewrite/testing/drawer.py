@@ -34,7 +34,8 @@ class _Drawer:
     """Draws the steps of one program (the main graph or a body) into a pool of values."""
 
     def __init__(self, draw: Any, opts: _Options, *, args: Sequence[Val] = (),
-                 captured: Sequence[Val] = (), body: bool = False) -> None:
+                 captured: Sequence[Val] = (), body: bool = False,
+                 first: int = 0) -> None:
         self.draw = draw
         self.opts = opts
         self.args = list(args)
@@ -42,7 +43,9 @@ class _Drawer:
         self.made: list[Val] = []  # values made by this drawer's own steps
         self.steps: list[Step] = []
         self.body = body
-        self.count = 0
+        # Step names are numbered from ``first``: a loop body numbers its steps after the
+        # enclosing program's, so none of its names can shadow a captured outer value.
+        self.count = first
 
     # -- primitive draws (each shrinks towards 0 / the first choice / False)
     def integer(self, lo: int, hi: int) -> int:
