@@ -18,7 +18,7 @@ the same order and with the same rules (see ``shared/design/grappler_amp.md``):
    allow op (and eligible) become allow.
 4. *Infer after allow.*  An infer attribute fed directly by an allow one becomes allow,
    in node order (TensorFlow 2.20 and later run this pass in every mode; 2.16 to 2.19 only
-   in their bfloat16 mode, see :func:`_infer_after_allow_in_every_mode`).
+   in their bfloat16 mode, see :func:`.passes._infer_after_allow_in_every_mode`).
 5. *Through clear.*  Clear attributes connected, in either direction, to an allow attribute
    through eligible clear attributes become allow.
 6. *Clean-up.*  Allow-list attributes whose type cannot be the target type are removed.
