@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, types_pb2
@@ -304,6 +305,37 @@ def test_the_callers_graph_def_is_never_modified(lists):
     assert "transpose_a" not in gd.node[1].attr
     if result.report["converted_nodes"] == 0:
         assert result.graph_def.SerializeToString(deterministic=True) == before
+
+
+@pytest.mark.parametrize("lists", ["default", "optimal"])
+def test_the_callers_function_library_is_never_modified(lists):
+    """Regression (found by the full suite's plan digests, 2026-11-25): shape inference of a
+    function body handed the caller's FunctionDef to TensorFlow's ``function_def_to_graph_def``,
+    which reads ``arg_attr[i]`` of every argument -- and reading a protobuf map inserts the
+    key, so the caller's library grew empty ``arg_attr`` entries and a second rewrite of the
+    same GraphDef saw a different graph."""
+    import tensorflow as tf
+
+    @tf.function(input_signature=[tf.TensorSpec([4, 8], tf.float32)] + [tf.TensorSpec([8, 8], tf.float32)] * 2)
+    def body(x, w, v):
+        return tf.nn.relu(tf.matmul(x, w)) + tf.matmul(x, v)
+
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4, 8], name="x")
+        w = tf.constant(np.ones((8, 8), np.float32), name="w")
+        tf.identity(body(x, w, w), name="out")
+    gd = g.as_graph_def()
+    for f in gd.library.function:  # as in exported graphs: not every argument has attrs
+        del f.arg_attr[1]
+        del f.arg_attr[2]
+    keys = [sorted(f.arg_attr) for f in gd.library.function]
+    assert keys == [[0]]
+    before = gd.SerializeToString(deterministic=True)
+    amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", precision="float16", lists=lists,
+                                  use_env=False, fetches=["out"])
+    assert [sorted(f.arg_attr) for f in gd.library.function] == keys
+    assert gd.SerializeToString(deterministic=True) == before
 
 
 # ----------------------------------------------------------------------------------- F9

@@ -315,7 +315,11 @@ def function_shapes(fdef: Any, registry: OpRegistry | None = None) -> dict[str, 
             with scratch.as_default():
                 # Flattens ``node:out_arg:i`` references into ports and adds one Placeholder
                 # per argument; pure Python, runs nothing.
-                graph_def, _ = function_def_to_graph_def(fdef, _function_input_shapes(fdef))
+                # A copy: TensorFlow reads ``arg_attr[i]`` of every argument, and reading a
+                # protobuf map inserts the key, which would change the caller's FunctionDef.
+                local = type(fdef)()
+                local.CopyFrom(fdef)
+                graph_def, _ = function_def_to_graph_def(local, _function_input_shapes(local))
                 inert = inert_graph_def(graph_def, registry)
                 if inert is None:
                     return recorded
