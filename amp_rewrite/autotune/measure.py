@@ -11,11 +11,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from .autotune_inputs import _first_line
-from .autotune_stats import (FLOAT32, MIN_PROOF_ROUNDS, _decide, compare, decision_rule, relative_error,
+from .inputs import _first_line
+from .stats import (FLOAT32, MIN_PROOF_ROUNDS, _decide, compare, decision_rule, relative_error,
                              result_line)
-from .errors import AmpRewriteError
-from .progress import Progress
+from ..errors import AmpRewriteError
+from ..progress import Progress
 
 # Every autotune module logs as amp_rewrite.autotune, the name the CLI's log lines always showed.
 log = logging.getLogger("amp_rewrite.autotune")

@@ -16,12 +16,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .autotune_inputs import InputArrays, _fit_inputs, _input_arrays
-from .autotune_measure import (DEFAULT_CANDIDATES, DEFAULT_SESSIONS, _check_rounds, _graph_runner, _same_as, _tune,
+from .inputs import InputArrays, _fit_inputs, _input_arrays
+from .measure import (DEFAULT_CANDIDATES, DEFAULT_SESSIONS, _check_rounds, _graph_runner, _same_as, _tune,
                                _unchanged, StepFn, candidate_options)
-from .autotune_stats import FLOAT32, result_line, wins_needed
-from .errors import AmpRewriteError
-from .progress import Progress
+from .stats import FLOAT32, result_line, wins_needed
+from ..errors import AmpRewriteError
+from ..progress import Progress
 
 
 @dataclass(frozen=True)
@@ -270,8 +270,8 @@ def autotune_model(model: Any, opts: AutotuneOptions, *, tags: Sequence[str] | N
     round.  Raises :class:`AmpRewriteError` (:class:`AutotuneInputError` for inputs that do
     not fit); ``model`` is not modified and nothing is left on disk.
     """
-    from .models.saved_model import _graph_outputs, rewrite_model, stage_model
-    from .models.staging import Staging
+    from ..models.saved_model import _graph_outputs, rewrite_model, stage_model
+    from ..models.staging import Staging
 
     opts.check()
     options = candidate_options(opts.candidates)

@@ -29,11 +29,11 @@ Every result says why it won in words (:func:`decision_rule`, :func:`result_line
 candidate's median time, its ratio to float32, the rounds it won out of those timed, and the
 rule that decided.  Long runs report each round to a :class:`~amp_rewrite.progress.Progress`.
 
-The pieces live beside this module, and every name is importable from here as before:
-:mod:`.autotune_stats` (the sign test, the decision and its wording), :mod:`.autotune_inputs`
-(the caller's arrays), :mod:`.autotune_measure` (candidates, timing, sessions) and
-:mod:`.autotune_models` (:class:`AutotuneOptions`, :func:`autotune_model`).  Autotune builds
-on :mod:`amp_rewrite.models`, never the other way round (see :mod:`.autotune_models`).
+The pieces are the modules of this package, and every name is importable from here as before:
+:mod:`.stats` (the sign test, the decision and its wording), :mod:`.inputs`
+(the caller's arrays), :mod:`.measure` (candidates, timing, sessions) and
+:mod:`.model_files` (:class:`AutotuneOptions`, :func:`autotune_model`).  Autotune builds
+on :mod:`amp_rewrite.models`, never the other way round (see :mod:`.model_files`).
 
 It runs graphs, so naturally it has to run on a machine of the kind the graph is rewritten
 for.  The caller's graph and model are never modified.
@@ -44,19 +44,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from .api import RewriteResult, rewrite_graph_def
-from .autotune_inputs import (_NPY_MAGIC, InputArrays, _dims_text, _first_line, _fit_inputs,  # noqa: F401
+from ..api import RewriteResult, rewrite_graph_def
+from .inputs import (_NPY_MAGIC, InputArrays, _dims_text, _first_line, _fit_inputs,  # noqa: F401
                               _input_arrays, _read_member, load_inputs)
-from .autotune_measure import (CANDIDATES, DEFAULT_CANDIDATES, DEFAULT_SESSIONS, StepFn, Tuning,  # noqa: F401
+from .measure import (CANDIDATES, DEFAULT_CANDIDATES, DEFAULT_SESSIONS, StepFn, Tuning,  # noqa: F401
                                _cannot_run, _check_rounds, _graph_runner, _measure, _of, _per_candidate,
                                _round_reporter, _same_as, _tune, _unchanged, candidate_options, default_max_repeats,
                                session_config)
-from .autotune_models import (AutotuneOptions, ModelAutotune, _graph_def_fetches, _graph_def_inputs,  # noqa: F401
+from .model_files import (AutotuneOptions, ModelAutotune, _graph_def_fetches, _graph_def_inputs,  # noqa: F401
                               _input_value, _saved_model_runner, _signature_inputs, autotune_model)
-from .autotune_stats import (ALPHA, FLOAT32, MIN_PROOF_ROUNDS, Comparison, _decide, _percent, compare,  # noqa: F401
+from .stats import (ALPHA, FLOAT32, MIN_PROOF_ROUNDS, Comparison, _decide, _percent, compare,  # noqa: F401
                              decision_rule, relative_error, result_line, sign_test_p, wins_needed)
-from .errors import AmpRewriteError, AutotuneInputError  # noqa: F401
-from .progress import Progress
+from ..errors import AmpRewriteError, AutotuneInputError  # noqa: F401
+from ..progress import Progress
 
 
 __all__ = [

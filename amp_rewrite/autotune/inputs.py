@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .errors import AutotuneInputError
+from ..errors import AutotuneInputError
 
 
 @dataclass(frozen=True, eq=False)
