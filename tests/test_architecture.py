@@ -96,3 +96,51 @@ def test_old_report_module_names_still_work():
     from amp_rewrite.report.build import build_report as moved
 
     assert build_report is moved
+
+
+def _matmul_ir():
+    """The IR of ``out = Identity(MatMul(x, x))`` and what ``decide`` needs besides."""
+    import numpy as np
+    import tensorflow as tf
+
+    from amp_rewrite.graph.io import import_graph_def
+    from amp_rewrite.graph.op_registry import default_registry
+    from amp_rewrite.plan.lists import ListContext, load_lists
+    from amp_rewrite.plan.targets import parse_target
+
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [64, 64], name="x")
+        w = tf.constant(np.ones((64, 64), np.float32), name="w")
+        tf.identity(tf.matmul(x, w, name="mm"), name="out")
+    registry = default_registry()
+    ir = import_graph_def(g.as_graph_def(), registry)
+    lists = load_lists("default", context=ListContext("float16", "cuda"),
+                       is_known_op=lambda op: True)
+    return ir.graph, lists, parse_target("gpu:8.0"), registry
+
+
+def test_a_planner_plugs_into_the_painter_through_the_placement_interface():
+    """The documented interface (docs/architecture.md): ``decide`` calls the placement it is
+    handed with the painting state after TensorFlow's passes; what the placement paints is the
+    plan, and without one a cost-aware planner is refused with the product's error."""
+    from amp_rewrite.errors import RewriteError
+    from amp_rewrite.plan.painter import DecideOptions, decide
+
+    g, lists, target, registry = _matmul_ir()
+    greedy = decide(g, lists, target, "float16", registry)
+    assert "mm" in {node for node, _ in greedy.allow}
+
+    calls = []
+
+    def keep_everything_float32(state, clusters, options):
+        calls.append((options.planner, sorted(state.tg.node[v] for v in state.allow)))
+        state.allow = set()
+        return "summary"
+
+    plan = decide(g, lists, target, "float16", registry, DecideOptions(planner="optimal"),
+                  keep_everything_float32)
+    assert calls and calls[0][0] == "optimal" and "mm" in calls[0][1]
+    assert not plan.allow and plan.placement == "summary"
+    with pytest.raises(RewriteError, match="needs a placement"):
+        decide(g, lists, target, "float16", registry, DecideOptions(planner="optimal"))

@@ -38,13 +38,12 @@ imports none.  The plan's types live in :mod:`.decisions` and are re-exported he
 
 from __future__ import annotations
 
-from __future__ import annotations
-
 import logging
 from typing import Callable, Iterable
 
 import networkx as nx
 
+from ..errors import RewriteError
 from ..graph import dtypes as dt
 from ..graph.op_registry import OpRegistry
 from ..graph.type_attrs import TypeAttr
@@ -83,8 +82,8 @@ def paint(state: PaintingState, placement: Placement | None = None) -> None:
     options = state.options
     if options.planner in ("optimal", "min-casts") and not options.force_all:
         if placement is None:
-            raise ValueError(f"planner {options.planner!r} needs a placement: pass "
-                             "amp_rewrite.plan.optimal.min_cut_placement to decide()")
+            raise RewriteError(f"planner {options.planner!r} needs a placement: pass "
+                               "amp_rewrite.plan.optimal.min_cut_placement to decide()")
         state.placement = placement(state, clusters, options)
         # The placement re-decided the float vertices: existing Casts follow their consumers.
         passes.existing_casts(state)
