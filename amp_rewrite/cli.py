@@ -35,8 +35,7 @@ import tempfile
 import threading
 from typing import Any, Iterator, Sequence
 
-from .cli_parser import (_CATEGORIES, EXIT_UNCHANGED, _add_list_options, _add_model_options,  # noqa: F401
-                         _precision, _tf_version, _version, build_parser)
+from .cli_parser import _CATEGORIES, EXIT_UNCHANGED, build_parser
 from .errors import AmpRewriteError
 
 __all__ = ["build_parser", "main"]
