@@ -105,7 +105,7 @@ VARIANTS: tuple[str, ...] = (
     "float32", "float32_again", "float32_strict", "float32_xla", "tf_amp",
     "keras_mixed", "keras_mixed_xla",
     "ours_tensorflow", "ours_tensorflow_xla", "ours_default", "ours_default_xla",
-    "ours_optimal", "ours_optimal_xla",
+    "ours_optimal", "ours_optimal_xla", "ours_user",
 )
 REFERENCE = "float32_strict"
 
@@ -116,10 +116,18 @@ class VariantSpec:
 
     name: str
     policy: str = "float32"  #: "float32" or "mixed" (mixed_float16 / mixed_bfloat16)
-    jit_compile: bool = False
+    #: ``model.compile(jit_compile=...)``; ``"auto"`` is Keras's default (XLA on a GPU).
+    jit_compile: bool | str = False
     tf32: bool = True  #: TF32 math for float32 matmuls/convolutions while this variant runs
     tf_amp: bool = False  #: TensorFlow's Grappler AMP pass on while this variant runs
     lists: str | None = None  #: amp_rewrite's list profile (our variants only)
+    #: Ours exactly as a user enables it: ``enable_mixed_precision_graph_rewrite(opt)`` with no
+    #: option and ``compile()`` with Keras's default ``jit_compile="auto"``.
+    user_defaults: bool = False
+
+    @property
+    def ours(self) -> bool:
+        return self.lists is not None or self.user_defaults
 
 
 def variant_spec(name: str) -> VariantSpec:
@@ -133,6 +141,8 @@ def variant_spec(name: str) -> VariantSpec:
         return VariantSpec(name, tf_amp=True)
     if name.startswith("keras_mixed"):
         return VariantSpec(name, policy="mixed", jit_compile=xla)
+    if name == "ours_user":
+        return VariantSpec(name, jit_compile="auto", user_defaults=True)
     if name.startswith("ours_"):
         lists = name[len("ours_"):].removesuffix("_xla")
         if lists in ("tensorflow", "default", "optimal"):
@@ -459,7 +469,9 @@ class VariantRun:
         # The same initial weights in every variant (a mixed policy keeps float32 variables).
         self.model.set_weights(weights)
         opt = _optimizer(w.optimizer)
-        if spec.lists is not None:
+        if spec.user_defaults:
+            opt = amp_rewrite.enable_mixed_precision_graph_rewrite(opt)
+        elif spec.lists is not None:
             opt = amp_rewrite.enable_mixed_precision_graph_rewrite(
                 opt, lists=spec.lists, target=cfg.target, precision=cfg.precision)
         elif spec.tf_amp and cfg.precision == "float16":
@@ -519,6 +531,11 @@ class VariantRun:
             self.switches.leave(self.spec)
         self.step_ms.append(1e3 * statistics.median(times))
 
+    @property
+    def xla(self) -> bool:
+        """Whether Keras compiles this variant's step with XLA (``"auto"`` as Keras resolved it)."""
+        return bool(getattr(self.model, "jit_compile", self.spec.jit_compile))
+
     # -- our variants ---------------------------------------------------------------------
     def amp_function(self) -> Any:
         """Our rewritten step (an ``amp_rewrite.function``), or ``None`` for other variants."""
@@ -564,8 +581,8 @@ class VariantRun:
         result = amp_rewrite.rewrite_graph_def(
             graph.as_graph_def(), fetches=sorted({t.op.name for t in graph.outputs}),
             variable_shapes=captured_variable_shapes(graph), target=self.cfg.target,
-            precision=self.cfg.precision, lists=self.spec.lists, planner="optimal",
-            compiled=self.spec.jit_compile)
+            precision=self.cfg.precision, lists=self.spec.lists or "default", planner="optimal",
+            compiled=self.xla)
         est = placement_estimates(result.report)
         if not est:
             return None, "offline rewrite has no placement section"
@@ -664,7 +681,7 @@ def run_workload(w: Workload, variants: list[str], cfg: Config, switches: Switch
             "rel_err_vs_float32_strict": relative_error(run.first_value, ref.first_value if ref else None),
             "first_value": float(run.first_value) if run.first_value is not None and run.first_value.size == 1 else None,
         }
-        if run.spec.lists is not None:
+        if run.spec.ours:
             info = run.rewrite_info()
             rec["rewrite"] = info
             if info is not None:
@@ -674,7 +691,7 @@ def run_workload(w: Workload, variants: list[str], cfg: Config, switches: Switch
                     pred, source = None, f"failed: {type(exc).__name__}: {exc}"[:400]
                 rec["predicted_ratio"], rec["predicted_source"] = pred, source
             # The cost model prices float32 as it runs beside the plan: under XLA against XLA.
-            baseline = base_xla if run.spec.jit_compile else base
+            baseline = base_xla if run.xla else base
             rec["measured_ratio_baseline"] = baseline.spec.name if baseline else None
             rec["measured_ratio"] = (step / statistics.median(baseline.step_ms)
                                      if baseline and baseline.step_ms else None)

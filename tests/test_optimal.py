@@ -27,7 +27,7 @@ from amp_rewrite.plan.targets import Device, Target
 from amp_rewrite.testing import MULTI_DEVICES, check_allow_deny, graphs_with_options
 from graphs import graph_def, run, v1
 
-GPU = DEVICE_COSTS["gpu-tensor-cores"]
+GPU = DEVICE_COSTS["gpu-ampere"]  # what TensorFlow's oracle targets (gpu:8.0)
 BF16_CPU = DEVICE_COSTS["cpu-avx512-bf16"]
 
 
@@ -138,9 +138,36 @@ def test_min_cut_is_optimal_on_small_graphs_by_brute_force(name, target):
 def test_cost_model_big_matmul_pays_small_one_does_not_on_gpu():
     big = node_cost("MatMul", [(1024, 1024), (1024, 1024)], [(1024, 1024)], 2, GPU)
     small = node_cost("MatMul", [(2, 16), (16, 8)], [(2, 8)], 2, GPU)
-    casts = 3 * cast_cost((1024, 1024), 2, GPU)
-    assert big.high - big.low > casts
+    assert big.high - big.low > 3 * cast_cost((1024, 1024), 2, GPU)
     assert small.high - small.low < 3 * cast_cost((2, 16), 2, GPU)
+    # Against TF32 (TensorFlow's float32 from 8.0) float16 saves about half of a large
+    # product's time; against Volta's FP32, about seven eighths.
+    volta = node_cost("MatMul", [(4096, 4096), (4096, 4096)], [(4096, 4096)], 2, DEVICE_COSTS["gpu-volta"])
+    ampere = node_cost("MatMul", [(4096, 4096), (4096, 4096)], [(4096, 4096)], 2, GPU)
+    assert ampere.low / ampere.high == pytest.approx(0.5, abs=0.05)
+    assert volta.low / volta.high == pytest.approx(1 / 8, abs=0.03)
+
+
+def test_gpu_classes_by_compute_capability_and_tf32():
+    """One class per family; float32 is TF32 from 8.0 unless TF32 is off; a capability
+    unknown counts as the newest family."""
+    from amp_rewrite.plan.cost_model import TF32_OFF, gpu_costs
+    from amp_rewrite.plan.targets import Device
+
+    names = {cap: gpu_costs(Device("GPU", 0, cap)).name for cap in ((7, 0), (7, 5), (8, 0), (8, 9), (9, 0), (10, 0))}
+    assert names == {(7, 0): "gpu-volta", (7, 5): "gpu-volta", (8, 0): "gpu-ampere", (8, 9): "gpu-ampere",
+                     (9, 0): "gpu-hopper", (10, 0): "gpu-hopper"}
+    assert gpu_costs(Device("GPU", 0, None)).name == "gpu-hopper"
+    strict = gpu_costs(Device("GPU", 0, (9, 0), frozenset({TF32_OFF})))
+    tf32 = gpu_costs(Device("GPU", 0, (9, 0)))
+    assert strict.name == "gpu-hopper-fp32" and strict.low_flops == tf32.low_flops
+    assert tf32.low_flops / tf32.f32_flops < 2.5 < strict.low_flops / strict.f32_flops
+    assert gpu_costs(Device("GPU", 0, (7, 0), frozenset({TF32_OFF}))).name == "gpu-volta"  # no TF32 there
+    # Convolutions have rates of their own (cuDNN): the gain of float16 over TF32 is smaller.
+    shape = [(64, 56, 56, 256), (3, 3, 256, 256)], [(64, 56, 56, 256)]
+    conv = node_cost("Conv2D", *shape, 2, tf32)
+    gemm = node_cost("MatMul", [(4096, 4096), (4096, 4096)], [(4096, 4096)], 2, tf32)
+    assert gemm.low / gemm.high < conv.low / conv.high < 0.7
 
 
 def test_depthwise_gains_nothing_on_a_cpu_without_amx():
@@ -208,8 +235,10 @@ def test_small_matmul_surrounded_by_casts_stays_float32_with_the_reason():
 
 def test_large_matmul_converts_and_planner_option_overrides_profile():
     def build():
-        x = v1.placeholder(tf.float32, (512, 512), name="x")
-        w = v1.placeholder(tf.float32, (512, 512), name="w")
+        # 2048: against TF32 (gpu:8.0's float32) float16 halves a product's time, and each
+        # Cast costs a kernel launch: a 512^3 product no longer pays for three of them.
+        x = v1.placeholder(tf.float32, (2048, 2048), name="x")
+        w = v1.placeholder(tf.float32, (2048, 2048), name="w")
         tf.identity(tf.matmul(tf.nn.relu(x), w, name="mm"), name="out")
 
     gd = graph_def(build)
@@ -281,7 +310,7 @@ def test_casts_and_per_step_weights_are_priced_as_measured_in_place_on_x86_bfloa
     assert variable.low > 0.95 * variable.high and frozen.low < 0.85 * frozen.high
     grad = node_cost("Conv2DBackpropFilter", [x, (4,), y], [w], 2, BF16_CPU, constant_weights=True)
     assert grad.low - grad.high >= BF16_CPU.low_dense_overhead  # re-laid out too, and no faster
-    assert costs["gpu-tensor-cores"].low_dense_overhead == 0.0
+    assert all(c.low_dense_overhead == 0.0 for name, c in costs.items() if name.startswith("gpu-"))
 
 
 def _frozen_batch_norm_block():
@@ -556,8 +585,9 @@ def test_upstream_of_a_fragile_normalization_follows_data_edges_only():
 def test_nothing_upstream_of_a_fragile_normalization_runs_in_low_precision():
     """Batch 2 on a 1x1 map: the normalization outputs the sign of two values' difference,
     so the optimal planner keeps what feeds it float32 (the greedy passes and TensorFlow's
-    rewrite convert the convolution); at batch 4 the same convolution converts."""
-    two = amp_rewrite.rewrite_graph_def(_fragile_graph(2), target="gpu:8.0", lists="optimal", use_env=False)
+    rewrite convert the convolution); at batch 4 the same convolution converts.  Planned for
+    gpu:7.0, where float16 is ~8x FP32, so the small convolution pays wherever it is safe."""
+    two = amp_rewrite.rewrite_graph_def(_fragile_graph(2), target="gpu:7.0", lists="optimal", use_env=False)
     node = two.report["nodes"]["conv0"]
     assert node["dtype"] == "float32"
     assert "upstream of normalization 'moments/mean'" in node["reason"], node["reason"]
@@ -566,7 +596,7 @@ def test_nothing_upstream_of_a_fragile_normalization_runs_in_low_precision():
     assert placement["fragile_normalizations"] == 1 and placement["upstream_float32"] >= 1
     greedy = amp_rewrite.rewrite_graph_def(_fragile_graph(2), target="gpu:8.0", use_env=False)
     assert greedy.report["nodes"]["conv0"]["dtype"] == "float16"
-    four = amp_rewrite.rewrite_graph_def(_fragile_graph(4), target="gpu:8.0", lists="optimal", use_env=False)
+    four = amp_rewrite.rewrite_graph_def(_fragile_graph(4), target="gpu:7.0", lists="optimal", use_env=False)
     assert four.report["nodes"]["conv0"]["dtype"] == "float16"
     assert four.report["placement"]["fragile_normalizations"] == 0
     # min-casts converts what TensorFlow converts.
@@ -807,7 +837,7 @@ def _v1_matmul_loop(n: int) -> tf.compat.v1.GraphDef:
 
 @pytest.mark.parametrize("n", [4, 512])
 @pytest.mark.parametrize("level", ["DEFAULT", "TREAT_INFER_AS_DENY"])
-@pytest.mark.parametrize("target, precision", [("gpu:8.0", "float16"), ("cpu", "bfloat16")])
+@pytest.mark.parametrize("target, precision", [("gpu:7.0", "float16"), ("cpu", "bfloat16")])
 def test_moving_next_iteration_to_deny_never_converts_a_loop_more(n, level, target, precision):
     """Regression (issue 24, found by the deep property run): with NextIteration on the deny
     list, recurrent matching ties the loop's plumbing (Enter/Merge/Switch/NextIteration) into

@@ -197,6 +197,44 @@ def test_keras_jit_compile_false_and_auto_follow_keras(monkeypatch: Any) -> None
     assert np.isfinite(losses).all()
 
 
+@pytest.mark.parametrize("gpu", [True, False])
+def test_keras_overflow_skip_compiles_to_selects_on_a_gpu(gpu: bool, monkeypatch: Any) -> None:
+    """Traced for XLA on a GPU, the skip-on-overflow decision of our Keras loss-scale
+    optimizer becomes selects: XLA keeps a conditional with an empty branch, and on a GPU
+    that is a host round trip before the update (our ResNet50 step on an H200 kept one,
+    bench/gpu_runs/2026-11-26-h200).  On a CPU the conditional stays, where it is cheaper.
+    The decision holds either way.  (No GPU here: its presence is what the optimizer asks
+    TensorFlow, so the test answers for it.)"""
+    import amp_rewrite.training.keras_optimizer as keras_optimizer
+
+    real = tf.config.list_logical_devices
+    monkeypatch.setattr(keras_optimizer.tf.config, "list_logical_devices",
+                        lambda kind=None: ["/GPU:0"] if kind == "GPU" and gpu else real(kind))
+    opt = amp_rewrite.enable_mixed_precision_graph_rewrite(
+        keras.optimizers.SGD(0.1, momentum=0.9), **TARGET)
+    w = [tf.Variable(np.ones((8, 8), np.float32)), tf.Variable(np.ones((8,), np.float32))]
+    opt.build(w)
+
+    @tf.function(jit_compile=True)
+    def apply(g0: Any, g1: Any) -> Any:
+        opt.apply([g0, g1], w)
+        return opt.current_loss_scale
+
+    g0, g1 = tf.ones((8, 8)), tf.ones((8,))
+    hlo = apply.experimental_get_compiler_ir(g0, g1)(stage="optimized_hlo")
+    assert ("conditional(" in hlo) is not gpu
+    scale = float(apply(g0, g1))
+    assert scale == 2.0 ** 15 and int(opt.skipped_steps) == 0
+    assert (w[1].numpy() < 1.0).all()  # applied
+    before = [v.numpy().copy() for v in w]
+    assert float(apply(g0, g1 * np.nan)) == scale / 2  # skipped: halved...
+    assert int(opt.skipped_steps) == 1
+    for v, b in zip(w, before):  # ...and nothing applied, momentum included
+        np.testing.assert_array_equal(v.numpy(), b)
+    float(apply(g0, g1))
+    assert not np.array_equal(w[1].numpy(), before[1]) and int(opt.skipped_steps) == 1
+
+
 # -- 3. offline: rewrite --xla -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -366,7 +404,7 @@ def test_compiled_false_leaves_every_plan_byte_identical() -> None:
 def test_compiled_cost_model_prices_fusion() -> None:
     from amp_rewrite.plan.cost_model import DEVICE_COSTS, cast_cost, node_cost
 
-    gpu, cpu = DEVICE_COSTS["gpu-tensor-cores"], DEVICE_COSTS["cpu-avx512-bf16"]
+    gpu, cpu = DEVICE_COSTS["gpu-ampere"], DEVICE_COSTS["cpu-avx512-bf16"]
     shape = (256, 256)
     # A fused Cast: no launch, only its low-precision copy written once.
     assert cast_cost(shape, 2, gpu, compiled=True) == pytest.approx(256 * 256 * 2 / gpu.bandwidth)

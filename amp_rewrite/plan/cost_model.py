@@ -44,10 +44,12 @@ cannot fuse), so it leans towards converting under XLA.
 
 Rates are per device class (:data:`DEVICE_COSTS`).  The class for this repository's CPU was
 calibrated by timing every node of Keras models in float32 and in bfloat16, in place
-(``bench/calibrate_in_place.py``), and Casts inserted into models (see CONTRIBUTING.md); the
-GPU and AMX ones follow the vendors' published ratios (Tensor Cores 8x float32 math, AMX
-about 8x AVX-512 float32); a Cast on a GPU costs about 2 us (kernel launch; the executor's
-host time overlaps the device).
+(``bench/calibrate_in_place.py``), and Casts inserted into models (see CONTRIBUTING.md).
+GPUs have one class per compute-capability family (:func:`gpu_costs`): Hopper's rates were
+measured on an H100 through TensorFlow, Ampere's and Volta's are NVIDIA's published peaks, and
+float32 is TF32 from 8.0 unless TF32 is off (:data:`TF32_OFF`); a Cast on a GPU costs about
+2 us (kernel launch; the executor's host time overlaps the device).  The AMX ones follow the
+vendors' published ratios (AMX about 8x AVX-512 float32).
 Shape-aware: a matrix whose dimensions miss the device's preferred multiple loses part of
 the low-precision speed-up (:func:`alignment_efficiency`).
 """
@@ -62,7 +64,8 @@ from typing import Mapping, NamedTuple, Sequence
 from ..graph.shapes import Shape, numel
 from .targets import Device
 
-__all__ = ["DeviceCosts", "DenseBand", "dense_band", "DEVICE_COSTS", "costs_for", "NodeCost", "node_cost",
+__all__ = ["DeviceCosts", "DenseBand", "dense_band", "DEVICE_COSTS", "costs_for", "gpu_costs", "TF32_OFF",
+           "GPU_DENSE_EFFICIENCY", "NodeCost", "node_cost",
            "cast_cost", "DENSE_OPS", "ALIAS_OPS", "METADATA_OPS", "misaligned_dims", "alignment_efficiency",
            "elements"]
 
@@ -136,6 +139,12 @@ class DeviceCosts:
     #: use the rates above.
     dense: Mapping[str, tuple[DenseBand, ...]] = field(default_factory=lambda: MappingProxyType({}),
                                                        hash=False)
+    #: Convolutions' own float32 and low-precision rates (flop/ns), where the libraries reach
+    #: other rates on them than on GEMMs (cuDNN against cuBLAS).  ``None``: the GEMM rates.
+    conv_rates: tuple[float, float] | None = None
+    #: The fraction of the nominal dense rates that a model's GEMMs and convolutions reach,
+    #: over float32 and low precision alike (its shapes are smaller than a benchmark's).
+    dense_efficiency: float = 1.0
 
 
 #: Element-wise ops in bfloat16 on x86 CPUs, measured on this repository's benchmark CPU (AMD
@@ -205,12 +214,53 @@ X86_BF16_DENSE: Mapping[str, tuple[DenseBand, ...]] = MappingProxyType({
     "DepthwiseConv2dNativeBackpropFilter": (DenseBand(math.inf, 21.0, 2.5),),
 })
 
+#: The device feature of a GPU whose float32 math is strict FP32: TF32 switched off
+#: (``tf.config.experimental.enable_tensor_float_32_execution(False)`` or
+#: ``NVIDIA_TF32_OVERRIDE=0``).  Without it a GPU of compute capability >= 8.0 runs float32
+#: MatMul and convolutions on TF32 Tensor Cores, TensorFlow's default.
+TF32_OFF = "tf32_off"
+
+#: GPU classes, one per compute-capability family (issue 22).  Rates in flop/ns (TFLOP/s x
+#: 1000), bandwidth in bytes/ns (GB/s).  float32 is what TensorFlow runs by default: TF32 Tensor
+#: Cores from 8.0, the CUDA cores' FP32 before; ``-fp32`` classes are 8.x/9.x with TF32 off.
+#:
+#: * 9.x (Hopper) is measured: through ``../shared/gpu`` on an H100 80GB HBM3 (TensorFlow 2.21,
+#:   the machine's CUDA 13 libraries, inside a ``tf.function``, 2026-11-25), an 8192^3 GEMM
+#:   ran at 707 TFLOP/s in float16 and 366 in TF32, a 3x3 convolution (batch 64, 56x56, 256
+#:   channels) at 576 and 336; a device-to-device copy moved 3.0 TB/s (4.3 on an H200).
+#:   Strict FP32 is the H100 SXM's published 67 TFLOP/s.
+#: * 8.x (Ampere, A100) and 7.x (Volta, V100) are NVIDIA's published peaks (A100: 312 float16,
+#:   156 TF32, 19.5 FP32, 1.6-2.0 TB/s; V100: 125 float16 Tensor Core, 15.7 FP32, 0.9 TB/s),
+#:   with convolutions at Hopper's measured share of the GEMM rate.  Not measured here.
+#:
+#: A model's dense ops are smaller than those benchmarks: ``dense_efficiency`` is the share of
+#: the rates they reach, fitted so that the float32 XLA training step of ResNet50 (batch 64)
+#: is estimated at the 25.9 ms an H200 measured (bench/gpu_runs/2026-11-26-h200: its dense ops
+#: priced at 4.4 ms at the full rates, its other ops at 3.8 ms at the H200's 4.3 TB/s, so
+#: 4.4 / (25.9 - 3.8) = 0.2).  BERT-base's step (batch 32), not fitted, is then estimated 35%
+#: above its measured 24.5 ms: its GEMMs reach more of the rate than ResNet50's convolutions.
+#: The same share is assumed for every family.  Casts and element-wise ops are priced from
+#: the bandwidth, so a plan's low/float32 ratio follows from measured rates and this share.
+GPU_DENSE_EFFICIENCY = 0.2
+_CONV_SHARE = (336 / 366, 576 / 707)  # Hopper, measured: convolution rate / GEMM rate
+
+
+def _gpu_class(name: str, f32: float, low: float, bandwidth: float, misaligned_low: float) -> DeviceCosts:
+    return DeviceCosts(name, f32, low, bandwidth, 0.5, 1.5, 2_000.0, 8, misaligned_low,
+                       conv_rates=(f32 * _CONV_SHARE[0], low * _CONV_SHARE[1]),
+                       dense_efficiency=GPU_DENSE_EFFICIENCY)
+
+
 DEVICE_COSTS: dict[str, DeviceCosts] = {
-    # Volta/Turing/Ampere+ Tensor Cores: ~8x float32 math (cuBLAS/cuDNN), HBM bandwidth,
-    # ~2 us per extra small kernel.  Without multiples of 8
-    # older cuBLAS falls back to half-precision FMA, about 2x float32.
-    "gpu-tensor-cores": DeviceCosts("gpu-tensor-cores", 15_000.0, 120_000.0, 1_500.0, 0.5, 1.5,
-                                    2_000.0, 8, 30_000.0),
+    # Tensor Cores at about 8x the CUDA cores' FP32.  Without multiples of 8 cuBLAS of that
+    # era falls back to half-precision FMA, about 2x FP32.
+    "gpu-volta": _gpu_class("gpu-volta", 15_700.0, 125_000.0, 900.0, 31_400.0),
+    # TF32 is float32's default: Tensor Cores in both precisions, float16 at 2x.  Misaligned
+    # float16 is taken to gain nothing over TF32.
+    "gpu-ampere": _gpu_class("gpu-ampere", 156_000.0, 312_000.0, 1_800.0, 156_000.0),
+    "gpu-ampere-fp32": _gpu_class("gpu-ampere-fp32", 19_500.0, 312_000.0, 1_800.0, 39_000.0),
+    "gpu-hopper": _gpu_class("gpu-hopper", 366_000.0, 707_000.0, 3_000.0, 366_000.0),
+    "gpu-hopper-fp32": _gpu_class("gpu-hopper-fp32", 67_000.0, 707_000.0, 3_000.0, 134_000.0),
     # Sapphire Rapids AMX (bf16 and fp16 tiles): ~8x AVX-512 float32 on dense math;
     # element-wise float16 runs natively (AVX512-FP16).  Tiles are 16 rows x 32 bf16/fp16
     # values.  bfloat16 has no element-wise arithmetic there: see "cpu-amx-bf16" below.
@@ -244,10 +294,20 @@ DEVICE_COSTS["cpu-amx-bf16"] = replace(DEVICE_COSTS["cpu-amx"], name="cpu-amx-bf
                                        elementwise=X86_BF16_ELEMENTWISE)
 
 
+def gpu_costs(device: Device) -> DeviceCosts:
+    """The class of a GPU by compute-capability family (an unknown capability counts as the
+    newest), strict FP32 where TF32 is off.  bfloat16 (>= 8.0) runs at float16's rates."""
+    major = device.capability[0] if device.capability else 9
+    if major < 8:
+        return DEVICE_COSTS["gpu-volta"]
+    family = "gpu-ampere" if major == 8 else "gpu-hopper"
+    return DEVICE_COSTS[family + "-fp32" if TF32_OFF in device.features else family]
+
+
 def costs_for(device: Device, precision: str) -> DeviceCosts:
     """The cost class of ``device`` for ``precision`` (a device assumed fast when unknown)."""
     if device.type == "GPU":
-        return DEVICE_COSTS["gpu-tensor-cores"]
+        return gpu_costs(device)
     feats = device.features
     # No features: ``target="cpu"``, a CPU assumed to have AMX.
     if not feats or "amx_bf16" in feats or "amx_fp16" in feats or "amx_tile" in feats:
@@ -323,6 +383,13 @@ def _dense_flops(op: str, ins: Sequence[Shape], outs: Sequence[Shape]) -> tuple[
     return 0.0, ()
 
 
+def _dense_rates(costs: DeviceCosts, op: str) -> tuple[float, float]:
+    """The float32 and low-precision rates (flop/ns) a model's ``op`` reaches on ``costs``'
+    device class: the class's convolution or GEMM rates, times its dense efficiency.  Pure."""
+    f32, low = costs.conv_rates if costs.conv_rates and op in CONV_OPS else (costs.f32_flops, costs.low_flops)
+    return f32 * costs.dense_efficiency, low * costs.dense_efficiency
+
+
 def dense_band(costs: DeviceCosts, op: str, flops: float) -> DenseBand | None:
     """The measured band of ``op`` at ``flops`` on ``costs``' device class, if it has one."""
     for band in costs.dense.get(op, ()):
@@ -378,22 +445,22 @@ def node_cost(
     mem_low = elems * low_bytes / costs.bandwidth
     if op in DENSE_OPS:
         flops, dims = _dense_flops(op, in_shapes, out_shapes)
-        low_rate = costs.low_flops
+        f32_rate, low_rate = _dense_rates(costs, op)
         bad: tuple[int, ...] = ()
         if op in DEPTHWISE_OPS:
-            low_rate = costs.f32_flops * costs.low_depthwise
+            low_rate = f32_rate * costs.low_depthwise
         elif shape_aware and dims and all(isinstance(d, int) for d in dims):
             bad = misaligned_dims(dims, costs.multiple)
             if bad:
-                low_rate = max(costs.misaligned_low_flops,
-                               costs.low_flops * alignment_efficiency(dims, costs.multiple))
+                low_rate = max(costs.misaligned_low_flops * costs.dense_efficiency,
+                               low_rate * alignment_efficiency(dims, costs.multiple))
         fixed = 0.0 if constant_weights and "BackpropFilter" not in op else costs.low_dense_overhead
         band = dense_band(costs, op, flops)
         if band is None:
-            return NodeCost(flops / costs.f32_flops + mem_high, flops / low_rate + mem_low + fixed, flops, bad)
+            return NodeCost(flops / f32_rate + mem_high, flops / low_rate + mem_low + fixed, flops, bad)
         # Measured in place, over aligned and misaligned shapes alike: float32 time relative
         # to the roofline, and the low-precision ratio, for ops of this size.
-        high = (flops / costs.f32_flops + mem_high) * band.scale
+        high = (flops / f32_rate + mem_high) * band.scale
         return NodeCost(high, high * band.ratio + fixed, flops, bad)
     compute, low_ratio = costs.elementwise.get(op, (1.0, costs.low_elementwise))
     high = mem_high * compute

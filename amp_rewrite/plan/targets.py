@@ -300,10 +300,13 @@ def detect_target() -> Target:
 
     cpu = Device("CPU", 0, None, cpu_features())
     gpus = []
+    # The cost model prices float32 as TF32 from compute capability 8.0 unless TF32 is off.
+    tf32_off = not tf.config.experimental.tensor_float_32_execution_enabled()
     for i, phys in enumerate(tf.config.list_physical_devices("GPU")):
         details = tf.config.experimental.get_device_details(phys)
         cap = details.get("compute_capability")
-        gpus.append(Device("GPU", i, tuple(cap) if cap else None))
+        features = frozenset({"tf32_off"}) if tf32_off and cap and tuple(cap) >= (8, 0) else frozenset()
+        gpus.append(Device("GPU", i, tuple(cap) if cap else None, features))
     if gpus:
         desc = "auto: " + ", ".join(
             f"GPU:{d.id} {d.capability[0]}.{d.capability[1]}" if d.capability else f"GPU:{d.id}"

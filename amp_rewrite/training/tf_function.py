@@ -242,6 +242,8 @@ class _Runner:
         self.xla_fallback_reason: str | None = None
         self._checked = jit_compile is not True
         self._run = tf.function(run, autograph=False, jit_compile=jit_compile)
+        #: The runner's concrete function per argument signature (:meth:`_call_run`).
+        self._run_concretes: dict[tuple[Any, ...], Any] = {}
 
     def _check_xla(self, args: Sequence[Any]) -> None:
         """Lower the runner to HLO once for ``args``; fall back to no XLA if that fails.
@@ -265,6 +267,26 @@ class _Runner:
                 "without XLA (jit_compile=True was asked for), with the same results"
             ))
             self._run = tf.function(self._python_run, autograph=False)
+            self._run_concretes = {}
+
+    def _call_run(self, args: list[Any]) -> Any:
+        """Call the runner, through its concrete function when the arguments are eager tensors.
+
+        The concrete function is what ``tf.function`` would pick for these shapes and dtypes
+        (the runner captures no Python values and takes tensors only), and calling it skips
+        ``tf.function``'s lookup, which hashes every captured variable on every call.  It
+        keeps ``_XlaMustCompile``: a compiled runner stays compiled.
+        """
+        import tensorflow as tf
+
+        if not tf.executing_eagerly() or not all(hasattr(a, "numpy") and isinstance(a, tf.Tensor) for a in args):
+            return self._run(*args)
+        key = tuple((a.dtype, tuple(a.shape)) for a in args)
+        concrete = self._run_concretes.get(key)
+        if concrete is None:
+            concrete = self._run.get_concrete_function(*args)
+            self._run_concretes[key] = concrete
+        return concrete(*args)
 
     def executed_graphs(self) -> list[Any]:
         """The runner's traced graphs: what TensorFlow actually executes for this function."""
@@ -281,7 +303,7 @@ class _Runner:
         # check waits for the first eager call.
         if not self._checked and tf.executing_eagerly():
             self._check_xla([*flat_args, *deferred])
-        values = self._run(*flat_args, *deferred)
+        values = self._call_run([*flat_args, *deferred])
         flat_structure = tf.nest.flatten(self._structured_outputs, expand_composites=True)
         it = iter(values)
         packed = []
@@ -293,6 +315,41 @@ class _Runner:
                 f"internal error: {len(leftover)} more outputs than the traced structure holds"
             )
         return tf.nest.pack_sequence_as(self._structured_outputs, packed, expand_composites=True)
+
+
+def _call_key(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """A key that picks the same concrete function as ``tf.function`` would, or ``None``.
+
+    Only for the plain case: called eagerly, outside any distribution strategy, with eager
+    tensors (and hashable Python values, which ``tf.function`` keys by value) as the only
+    leaves.  The key holds each tensor's dtype and full shape, the device scope and the global
+    seed (``tf.random.set_seed`` retraces a ``tf.function``); anything else (variables,
+    composite tensors, numpy arrays, unhashable values) takes ``tf.function``'s own lookup.
+    Pure.
+
+    Why: ``tf.function``'s lookup builds and hashes a function type over every captured
+    variable, on every call; with ``fit`` calling the rewritten step every step, that was
+    about 3 ms of host time per step for a 150-layer MLP on this CPU, paid twice (the traced
+    and the runner function), while the step itself waits on the host.
+    """
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    if not tf.executing_eagerly() or tf.distribute.has_strategy():
+        return None
+    parts: list[Any] = [context.context().device_name, context.global_seed()]
+    leaves = tf.nest.flatten((args, dict(kwargs)), expand_composites=False)
+    for leaf in leaves:
+        if isinstance(leaf, tf.Tensor) and not isinstance(leaf, tf.Variable):
+            if not hasattr(leaf, "numpy"):  # a symbolic tensor: not an eager call
+                return None
+            parts.append(("T", leaf.dtype, tuple(leaf.shape)))
+        elif leaf is None or isinstance(leaf, (bool, int, float, str)):
+            parts.append(("V", type(leaf), leaf))
+        else:
+            return None
+    # The structure matters too (a tuple and a list of the same tensors trace differently).
+    return (tf.nest.map_structure(lambda _: 0, (tuple(args), dict(kwargs))).__repr__(), *parts)
 
 
 def _flat_inputs(concrete: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
@@ -347,6 +404,9 @@ class Function:
             reduce_retracing=reduce_retracing, jit_compile=jit_compile,
         )
         self._runners: dict[str, _Runner] = {}
+        #: (concrete, runner) per call key (:func:`_call_key`): a training step calls the same
+        #: signature every step, and tf.function's own lookup hashes every captured variable.
+        self._calls: dict[tuple[Any, ...], tuple[Any, _Runner]] = {}
         self._lock = threading.Lock()
         self._bound: weakref.WeakKeyDictionary[Any, Function] = weakref.WeakKeyDictionary()
         self._init_kwargs = dict(input_signature=input_signature, autograph=autograph,
@@ -433,8 +493,15 @@ class Function:
             return runner
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        concrete = self.get_concrete_function(*args, **kwargs)
-        runner = self._runner(concrete)
+        key = _call_key(args, kwargs)
+        hit = self._calls.get(key) if key is not None else None
+        if hit is None:
+            concrete = self.get_concrete_function(*args, **kwargs)
+            hit = (concrete, self._runner(concrete))
+            if key is not None:
+                with self._lock:
+                    self._calls[key] = hit
+        concrete, runner = hit
         return runner(_flat_inputs(concrete, args, kwargs))
 
     @property
