@@ -36,6 +36,9 @@ of its own, built from the same random weights, compiled as a Keras user would c
 * ``ours_<lists>`` / ``ours_<lists>_xla`` for lists ``tensorflow``, ``default``, ``optimal``:
   ``amp_rewrite.enable_mixed_precision_graph_rewrite(opt, lists=..., target=..., precision=...)``
   and ``model.compile(jit_compile=False | True)``: Keras's train (and predict) step rewritten.
+* ``ours_user``: ours exactly as a user enables it, ``enable_mixed_precision_graph_rewrite(opt)``
+  with no option and ``model.compile`` with Keras's default ``jit_compile="auto"`` (XLA on a
+  GPU, as Keras resolves it); its XLA baseline is ``float32_xla`` when Keras chose XLA.
 
 ``--autotune`` (``amp-rewrite rewrite --autotune``) times candidate rewrites of a SavedModel
 offline; a Keras ``fit`` step has no SavedModel to autotune, so it is not a variant here.

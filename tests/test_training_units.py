@@ -299,3 +299,33 @@ def test_v1_wrapper_train_op_collection_under_v1_control_flow(monkeypatch: pytes
         train = opt.minimize(tf.reduce_sum(var * var))
         assert any(op.type == "Switch" for op in graph.get_operations())  # v1 cond indeed
         assert graph.get_collection(tf.compat.v1.GraphKeys.TRAIN_OP) == [earlier, train]
+
+
+def test_a_traced_signature_is_found_again_without_tf_functions_lookup(monkeypatch) -> None:
+    """``amp_rewrite.function`` remembers (concrete, runner) per argument signature, so a
+    training loop calling the same signature every step does not pay ``tf.function``'s lookup,
+    which hashes every captured variable (issue 22: host time a GPU step waits for).  A new
+    shape, a new Python value or a new global seed still traces as ``tf.function`` would."""
+    tf = pytest.importorskip("tensorflow")
+    w = tf.Variable(np.ones((8, 8), np.float32))
+
+    def step(x, scale):
+        w.assign_add(0.0 * w)  # a captured variable
+        return tf.reduce_sum(tf.matmul(x, w)) * scale
+
+    f = amp_rewrite.function(step, target="gpu:8.0", precision="float16")
+    lookups = []
+    real = type(f).get_concrete_function
+    monkeypatch.setattr(type(f), "get_concrete_function",
+                        lambda self, *a, **k: lookups.append(1) or real(self, *a, **k))
+    x = tf.ones((4, 8))
+    assert [float(f(x, 2.0)) for _ in range(5)] == [512.0] * 5
+    assert len(lookups) == 1  # traced and looked up once, then found by its key
+    assert f.rewrite_results[0].report["converted_nodes"] > 0  # the rewritten graph ran
+    assert float(f(tf.ones((2, 8)), 2.0)) == 256.0 and len(lookups) == 2  # a new shape
+    assert float(f(x, 3.0)) == 768.0 and len(lookups) == 3  # a Python value keys by value
+    tf.random.set_seed(7)
+    assert float(f(x, 2.0)) == 512.0 and len(lookups) == 4  # tf.function retraces on a new seed
+    assert float(f(x.numpy(), 2.0)) == 512.0 and len(lookups) == 5  # numpy: tf.function's lookup
+    runner = next(iter(f._runners.values()))  # noqa: SLF001
+    assert runner._run_concretes  # noqa: SLF001  the runner is called through its concrete function

@@ -234,11 +234,12 @@ TF32_OFF = "tf32_off"
 #:   with convolutions at Hopper's measured share of the GEMM rate.  Not measured here.
 #:
 #: A model's dense ops are smaller than those benchmarks: ``dense_efficiency`` is the share of
-#: the rates they reach, fitted so that the float32 XLA training step of ResNet50 (batch 64)
-#: is estimated at the 25.9 ms an H200 measured (bench/gpu_runs/2026-11-26-h200: its dense ops
-#: priced at 4.4 ms at the full rates, its other ops at 3.8 ms at the H200's 4.3 TB/s, so
-#: 4.4 / (25.9 - 3.8) = 0.2).  BERT-base's step (batch 32), not fitted, is then estimated 35%
-#: above its measured 24.5 ms: its GEMMs reach more of the rate than ResNet50's convolutions.
+#: the rates they reach, fitted to the float32 XLA training step of ResNet50 (batch 64) that an
+#: H200 ran in 25.9 ms (bench/gpu_runs/2026-11-26-h200: its dense ops priced at 4.4 ms at the
+#: full rates, its other ops at 3.8 ms at the H200's 4.3 TB/s, so 4.4 / (25.9 - 3.8) = 0.2).
+#: With the class's H100 bandwidth that step is estimated at 27.5 ms; BERT-base's (batch 32),
+#: not fitted, at 34.7 against its measured 24.5: its GEMMs reach more of the rate than
+#: ResNet50's convolutions (bench/gpu_predict.py).
 #: The same share is assumed for every family.  Casts and element-wise ops are priced from
 #: the bandwidth, so a plan's low/float32 ratio follows from measured rates and this share.
 GPU_DENSE_EFFICIENCY = 0.2

@@ -285,7 +285,8 @@ class _Runner:
         concrete = self._run_concretes.get(key)
         if concrete is None:
             concrete = self._run.get_concrete_function(*args)
-            self._run_concretes[key] = concrete
+            if len(self._run_concretes) < _MAX_CALL_KEYS:
+                self._run_concretes[key] = concrete
         return concrete(*args)
 
     def executed_graphs(self) -> list[Any]:
@@ -315,6 +316,11 @@ class _Runner:
                 f"internal error: {len(leftover)} more outputs than the traced structure holds"
             )
         return tf.nest.pack_sequence_as(self._structured_outputs, packed, expand_composites=True)
+
+
+#: Call keys remembered per function (and concrete runners per runner): inputs whose shapes
+#: change at every call (``reduce_retracing``) fall back to ``tf.function``'s lookup after this.
+_MAX_CALL_KEYS = 256
 
 
 def _call_key(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Any, ...] | None:
@@ -498,7 +504,7 @@ class Function:
         if hit is None:
             concrete = self.get_concrete_function(*args, **kwargs)
             hit = (concrete, self._runner(concrete))
-            if key is not None:
+            if key is not None and len(self._calls) < _MAX_CALL_KEYS:
                 with self._lock:
                     self._calls[key] = hit
         concrete, runner = hit
