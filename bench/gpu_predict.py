@@ -50,7 +50,7 @@ def predict(workload: str, variant: str, capability: str) -> dict[str, Any]:
     import gpu_bench
     from amp_rewrite.training.tf_function import captured_variable_shapes
 
-    w = next(x for x in gpu_bench.FULL_WORKLOADS if x.name == workload)
+    w = next(x for x in gpu_bench.FULL_WORKLOADS + gpu_bench.REDUCED_WORKLOADS if x.name == workload)
     spec = gpu_bench.variant_spec(variant)
     lists = spec.lists or "default"
     xla = spec.jit_compile is not False  # "auto" resolves to XLA on a GPU

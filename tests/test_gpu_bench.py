@@ -115,3 +115,58 @@ def test_reduced_run_measures_every_variant_and_model(tmp_path):
         # loss moves off float32's (a variant that silently ran float32 would show 0).
         assert rec["variants"]["ours_tensorflow"]["rel_err_vs_float32_strict"] > 0, where
         assert rec["variants"]["keras_mixed"]["rel_err_vs_float32_strict"] > 0, where
+
+
+def test_xla_dump_summary_counts_what_xla_compiled(tmp_path):
+    """``bench/xla_dump_summary.py`` reads XLA's after-optimizations dumps: convolutions and
+    matrix products by element type (cuDNN/cuBLAS custom calls, Triton GEMM fusions, plain
+    instructions), fusions and converts; our modules are those named ``amp_rewrite_``.  The
+    lines are the shapes XLA's GPU dumps have (bench/gpu_runs/2026-11-26-h200)."""
+    import xla_dump_summary as xs
+
+    ours = "\n".join([
+        "HloModule a_inference_amp_rewrite_one_step_on_data_1__XlaMustCompile_true",
+        "ENTRY %main (p: f32[4,4]) -> f16[4,4] {",
+        '  %c = (f16[64,56,56,256]{3,2,1,0}, u8[0]{0}) custom-call(f16[64,56,56,256]{3,2,1,0} %a, '
+        'f16[3,3,256,256]{3,2,1,0} %b), custom_call_target="__cudnn$convForward"',
+        '  %g = f16[128,768]{1,0} custom-call(f16[128,768]{1,0} %x), custom_call_target="__cublas$gemm"',
+        '  %t = f16[8,8]{1,0} fusion(f16[8,8]{1,0} %x), kind=kCustom, calls=%f, '
+        'backend_config={"fusion_backend_config":{"kind":"__triton_gemm"}}',
+        "  %l = f32[8,8]{1,0} fusion(f32[8,8]{1,0} %x), kind=kLoop, calls=%g",
+        "  ROOT %v = f16[4,4]{1,0} convert(f32[4,4]{1,0} %p)",
+        "}",
+    ])
+    theirs = "ENTRY %main {\n  %d = f32[2,2]{1,0} dot(f32[2,2]{1,0} %a, f32[2,2]{1,0} %b)\n}\n"
+    (tmp_path / "module_0001.a_inference_amp_rewrite_step_1.sm_9.0a_gpu_after_optimizations.txt").write_text(ours)
+    (tmp_path / "module_0002.a_inference_one_step_2.sm_9.0a_gpu_after_optimizations.txt").write_text(theirs)
+    (tmp_path / "module_0001.a_inference_amp_rewrite_step_1.before_optimizations.txt").write_text(theirs)
+    summary = xs.summarize_dir(str(tmp_path))
+    assert [r["amp_rewrite"] for r in summary] == [True, False]  # before-optimization files skipped
+    assert summary[0]["counts"] == {"conv": {"f16": 1}, "convert": {"f16": 1}, "fusion": {"f32": 1},
+                                    "matmul": {"f16": 2}}
+    assert summary[1]["counts"] == {"matmul": {"f32": 1}}
+    out = tmp_path / "summary.json"
+    assert xs.main([str(tmp_path), "--json", str(out)]) == 0
+    assert json.loads(out.read_text()) == summary
+    assert xs.main([str(tmp_path / "missing")]) == 2  # no dump: said, not an empty success
+
+
+def test_gpu_predict_prices_the_measured_variants_here(tmp_path):
+    """``bench/gpu_predict.py`` traces a measured workload's step here (no GPU), rewrites it
+    for the measured GPU's capability with the variant's lists, and puts the cost model's
+    low/float32 ratio next to the measured one."""
+    import gpu_predict
+
+    record = {"machine": {"gpus": [{"compute_capability": [9, 0], "device_name": "NVIDIA H200"}]},
+              "workloads": [{"workload": "small_cnn-train-b8", "variants": {
+                  "float32": {"step_ms": 2.0},
+                  "ours_optimal_xla": {"measured_ratio": 0.8, "measured_ratio_baseline": "float32_xla"}}}]}
+    src = tmp_path / "run.json"
+    src.write_text(json.dumps(record))
+    out = tmp_path / "predicted.md"
+    assert gpu_predict.main([str(src), "--out", str(out)]) == 0
+    row = [line for line in out.read_text().splitlines() if "ours_optimal_xla" in line]
+    assert len(row) == 1 and "| 0.800 |" in row[0]
+    got = gpu_predict.predict("small_cnn-train-b8", "ours_optimal_xla", "9.0")
+    assert got["xla"] is True and got["key"] == "optimal"
+    assert 0 < got["predicted_ratio"] <= 1.0  # the plan is never estimated slower than float32

@@ -127,3 +127,25 @@ def test_detect_target_on_this_machine_is_consistent():
         assert t.kind == "gpu"
     else:
         assert t.kind == "cpu" and t.devices[0].type == "CPU"
+
+
+@pytest.mark.parametrize("tf32", [True, False])
+def test_detect_target_tells_the_cost_model_whether_float32_is_tf32(tf32, monkeypatch):
+    """A GPU of compute capability >= 8.0 runs float32 on TF32 unless TF32 is off; the detected
+    device says so, and the cost model prices float32 as strict FP32 then (issue 22).  (No
+    GPU here: TensorFlow's device list is answered for one H100 and one V100.)"""
+    import tensorflow as tf
+
+    from amp_rewrite.plan.cost_model import gpu_costs
+
+    caps = {"GPU:0": (9, 0), "GPU:1": (7, 0)}
+    monkeypatch.setattr(tf.config, "list_physical_devices",
+                        lambda kind=None: list(caps) if kind == "GPU" else [])
+    monkeypatch.setattr(tf.config.experimental, "get_device_details",
+                        lambda phys: {"compute_capability": caps[phys]})
+    monkeypatch.setattr(tf.config.experimental, "tensor_float_32_execution_enabled", lambda: tf32)
+    t = detect_target()
+    hopper, volta = (d for d in t.devices if d.type == "GPU")
+    assert t.kind == "gpu" and hopper.capability == (9, 0)
+    assert gpu_costs(hopper).name == ("gpu-hopper" if tf32 else "gpu-hopper-fp32")
+    assert gpu_costs(volta).name == "gpu-volta" and not volta.features  # no TF32 before 8.0

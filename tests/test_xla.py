@@ -382,12 +382,14 @@ def test_compiled_planner_converts_a_chain_it_keeps_float32_unfused() -> None:
     # Under XLA the Casts fuse and cost only the bytes they write: the whole chain converts.
     assert {fused["nodes"][n]["dtype"] for n in CHAIN} == {"float16"}
     assert fused["converted_nodes"] >= len(CHAIN) and fused["casts_to_low"] > 0
+    # float16 runs the products at about twice TF32's rate (gpu:8.0's float32); the Casts'
+    # and the element-wise ops' bytes remain.
     est = fused["placement"]["estimated_us"]
-    assert est["optimal"] < 0.5 * est["float32"]
+    assert est["optimal"] < 0.7 * est["float32"]
 
 
 def test_compiled_false_leaves_every_plan_byte_identical() -> None:
-    graph_def = _chain_between_matmuls(512)  # large enough that the unfused plan converts
+    graph_def = _chain_between_matmuls(2048)  # large enough that the unfused plan converts (TF32)
     for lists in ("optimal", "default"):
         default = amp_rewrite.rewrite_graph_def(graph_def, lists=lists, **TARGET)
         explicit = amp_rewrite.rewrite_graph_def(graph_def, lists=lists, compiled=False, **TARGET)
