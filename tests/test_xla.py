@@ -235,6 +235,33 @@ def test_keras_overflow_skip_compiles_to_selects_on_a_gpu(gpu: bool, monkeypatch
     assert not np.array_equal(w[1].numpy(), before[1]) and int(opt.skipped_steps) == 1
 
 
+@pytest.mark.parametrize("gpu", [True, False])
+def test_tf1_optimizer_overflow_skip_compiles_to_selects_on_a_gpu(gpu: bool, monkeypatch: Any) -> None:
+    """The same for a TF1 optimizer wrapped by ``enable_mixed_precision_graph_rewrite`` and
+    applied in a ``tf.function(jit_compile=True)``."""
+    real = tf.config.list_logical_devices
+    monkeypatch.setattr(tf.config, "list_logical_devices",
+                        lambda kind=None: ["/GPU:0"] if kind == "GPU" and gpu else real(kind))
+    opt = amp_rewrite.enable_mixed_precision_graph_rewrite(
+        tf.compat.v1.train.MomentumOptimizer(0.1, 0.9), **TARGET)
+    w = [tf.Variable(np.ones((8, 8), np.float32)), tf.Variable(np.ones((8,), np.float32))]
+
+    @tf.function(jit_compile=True)
+    def apply(g0: Any, g1: Any) -> Any:
+        opt.apply_gradients(zip([g0, g1], w))
+        return opt.current_loss_scale
+
+    g0, g1 = tf.ones((8, 8)), tf.ones((8,))
+    hlo = apply.experimental_get_compiler_ir(g0, g1)(stage="optimized_hlo")
+    assert ("conditional(" in hlo) is not gpu
+    scale = float(apply(g0, g1))
+    assert int(opt.skipped_steps) == 0 and (w[1].numpy() < 1.0).all()
+    before = [v.numpy().copy() for v in w]
+    assert float(apply(g0, g1 * np.nan)) == scale / 2 and int(opt.skipped_steps) == 1
+    for v, b in zip(w, before):
+        np.testing.assert_array_equal(v.numpy(), b)
+
+
 # -- 3. offline: rewrite --xla -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -46,6 +46,7 @@ from ..errors import AmpRewriteError
 from . import loss_scale as loss_scale_module
 from ._common import (
     LossScaleSettings,
+    compiled_for_gpu,
     building_unrewritten_function,
     check_rewrite_options,
     note_rewrite_options,
@@ -178,21 +179,15 @@ class LossScaleOptimizer(LossScaleSettings, keras.optimizers.LossScaleOptimizer)
     def _maybe_apply(self, finite: Any, apply_fn: Any) -> None:
         """Run ``apply_fn`` if ``finite``, and advance the loss-scale state either way.
 
-        Traced for XLA on a GPU, both branches assign the loss-scale state, so neither is
-        empty: XLA's conditional simplifier turns a two-branch conditional of element-wise
-        branches into selects, except when a branch is empty, and a conditional that stays
-        one runs on a GPU as a host round trip (the predicate is copied back, the stream
-        waits) before every update after it is launched.  On an H200 our ResNet50 step kept
-        that conditional (bench/gpu_runs/2026-11-26-h200).  Elsewhere the skip branch stays
-        empty: XLA on a CPU runs the conditional without a round trip, and the selects cost
-        more there (150-layer MLP: 17.8 against 14.1 ms per step).  Mutates the variables
-        ``apply_fn`` updates and the loss-scale state.
+        Traced for XLA on a GPU (:func:`._common.compiled_for_gpu`, which says why), both
+        branches assign the loss-scale state, so neither is empty; elsewhere the skip branch
+        stays empty.  Mutates the variables ``apply_fn`` updates and the loss-scale state.
         """
         if not self._amp_loss_scale.dynamic:
             apply_fn()  # a fixed scale never skips, as in TensorFlow
             self._update_state(finite)
             return
-        if not _compiled_for_gpu():
+        if not compiled_for_gpu():
             tf.cond(finite, apply_fn, lambda: None)
             self._update_state(finite)
             return
@@ -259,16 +254,6 @@ class LossScaleOptimizer(LossScaleSettings, keras.optimizers.LossScaleOptimizer)
         config["loss_scale"] = _loss_scale_config(self._amp_loss_scale)
         config["rewrite_options"] = {k: _config_value(k, v) for k, v in self._amp_rewrite_options.items()}
         return config
-
-
-def _compiled_for_gpu() -> bool:
-    """Whether the graph being traced is compiled by XLA (``jit_compile=True``) on a machine
-    with a GPU, where the step runs there.  Reads TensorFlow's device list; pure otherwise."""
-    from tensorflow.python.ops import control_flow_util
-
-    if not control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
-        return False
-    return bool(tf.config.list_logical_devices("GPU"))
 
 
 def _config_value(key: str, value: Any) -> Any:

@@ -32,6 +32,7 @@ from . import loss_scale as loss_scale_module
 from ._common import (
     LossScaleSettings,
     building_unrewritten_function,
+    compiled_for_gpu,
     check_rewrite_options,
     graph_is_rewritten,
     note_rewrite_options,
@@ -406,20 +407,33 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
     def _finish(self, finite: Any, apply_fn: Callable[[], Any], name: str) -> Any:
         state = self._state()
         before = _train_ops()
-        maybe_apply = tf.cond(finite, lambda: tf.group(apply_fn()), tf.no_op)
+        if compiled_for_gpu():
+            # Both branches do work, so XLA turns the skip into selects (see compiled_for_gpu).
+            def on_finite() -> Any:
+                with tf.control_dependencies([tf.group(apply_fn())]):
+                    return self._assign_state(state, tf.constant(True))
+
+            train_op = tf.group(tf.cond(finite, on_finite,
+                                        lambda: self._assign_state(state, tf.constant(False))), name=name)
+        else:
+            maybe_apply = tf.cond(finite, lambda: tf.group(apply_fn()), tf.no_op)
+            # After the update: in a TF1 graph nothing else orders the assignment after the
+            # reads of the scale that unscaled this step's gradients.
+            with tf.control_dependencies([maybe_apply]):
+                update = self._assign_state(state, finite)
+            train_op = tf.group(maybe_apply, update, name=name)
+        _fix_train_op_collection(train_op, before)
+        return train_op
+
+    def _assign_state(self, state: Any, finite: Any) -> Any:
+        """An op assigning the loss-scale state after a step that was ``finite`` (or not)."""
         new_scale, new_good, new_skipped = loss_scale_module.next_state(
             self._amp_loss_scale, state.scale, state.good_steps, state.skipped_steps, finite
         )
-        # After the update: in a TF1 graph nothing else orders the assignment after the
-        # reads of the scale that unscaled this step's gradients.
-        with tf.control_dependencies([maybe_apply]):
-            update = tf.group(
-                state.scale.assign(new_scale), state.good_steps.assign(new_good),
-                state.skipped_steps.assign(new_skipped),
-            )
-        train_op = tf.group(maybe_apply, update, name=name)
-        _fix_train_op_collection(train_op, before)
-        return train_op
+        return tf.group(
+            state.scale.assign(new_scale), state.good_steps.assign(new_good),
+            state.skipped_steps.assign(new_skipped),
+        )
 
     # The update is delegated as a whole; these are never reached.
     def _apply_dense(self, grad: Any, var: Any) -> Any:  # pragma: no cover
