@@ -170,3 +170,21 @@ def test_gpu_predict_prices_the_measured_variants_here(tmp_path):
     got = gpu_predict.predict("small_cnn-train-b8", "ours_optimal_xla", "9.0")
     assert got["xla"] is True and got["key"] == "optimal"
     assert 0 < got["predicted_ratio"] <= 1.0  # the plan is never estimated slower than float32
+
+
+def test_gpu_dense_calibration_runs_here_on_tiny_shapes(tmp_path):
+    """``bench/calibrate_gpu_dense.py --reduced``: the tiny CNN's training step traced, every
+    dense op (forward, both convolution gradients, the classifier's MatMuls) collected with
+    its shapes, and each timed in float32 (TF32 on and off) and float16, here on the CPU."""
+    import calibrate_gpu_dense as cal
+
+    out = tmp_path / "dense.json"
+    assert cal.main(["--reduced", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    ops = {r["op"] for r in data["ops"]}
+    assert {"Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "MatMul"} <= ops
+    assert sum(r["count"] for r in data["ops"]) >= 9  # 2 convolutions x 3 + the classifier's 3 products
+    for r in data["ops"]:
+        assert all(math.isfinite(r[k]) and r[k] > 0 for k in ("tf32_ms", "fp32_ms", "low_ms", "estimate_ms", "flops"))
+    assert {s["op"] for s in data["summary"]} == ops and data["class"] == "gpu-hopper"
+    assert data["device"] == "/CPU:0" and data["gpus"] == []  # said, not passed off as a GPU's
