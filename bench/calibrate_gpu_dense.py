@@ -51,27 +51,10 @@ BANDS = (5e6, 2e7, 2e8, 2e9, float("inf"))
 
 def traced_step_graph(workload: str, capability: str) -> Any:
     """The traced (float32) Keras training step of a ``gpu_bench`` workload.  Runs no step."""
-    import keras
-
-    import amp_rewrite
     import gpu_bench
 
-    w = next(x for x in gpu_bench.FULL_WORKLOADS + gpu_bench.REDUCED_WORKLOADS if x.name == workload)
-    keras.utils.set_random_seed(gpu_bench.SEED)
-    model = w.build()
-    opt = amp_rewrite.enable_mixed_precision_graph_rewrite(
-        gpu_bench._optimizer(w.optimizer), target=f"gpu:{capability}", precision="float16")
-    model.compile(optimizer=opt, jit_compile=False,
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    x, y = gpu_bench.make_batch(w)
-    if w.train:
-        model.optimizer.build(model.trainable_variables)
-        data: Any = (x, y, None)
-        fn = model.make_train_function()
-    else:
-        data = (x,)
-        fn = model.make_predict_function()
-    return fn.amp_function.get_concrete_function(data).graph
+    return gpu_bench.trace_step(workload, lists="default", target=f"gpu:{capability}",
+                                precision="float16", jit_compile=False)
 
 
 def dense_ops(graph: Any) -> list[dict[str, Any]]:

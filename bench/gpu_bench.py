@@ -575,22 +575,57 @@ class VariantRun:
             return _ratio(est["optimal"], est["float32"]), "live report: optimal/float32"
         if not self.cfg.predict:
             return None, "not computed (--no-predict)"
-        import amp_rewrite
-        from amp_rewrite.training.tf_function import captured_variable_shapes
-
-        amp_fn = self.amp_function()
         data = (self.x, self.y, None) if self.w.train else (self.x,)
-        graph = amp_fn.get_concrete_function(data).graph
-        result = amp_rewrite.rewrite_graph_def(
-            graph.as_graph_def(), fetches=sorted({t.op.name for t in graph.outputs}),
-            variable_shapes=captured_variable_shapes(graph), target=self.cfg.target,
-            precision=self.cfg.precision, lists=self.spec.lists or "default", planner="optimal",
-            compiled=self.xla)
-        est = placement_estimates(result.report)
+        graph = self.amp_function().get_concrete_function(data).graph
+        lists = self.spec.lists or "default"
+        est = offline_estimates(graph, target=self.cfg.target, precision=self.cfg.precision,
+                                lists=lists, compiled=self.xla)
         if not est:
             return None, "offline rewrite has no placement section"
-        key = "optimal" if self.spec.lists == "optimal" else "greedy"
+        key = plan_key(lists)
         return _ratio(est[key], est["float32"]), f"offline planner=optimal: {key}/float32"
+
+
+def plan_key(lists: str) -> str:
+    """Which estimate of a placement section prices a plan of ``lists``.  Pure."""
+    return "optimal" if lists == "optimal" else "greedy"
+
+
+def offline_estimates(graph: Any, *, target: str, precision: str, lists: str,
+                      compiled: bool) -> dict[str, float] | None:
+    """Rewrite a traced step (``tf.Graph``) again with ``planner="optimal"``, whose placement
+    section prices float32, the greedy colouring of ``lists`` and the optimal one; returns
+    :func:`placement_estimates` of the report.  Reads ``graph``; changes nothing."""
+    import amp_rewrite
+    from amp_rewrite.training.tf_function import captured_variable_shapes
+
+    result = amp_rewrite.rewrite_graph_def(
+        graph.as_graph_def(), fetches=sorted({t.op.name for t in graph.outputs}),
+        variable_shapes=captured_variable_shapes(graph), target=target, precision=precision,
+        lists=lists, planner="optimal", compiled=compiled)
+    return placement_estimates(result.report)
+
+
+def trace_step(workload: str, *, lists: str, target: str, precision: str, jit_compile: bool) -> Any:
+    """The traced (not rewritten, not run) Keras step of a workload of this module, as our
+    optimizer and ``fit`` build it: a fresh model with the workload's optimizer wrapped by
+    ``enable_mixed_precision_graph_rewrite``.  No GPU needed; no step runs."""
+    import keras
+
+    import amp_rewrite
+
+    w = next(x for x in FULL_WORKLOADS + REDUCED_WORKLOADS if x.name == workload)
+    keras.utils.set_random_seed(SEED)
+    model = w.build()
+    opt = amp_rewrite.enable_mixed_precision_graph_rewrite(
+        _optimizer(w.optimizer), lists=lists, target=target, precision=precision)
+    model.compile(optimizer=opt, jit_compile=jit_compile,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = make_batch(w)
+    if w.train:
+        model.optimizer.build(model.trainable_variables)
+        return model.make_train_function().amp_function.get_concrete_function((x, y, None)).graph
+    return model.make_predict_function().amp_function.get_concrete_function((x,)).graph
 
 
 def _ratio(a: float, b: float) -> float | None:

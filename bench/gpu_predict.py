@@ -46,37 +46,15 @@ def predict(workload: str, variant: str, capability: str) -> dict[str, Any]:
     ``gpu:<capability>`` and return the estimates and the predicted ratio."""
     import keras
 
-    import amp_rewrite
     import gpu_bench
-    from amp_rewrite.training.tf_function import captured_variable_shapes
 
-    w = next(x for x in gpu_bench.FULL_WORKLOADS + gpu_bench.REDUCED_WORKLOADS if x.name == workload)
     spec = gpu_bench.variant_spec(variant)
     lists = spec.lists or "default"
     xla = spec.jit_compile is not False  # "auto" resolves to XLA on a GPU
-    keras.utils.set_random_seed(gpu_bench.SEED)
-    model = w.build()
-    opt = amp_rewrite.enable_mixed_precision_graph_rewrite(
-        gpu_bench._optimizer(w.optimizer), lists=lists, target=f"gpu:{capability}", precision="float16")
-    model.compile(optimizer=opt, jit_compile=xla,
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    x, y = gpu_bench.make_batch(w)
-    if w.train:
-        model.optimizer.build(model.trainable_variables)
-        fn = model.make_train_function()
-        data: Any = (x, y, None)
-    else:
-        fn = model.make_predict_function()
-        data = (x,)
-    amp_fn = fn.amp_function
-    graph = amp_fn.get_concrete_function(data).graph
     target = f"gpu:{capability}"
-    result = amp_rewrite.rewrite_graph_def(
-        graph.as_graph_def(), fetches=sorted({t.op.name for t in graph.outputs}),
-        variable_shapes=captured_variable_shapes(graph), target=target, precision="float16",
-        lists=lists, planner="optimal", compiled=xla)
-    est = gpu_bench.placement_estimates(result.report)
-    key = "optimal" if lists == "optimal" else "greedy"
+    graph = gpu_bench.trace_step(workload, lists=lists, target=target, precision="float16", jit_compile=xla)
+    est = gpu_bench.offline_estimates(graph, target=target, precision="float16", lists=lists, compiled=xla)
+    key = gpu_bench.plan_key(lists)
     keras.backend.clear_session()
     return {"estimated_us": est, "key": key, "xla": xla,
             "predicted_ratio": est[key] / est["float32"] if est and est["float32"] else None}

@@ -183,23 +183,18 @@ class LossScaleOptimizer(LossScaleSettings, keras.optimizers.LossScaleOptimizer)
         branches assign the loss-scale state, so neither is empty; elsewhere the skip branch
         stays empty.  Mutates the variables ``apply_fn`` updates and the loss-scale state.
         """
-        if not self._amp_loss_scale.dynamic:
-            apply_fn()  # a fixed scale never skips, as in TensorFlow
-            self._update_state(finite)
+        if self._amp_loss_scale.dynamic and compiled_for_gpu():
+            def on_finite() -> None:
+                apply_fn()
+                self._update_state(tf.constant(True))
+
+            tf.cond(finite, on_finite, lambda: self._update_state(tf.constant(False)))
             return
-        if not compiled_for_gpu():
+        if self._amp_loss_scale.dynamic:
             tf.cond(finite, apply_fn, lambda: None)
-            self._update_state(finite)
-            return
-
-        def on_finite() -> None:
-            apply_fn()
-            self._update_state(tf.constant(True))
-
-        def on_overflow() -> None:
-            self._update_state(tf.constant(False))
-
-        tf.cond(finite, on_finite, on_overflow)
+        else:
+            apply_fn()  # a fixed scale never skips, as in TensorFlow
+        self._update_state(finite)
 
     def _cross_replica_apply(self, distribution: Any, grads: Any, trainable_variables: Any) -> None:
         # One finite flag per replica, summed across replicas: every replica then sees the same

@@ -355,7 +355,7 @@ def _call_key(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Any, ...]
         else:
             return None
     # The structure matters too (a tuple and a list of the same tensors trace differently).
-    return (tf.nest.map_structure(lambda _: 0, (tuple(args), dict(kwargs))).__repr__(), *parts)
+    return (repr(tf.nest.map_structure(lambda _: 0, (tuple(args), dict(kwargs)))), *parts)
 
 
 def _flat_inputs(concrete: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
