@@ -37,11 +37,13 @@ from .rewrite import RewriteStats, apply_plan
 from .graph.shapes import check_variable_shapes, function_shapes, graph_shapes
 from .option_types import (check_bool, check_list_edits, check_names, check_optional_str, check_path,
                            check_str)
+from .plan.cost_model import DeviceCosts, costs_for
+from .plan.step_cost import StepEstimate, estimate_graphs
 from .plan.targets import Target, detect_target, parse_target, resolve_precision
 from .graph.validate import check_cycles
 
 __all__ = ["RewriteResult", "rewrite_graph_def", "resolve_lists", "resolve_target", "installed_tf_version",
-           "tensorflow_lists_version"]
+           "tensorflow_lists_version", "estimate_step_time"]
 
 log = logging.getLogger(__name__)
 
@@ -553,6 +555,44 @@ def _import(graph_def: Any, registry: OpRegistry, functions: str, optimal: bool,
             fg.graph["shapes"] = function_shapes(fdefs[fname], registry) if fname in fdefs else {}
             fg.graph["loop_body"] = fname in bodies
     return imported
+
+
+def estimate_step_time(
+    graph_def: Any,
+    *,
+    target: str | Target,
+    precision: Precision | str = "float16",
+    compiled: bool = False,
+    variable_shapes: Mapping[str, Sequence[int | None] | None] | None = None,
+    registry: OpRegistry | None = None,
+    costs: DeviceCosts | None = None,
+) -> StepEstimate:
+    """The cost model's estimate of one run of ``graph_def`` (and the functions it calls, each
+    once) on ``target``, every node priced in the type it has (:mod:`amp_rewrite.plan.step_cost`):
+    a float32 graph, a rewritten one, or one built in mixed precision.  ``precision`` picks the
+    device class (bfloat16 and float16 price alike on a GPU); ``compiled``: the graph runs
+    under XLA.  ``costs`` prices every device with that class instead of the target's (what-if
+    estimates, and calibration against a device whose rates differ from its family's: an
+    H200 moves 4.3 TB/s where the Hopper class, an H100's, moves 3.0).  Reads ``graph_def``,
+    changes nothing; never runs it.
+
+    Raises :class:`AmpRewriteError` for input that is not a valid graph or a bad target.
+    """
+    graph_def, _ = _checked_arguments(graph_def, compiled, False, False, "reachable", None, None, registry)
+    registry = registry or default_registry()
+    tgt = resolve_target(target)
+    resolved, _ = resolve_precision(precision, tgt)
+    imported = _import(graph_def, registry, "reachable", True, variable_shapes)
+    classes: dict[str, DeviceCosts] = {}
+
+    def costs_of(device: str) -> DeviceCosts:
+        if costs is not None:
+            return costs
+        if device not in classes:
+            classes[device] = costs_for(tgt.place(device), resolved)
+        return classes[device]
+
+    return estimate_graphs([imported.graph, *imported.functions.values()], costs_of, registry, compiled=compiled)
 
 
 @dataclass

@@ -73,6 +73,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import gc
 import json
 import math
@@ -560,50 +561,104 @@ class VariantRun:
             "xla_compiled": amp_fn.xla_compiled(),
         }
 
-    def predicted_ratio(self, info: dict[str, Any]) -> tuple[float | None, str]:
-        """The cost model's estimated low/float32 step time of this variant's plan, and where
-        it came from.
-
-        ``optimal``: the live report's placement (optimal / float32 estimate).  The greedy
-        lists (``tensorflow``, ``default``) have no placement section, so the traced step is
-        rewritten again offline with the same lists, target and ``compiled`` but
-        ``planner="optimal"``, whose placement prices the greedy colouring of those lists too
-        (greedy / float32).
-        """
-        est = info["placement_estimated_us"]
-        if self.spec.lists == "optimal" and est:
-            return _ratio(est["optimal"], est["float32"]), "live report: optimal/float32"
+    def predicted_ratio(self, baseline: str | None) -> tuple[float | None, str]:
+        """The cost model's estimate of this variant's step over ``baseline``'s (float32 in the
+        same mode), both traced again here and priced whole (:func:`predicted_step_ratio`)."""
         if not self.cfg.predict:
             return None, "not computed (--no-predict)"
-        data = (self.x, self.y, None) if self.w.train else (self.x,)
-        graph = self.amp_function().get_concrete_function(data).graph
-        lists = self.spec.lists or "default"
-        est = offline_estimates(graph, target=self.cfg.target, precision=self.cfg.precision,
-                                lists=lists, compiled=self.xla)
-        if not est:
-            return None, "offline rewrite has no placement section"
-        key = plan_key(lists)
-        return _ratio(est[key], est["float32"]), f"offline planner=optimal: {key}/float32"
+        if baseline is None:
+            return None, "no float32 baseline in this run"
+        ratio = predicted_step_ratio(self.w.name, self.spec.name, baseline, target=self.cfg.target,
+                                     precision=self.cfg.precision)
+        return ratio, f"step estimates: {self.spec.name}/{baseline}"
 
 
-def plan_key(lists: str) -> str:
-    """Which estimate of a placement section prices a plan of ``lists``.  Pure."""
-    return "optimal" if lists == "optimal" else "greedy"
+def variant_graph_def(workload: str, variant: str, *, target: str, precision: str) -> tuple[Any, Any, bool]:
+    """``(GraphDef, variable shapes, compiled)`` of ``variant``'s step on ``workload`` as this
+    module's run builds it, traced here (no step runs, no GPU needed): the float32 model's
+    Keras step for the float32 variants, the ``mixed_<precision>`` model's for Keras's, our
+    traced step rewritten with the variant's lists and ``compiled`` for ours, and the float32
+    step rewritten with the ``tensorflow`` lists (the parity of TensorFlow's pass) for
+    ``tf_amp``.  ``float32_strict`` is float32's graph: only its device class differs."""
+    import keras
 
-
-def offline_estimates(graph: Any, *, target: str, precision: str, lists: str,
-                      compiled: bool) -> dict[str, float] | None:
-    """Rewrite a traced step (``tf.Graph``) again with ``planner="optimal"``, whose placement
-    section prices float32, the greedy colouring of ``lists`` and the optimal one; returns
-    :func:`placement_estimates` of the report.  Reads ``graph``; changes nothing."""
     import amp_rewrite
     from amp_rewrite.training.tf_function import captured_variable_shapes
 
-    result = amp_rewrite.rewrite_graph_def(
-        graph.as_graph_def(), fetches=sorted({t.op.name for t in graph.outputs}),
-        variable_shapes=captured_variable_shapes(graph), target=target, precision=precision,
-        lists=lists, planner="optimal", compiled=compiled)
-    return placement_estimates(result.report)
+    spec = variant_spec(variant)
+    xla = spec.jit_compile is not False  # "auto" resolves to XLA on a GPU
+    try:
+        if spec.ours:
+            lists = spec.lists or "default"
+            graph = trace_step(workload, lists=lists, target=target, precision=precision, jit_compile=xla)
+            shapes = captured_variable_shapes(graph)
+            result = amp_rewrite.rewrite_graph_def(
+                graph.as_graph_def(), fetches=sorted({t.op.name for t in graph.outputs}), variable_shapes=shapes,
+                target=target, precision=precision, lists=lists, compiled=xla, use_env=False)
+            return result.graph_def, shapes, xla
+        graph = trace_keras_step(workload, mixed=spec.policy == "mixed", precision=precision)
+        shapes = captured_variable_shapes(graph)
+        if not spec.tf_amp:
+            return graph.as_graph_def(), shapes, xla
+        result = amp_rewrite.rewrite_graph_def(
+            graph.as_graph_def(), fetches=sorted({t.op.name for t in graph.outputs}), variable_shapes=shapes,
+            target=target, precision=precision, lists="tensorflow", use_env=False)
+        return result.graph_def, shapes, False
+    finally:
+        keras.backend.clear_session()
+
+
+def predicted_step_ratio(workload: str, variant: str, baseline: str, *, target: str, precision: str,
+                         costs: Any = None) -> float:
+    """The cost model's estimated step time of ``variant`` over ``baseline``'s on ``workload``
+    (:func:`estimated_step_ns` of each).  ``costs``: a device class to price both with instead
+    of the target's (a GPU whose measured bandwidth differs from its family's)."""
+    return (estimated_step_ns(workload, variant, target=target, precision=precision, costs=costs)
+            / estimated_step_ns(workload, baseline, target=target, precision=precision, costs=costs))
+
+
+@functools.lru_cache(maxsize=None)
+def estimated_step_ns(workload: str, variant: str, *, target: str, precision: str, costs: Any = None) -> float:
+    """:func:`amp_rewrite.estimate_step_time` of :func:`variant_graph_def`, ``float32_strict``
+    priced with TF32 off (with ``costs``' bandwidth where given).  Cached per process: a
+    baseline is priced once for all the variants measured against it."""
+    import amp_rewrite
+    from amp_rewrite.plan.cost_model import costs_for
+
+    gd, shapes, compiled = variant_graph_def(workload, variant, target=target, precision=precision)
+    tgt = amp_rewrite.resolve_target(target)
+    if variant == "float32_strict":
+        tgt = dataclasses.replace(tgt, devices=tuple(
+            dataclasses.replace(d, features=d.features | {"tf32_off"}) if d.type == "GPU" else d
+            for d in tgt.devices))
+        if costs is not None:
+            strict = costs_for(next(d for d in tgt.devices if d.type == "GPU"), precision)
+            costs = dataclasses.replace(strict, bandwidth=costs.bandwidth)
+    return amp_rewrite.estimate_step_time(gd, target=tgt, precision=precision, compiled=compiled,
+                                          variable_shapes=shapes, costs=costs).total_ns
+
+
+def trace_keras_step(workload: str, *, mixed: bool, precision: str = "float16") -> Any:
+    """The traced (not run) Keras step of a workload's model without our rewrite: float32, or
+    built under Keras's ``mixed_<precision>`` policy (Keras wraps its optimizer in a loss scale
+    for float16).  A ``tf.Graph``; no step runs."""
+    import keras
+    import tensorflow as tf
+
+    w = next(x for x in FULL_WORKLOADS + REDUCED_WORKLOADS if x.name == workload)
+    keras.utils.set_random_seed(SEED)
+    keras.mixed_precision.set_dtype_policy(f"mixed_{precision}" if mixed else "float32")
+    try:
+        model = w.build()
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
+    model.compile(optimizer=_optimizer(w.optimizer), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = make_batch(w)
+    if w.train:
+        model.optimizer.build(model.trainable_variables)
+        return tf.function(lambda data: model.train_step(data)).get_concrete_function(
+            (tf.constant(x), tf.constant(y))).graph
+    return tf.function(lambda data: model.predict_step(data)).get_concrete_function((tf.constant(x),)).graph
 
 
 def trace_step(workload: str, *, lists: str, target: str, precision: str, jit_compile: bool) -> Any:
@@ -722,14 +777,14 @@ def run_workload(w: Workload, variants: list[str], cfg: Config, switches: Switch
         if run.spec.ours:
             info = run.rewrite_info()
             rec["rewrite"] = info
+            # The cost model prices float32 as it runs beside the plan: under XLA against XLA.
+            baseline = base_xla if run.xla else base
             if info is not None:
                 try:
-                    pred, source = run.predicted_ratio(info)
+                    pred, source = run.predicted_ratio(baseline.spec.name if baseline else None)
                 except Exception as exc:  # the measurements stand without the estimate
                     pred, source = None, f"failed: {type(exc).__name__}: {exc}"[:400]
                 rec["predicted_ratio"], rec["predicted_source"] = pred, source
-            # The cost model prices float32 as it runs beside the plan: under XLA against XLA.
-            baseline = base_xla if run.xla else base
             rec["measured_ratio_baseline"] = baseline.spec.name if baseline else None
             rec["measured_ratio"] = (step / statistics.median(baseline.step_ms)
                                      if baseline and baseline.step_ms else None)
@@ -787,8 +842,9 @@ def render_markdown(results: dict[str, Any]) -> str:
         "`float32` (TF32 on, TensorFlow's default); rel err: first step's loss (training) or outputs "
         "(inference) against `float32_strict` on the same inputs and weights, max|a-b|/max|b|",
         "- peak MiB: device memory peak while the variant ran (absolute / above what was in use when it began)",
-        "- predicted / measured: the cost model's low/float32 step-time estimate for our plan, and the "
-        "measured step time over `float32` (over `float32_xla` for XLA variants)",
+        "- predicted / measured: the cost model's estimate of our rewritten step over float32's, each "
+        "priced whole (`amp_rewrite.estimate_step_time`), and the measured step time over `float32` "
+        "(over `float32_xla` for XLA variants)",
         "- `--autotune` is an offline SavedModel tool; a Keras fit step has none, so it is no variant here",
         "",
     ]

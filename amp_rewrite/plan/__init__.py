@@ -9,6 +9,8 @@ order and returns a :class:`.decisions.Plan`.  The cost-aware planners plug into
 imports no planner): :func:`.optimal.min_cut_placement` prices colourings with
 :mod:`.cost_model`, keeps fragile normalizations float32 (:mod:`.normalization`) and solves a
 minimum cut (:mod:`.mincut`, guarded by :mod:`.cut_guard`); :mod:`.exclude` and
-:mod:`.preserve` keep the fetches and the user's patterns float32.  Imports only
+:mod:`.preserve` keep the fetches and the user's patterns float32.  :mod:`.step_cost` prices a
+whole graph node by node in the types it has (the cost model's step estimate, which the
+benchmarks compare with measured steps; no plan uses it).  Imports only
 :mod:`amp_rewrite.graph` and :mod:`amp_rewrite.errors` from outside.
 """

@@ -1,0 +1,260 @@
+"""The cost model's estimate of a whole step: every node of a graph priced in the type it has.
+
+The planner (:mod:`amp_rewrite.plan.optimal`) sums only what a colouring can change, which is
+enough to rank colourings but is not a step time.  To compare the model with measured step
+times (issue 22: predicted against measured low/float32 ratios), this prices a graph *as it
+is*: a float32 graph, our rewritten graph with its Casts, or a graph that was built in mixed
+precision (Keras's ``mixed_float16``) alike, with the same per-node rules
+(:func:`~amp_rewrite.plan.cost_model.node_cost`, :func:`~amp_rewrite.plan.cost_model.cast_cost`):
+
+* a node runs in low precision when any of its type attributes is float16 or bfloat16;
+* a ``Cast`` between float32 and a low type is priced as a Cast, of its output's shape;
+* ops that only hold, read or write a buffer (:data:`BUFFER_OPS`), forward a tensor or read
+  its shape cost nothing; so does a node without a float type (shape arithmetic, counters),
+  and a stateless op whose data inputs are all constants (folded when the graph is loaded:
+  the Casts of a frozen graph's weights);
+* without XLA every priced node is a kernel: its roofline time, plus the class's fixed time
+  per kernel (:attr:`~amp_rewrite.plan.cost_model.DeviceCosts.kernel_overhead`; a Cast's
+  price includes its own);
+* under XLA (``compiled=True``) dense ops are kernels as without it, and element-wise ops
+  (Casts included) fuse.  Where fusions end is read from the graph: XLA cannot fuse across a
+  dense op or a reduction (:data:`KERNEL_BOUNDARY_OPS`), so each node gets a *stage*, the
+  most such ops on a path to it (:func:`_stages`).  An element-wise op whose every reader is
+  an element-wise op of its own stage stays in registers and costs only the arithmetic
+  beyond its memory-bound time; any other (read by a dense op, in a later stage -- an
+  activation saved for the backward pass --, or a result of the step) is written once and
+  read back once per later stage, and ends one kernel.
+
+This is deliberately coarser than XLA's fusion passes (multi-output and sibling fusions merge
+kernels it counts apart); the whole-step ratios it gives were checked against an H200's
+measured steps (``bench/gpu_predict.py``, ``bench/GPU_RESULTS.md``).
+
+Pure: reads the graphs (their ``shapes``), changes nothing.  Imports nothing of TensorFlow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping
+
+import networkx as nx
+
+from ..graph import dtypes as dt
+from ..graph.ir import data_inputs, ordered_nodes
+from ..graph.tensor_names import CONTROL
+from ..graph.op_registry import OpRegistry
+from ..graph.shapes import Shape
+from .cost_model import ALIAS_OPS, DENSE_OPS, METADATA_OPS, DeviceCosts, cast_cost, elements, node_cost
+
+__all__ = ["BUFFER_OPS", "KERNEL_BOUNDARY_OPS", "StepEstimate", "estimate_graph", "estimate_graphs",
+           "node_precision"]
+
+#: Ops that hold, read or write a buffer without a kernel computing anything a precision
+#: changes: arguments and results, constants (folded when the graph is loaded), variables
+#: (a read hands out the buffer; an assignment stores what its producer -- priced -- wrote),
+#: and control flow markers.
+BUFFER_OPS = frozenset({
+    "_Arg", "_Retval", "_DeviceArg", "_DeviceRetval", "Placeholder", "PlaceholderWithDefault", "Const",
+    "HostConst", "VarHandleOp", "VariableV2", "ReadVariableOp", "AssignVariableOp", "NoOp",
+})
+
+_LOW = frozenset({dt.HALF, dt.BFLOAT16})
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    """A graph's estimated time (ns), by kind of work, and what was priced."""
+
+    dense_ns: float = 0.0  #: MatMul, BatchMatMul, convolutions and their gradients
+    elementwise_ns: float = 0.0  #: every other priced op, Casts excluded
+    cast_ns: float = 0.0  #: Casts between float32 and a low type
+    overhead_ns: float = 0.0  #: fixed cost per kernel (``DeviceCosts.kernel_overhead``)
+    kernels: int = 0  #: nodes that paid ``overhead_ns``
+    low_nodes: int = 0  #: priced nodes running in low precision (Casts excluded)
+    casts: int = 0
+
+    @property
+    def total_ns(self) -> float:
+        return self.dense_ns + self.elementwise_ns + self.cast_ns + self.overhead_ns
+
+    def __add__(self, other: "StepEstimate") -> "StepEstimate":
+        return StepEstimate(*(a + b for a, b in zip(self._fields(), other._fields())))
+
+    def _fields(self) -> tuple[float, ...]:
+        return (self.dense_ns, self.elementwise_ns, self.cast_ns, self.overhead_ns, self.kernels,
+                self.low_nodes, self.casts)
+
+    def as_dict(self) -> dict[str, float]:
+        """Microseconds per kind and the counts (for reports and JSON)."""
+        return {"total_us": round(self.total_ns / 1e3, 1), "dense_us": round(self.dense_ns / 1e3, 1),
+                "elementwise_us": round(self.elementwise_ns / 1e3, 1), "cast_us": round(self.cast_ns / 1e3, 1),
+                "overhead_us": round(self.overhead_ns / 1e3, 1), "kernels": self.kernels,
+                "low_nodes": self.low_nodes, "casts": self.casts}
+
+
+def _types(value: int | tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(dt.base(v) for v in value) if isinstance(value, tuple) else (dt.base(value),)
+
+
+def node_precision(dtypes: Mapping[str, int | tuple[int, ...]]) -> str | None:
+    """``"low"`` when a type attribute of a node is float16 or bfloat16, ``"float32"`` when one
+    is float32 (and none is low), ``None`` when it has no float type.  Pure."""
+    seen = {t for v in dtypes.values() for t in _types(v)}
+    if seen & _LOW:
+        return "low"
+    return "float32" if dt.FLOAT in seen else None
+
+
+def _is_low_cast(dtypes: Mapping[str, int | tuple[int, ...]]) -> bool:
+    """Whether a Cast's types make it one between float32 and float16/bfloat16.  Pure."""
+    src, dst = dtypes.get("SrcT"), dtypes.get("DstT")
+    if not isinstance(src, int) or not isinstance(dst, int):
+        return False
+    pair = {dt.base(src), dt.base(dst)}
+    return dt.FLOAT in pair and bool(pair & _LOW)
+
+
+def _folded(g: nx.MultiDiGraph, registry: OpRegistry) -> frozenset[str]:
+    """``Const`` nodes and every stateless op whose data inputs are all such nodes: what
+    constant folding computes once, when the graph is loaded.  Assumes producers come before
+    consumers in node order (a loop's back edge then counts as not constant: the safe answer).
+    Pure."""
+    consts: set[str] = set()
+    for name in ordered_nodes(g):
+        op = g.nodes[name]["op"]
+        if op == "Const":
+            consts.add(name)
+            continue
+        ins = data_inputs(g, name)
+        sig = registry.op(op)
+        if ins and sig is not None and not sig.is_stateful and all(src in consts for src, _ in ins):
+            consts.add(name)
+    return frozenset(consts)
+
+
+def _priced(op: str, name: str, signatures: Mapping[str, object], folded: frozenset[str]) -> bool:
+    return not (op in BUFFER_OPS or op in ALIAS_OPS or op in METADATA_OPS or op in signatures or name in folded)
+
+
+#: Ops whose result XLA needs whole before any reader runs (reductions, windows, the
+#: normalizations and losses that reduce): each ends a kernel, like a dense op.
+KERNEL_BOUNDARY_OPS = frozenset({
+    "Mean", "Sum", "Max", "Min", "Prod", "ArgMax", "ArgMin", "All", "Any", "EuclideanNorm", "L2Loss",
+    "BiasAddGrad", "Softmax", "LogSoftmax", "SoftmaxCrossEntropyWithLogits",
+    "SparseSoftmaxCrossEntropyWithLogits", "FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3",
+    "FusedBatchNormGrad", "FusedBatchNormGradV2", "FusedBatchNormGradV3", "MaxPool", "AvgPool",
+    "MaxPoolGrad", "AvgPoolGrad", "MaxPoolV2", "MaxPoolGradV2", "Cumsum", "TopKV2",
+})
+
+
+def _stages(g: nx.MultiDiGraph) -> dict[str, int]:
+    """Under XLA, which kernel "stage" each node falls in: the most dense ops and kernel
+    boundaries (:data:`KERNEL_BOUNDARY_OPS`) on a path to it.  Element-wise ops of one stage can
+    share a fusion; a tensor read in a later stage must be in memory (an activation saved for
+    the backward pass, a value used after a reduction of it).  Assumes producers come before
+    consumers in node order (an input not seen yet -- a loop's back edge -- counts as stage
+    0).  Pure."""
+    stage: dict[str, int] = {}
+    for name in ordered_nodes(g):
+        s = 0
+        for src, _ in data_inputs(g, name):
+            op = g.nodes[src]["op"]
+            s = max(s, stage.get(src, 0) + (op in DENSE_OPS or op in KERNEL_BOUNDARY_OPS))
+        stage[name] = s
+    return stage
+
+
+def _memory_reads(g: nx.MultiDiGraph, name: str, stage: Mapping[str, int], signatures: Mapping[str, object],
+                  folded: frozenset[str]) -> int | None:
+    """Under XLA: ``None`` when the output of the element-wise node ``name`` stays in registers
+    (every reader is an element-wise op of its own stage, fused with it); else how many kernels
+    of element-wise readers read it back from memory (one per later stage; dense readers
+    price their own reads).  Pure."""
+    # A reduction's result is a kernel's output: always in memory.
+    boundary = g.nodes[name]["op"] in KERNEL_BOUNDARY_OPS
+    readers = [v for v, keyed in g._succ[name].items() if any(d["dst_port"] != CONTROL for d in keyed.values())]
+    later: set[int] = set()
+    in_memory = boundary or not readers  # no reader: a result of the step
+    for v in readers:
+        op = g.nodes[v]["op"]
+        if op in DENSE_OPS or not _priced(op, v, signatures, folded):
+            in_memory = True
+        elif boundary or stage[v] != stage[name]:
+            later.add(stage[v])
+    return len(later) if in_memory or later else None
+
+
+def _fused_ns(g: nx.MultiDiGraph, name: str, outs: list[Shape], out_bytes: int, costs: DeviceCosts,
+              stage: Mapping[str, int], signatures: Mapping[str, object], folded: frozenset[str]) -> tuple[float, bool]:
+    """Under XLA, ``(time, ends a kernel)`` of the element-wise node ``name`` (a Cast included):
+    the arithmetic beyond its memory-bound time, and, where its output must be in memory
+    (:func:`_memory_reads`), writing it once and reading it back once per later stage.  Pure."""
+    n = sum(elements(s) for s in outs)
+    compute, _ = costs.elementwise.get(g.nodes[name]["op"], (1.0, costs.low_elementwise))
+    t = (compute - 1.0) * n * 4 / costs.bandwidth
+    reads = _memory_reads(g, name, stage, signatures, folded)
+    if reads is None:
+        return t, False
+    return t + n * out_bytes * (1 + reads) / costs.bandwidth, True
+
+
+def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], registry: OpRegistry, *,
+                   compiled: bool) -> StepEstimate:
+    """Price every node of ``g`` in the type it has (module docstring).  ``costs_of`` maps a
+    node's device string to its class; ``registry`` says which ops are stateful (never folded).
+    Needs ``g.graph["shapes"]`` (unknown shapes count as the cost model's defaults); function
+    calls are priced as free here -- their bodies are separate graphs (:func:`estimate_graphs`).
+    Pure."""
+    shapes: Mapping[str, tuple[Shape, ...]] = g.graph.get("shapes") or {}
+    signatures = g.graph.get("signatures") or {}
+    folded = _folded(g, registry)
+    stage = _stages(g) if compiled else {}
+    ns = {"dense": 0.0, "elementwise": 0.0, "cast": 0.0, "overhead": 0.0}
+    kernels = low_nodes = casts = 0
+    for name in ordered_nodes(g):
+        node = g.nodes[name]
+        op = node["op"]
+        if not _priced(op, name, signatures, folded):
+            continue
+        types = node.get("dtypes") or {}
+        is_cast = op == "Cast" and _is_low_cast(types)
+        precision = node_precision(types)
+        if not is_cast and precision is None:
+            continue
+        outs = list(shapes.get(name, ()))
+        costs = costs_of(node.get("device", ""))
+        kind = "cast" if is_cast else "dense" if op in DENSE_OPS else "elementwise"
+        casts += kind == "cast"
+        low_nodes += kind != "cast" and precision == "low"
+        if kind == "cast" and not compiled:
+            # A Cast's price includes its fixed time (``op_overhead``): not charged again.
+            ns["cast"] += cast_cost(outs[0] if outs else None, 2, costs)
+            kernels += 1
+            continue
+        if kind == "dense" or not compiled:
+            ins = [_shape_of(shapes, src, port) for src, port in data_inputs(g, name)]
+            nc = node_cost(op, ins, outs, 2, costs)
+            t, launches = (nc.low if precision == "low" else nc.high), True
+        else:
+            low_out = types.get("DstT") != dt.FLOAT if kind == "cast" else precision == "low"
+            t, launches = _fused_ns(g, name, outs, 2 if low_out else 4, costs, stage, signatures, folded)
+        ns[kind] += t
+        if launches:
+            ns["overhead"] += costs.kernel_overhead
+            kernels += 1
+    return StepEstimate(ns["dense"], ns["elementwise"], ns["cast"], ns["overhead"], kernels, low_nodes, casts)
+
+
+def _shape_of(shapes: Mapping[str, tuple[Shape, ...]], src: str, port: int) -> Shape:
+    s = shapes.get(src)
+    return s[port] if s is not None and port < len(s) else None
+
+
+def estimate_graphs(graphs: Iterable[nx.MultiDiGraph], costs_of: Callable[[str], DeviceCosts],
+                    registry: OpRegistry, *, compiled: bool) -> StepEstimate:
+    """The sum of :func:`estimate_graph` over ``graphs`` (a main graph and the function bodies
+    it runs, each once).  Pure."""
+    total = StepEstimate()
+    for g in graphs:
+        total = total + estimate_graph(g, costs_of, registry, compiled=compiled)
+    return total

@@ -1,0 +1,134 @@
+"""The cost model's whole-step estimate (``amp_rewrite.estimate_step_time``): every node priced in
+the type it has, so a float32 graph, our rewritten graph and a graph built in mixed precision
+compare on one scale (issue 22's predicted-against-measured ratios)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import amp_rewrite
+from amp_rewrite.graph import dtypes as dt
+from amp_rewrite.plan.cost_model import DEVICE_COSTS, cast_cost, node_cost
+from amp_rewrite.plan.step_cost import StepEstimate, node_precision
+from graphs import graph_def, v1
+
+TARGET = "gpu:9.0"
+N = 2048
+
+
+def _mlp(dtype: tf.DType = tf.float32) -> tf.compat.v1.GraphDef:
+    """Two large MatMuls, each followed by a ReLU and a scaling, in ``dtype`` (float32, or
+    float16 with Casts at the edges, as a graph built in mixed precision has them)."""
+
+    def build() -> None:
+        x = v1.placeholder(tf.float32, [N, N], name="x")
+        h = tf.cast(x, dtype) if dtype != tf.float32 else x
+        for i in range(2):
+            w = tf.constant(np.full((N, N), 0.01, np.float32), name=f"w{i}")
+            h = tf.nn.relu(tf.matmul(h, tf.cast(w, dtype) if dtype != tf.float32 else w), name=f"relu{i}")
+            h = tf.multiply(h, tf.constant(0.5, dtype), name=f"scale{i}")
+        tf.identity(tf.cast(h, tf.float32) if dtype != tf.float32 else h, name="y")
+
+    return graph_def(build)
+
+
+def test_node_precision_reads_the_type_attributes():
+    assert node_precision({"T": dt.HALF}) == "low"
+    assert node_precision({"T": dt.BFLOAT16, "U": dt.FLOAT}) == "low"
+    assert node_precision({"T": dt.FLOAT}) == "float32"
+    assert node_precision({"Tin": (dt.INT32, dt.FLOAT)}) == "float32"
+    assert node_precision({"T": dt.INT32}) is None
+    assert node_precision({}) is None
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_rewritten_graph_is_estimated_faster_than_float32_and_every_part_is_priced(compiled):
+    gd = _mlp()
+    before = gd.SerializeToString(deterministic=True)
+    f32 = amp_rewrite.estimate_step_time(gd, target=TARGET, compiled=compiled)
+    result = amp_rewrite.rewrite_graph_def(gd, target=TARGET, precision="float16", fetches=["y"], use_env=False,
+                                           compiled=compiled)
+    low = amp_rewrite.estimate_step_time(result.graph_def, target=TARGET, compiled=compiled)
+    assert gd.SerializeToString(deterministic=True) == before  # read, never changed
+    # The rewrite converted both MatMuls: the estimate sees them in float16, and its Casts.
+    assert f32.low_nodes == 0 and f32.casts == 0 and low.low_nodes >= 2 and low.casts >= 2
+    costs = DEVICE_COSTS["gpu-hopper"]
+    one = node_cost("MatMul", [(N, N), (N, N)], [(N, N)], 2, costs, compiled=compiled)
+    assert f32.dense_ns == pytest.approx(2 * one.high)
+    assert low.dense_ns == pytest.approx(2 * one.low)
+    assert low.cast_ns >= cast_cost((N, N), 2, costs, compiled=compiled)
+    assert low.total_ns < f32.total_ns
+    # Kernels: every priced op without XLA.  Under XLA each ReLU fuses into the scaling that
+    # reads it (same stage), and each scaling ends a kernel (a MatMul, or the step, reads it).
+    assert f32.kernels == (4 if compiled else 6)
+    # Memory: without XLA each of the four element-wise ops reads and writes a tensor; under
+    # XLA only the two scalings' outputs reach memory, written once (a MatMul prices its reads).
+    tensor = N * N * 4 / costs.bandwidth
+    assert f32.elementwise_ns == pytest.approx(2 * tensor if compiled else 8 * tensor, rel=1e-3)
+    assert f32.overhead_ns == pytest.approx(f32.kernels * costs.kernel_overhead)
+    assert f32.total_ns == pytest.approx(f32.dense_ns + f32.elementwise_ns + f32.cast_ns + f32.overhead_ns)
+
+
+def test_a_graph_built_in_mixed_precision_is_priced_as_it_is():
+    """A graph whose ops were built in float16 (as Keras's ``mixed_float16`` builds them) is
+    priced in float16 without any rewrite: the same dense time as our rewrite of the float32
+    graph."""
+    built = amp_rewrite.estimate_step_time(_mlp(tf.float16), target=TARGET, compiled=True)
+    ours = amp_rewrite.estimate_step_time(
+        amp_rewrite.rewrite_graph_def(_mlp(), target=TARGET, precision="float16", fetches=["y"], use_env=False,
+                                      compiled=True).graph_def, target=TARGET, compiled=True)
+    f32 = amp_rewrite.estimate_step_time(_mlp(), target=TARGET, compiled=True)
+    # Both MatMuls, ReLUs and scalings; the Casts of x and y (those of the constant weights are folded
+    # when the graph is loaded, and cost nothing).
+    assert built.low_nodes == 6 and built.casts == 2
+    assert built.dense_ns == pytest.approx(ours.dense_ns)
+    assert built.total_ns < f32.total_ns
+    # A strict-FP32 GPU (TF32 off) gains more from the same graph.
+    strict = amp_rewrite.Target("gpu", (amp_rewrite.Device("GPU", 0, (9, 0), frozenset({"tf32_off"})),))
+    f32_strict = amp_rewrite.estimate_step_time(_mlp(), target=strict, compiled=True)
+    built_strict = amp_rewrite.estimate_step_time(_mlp(tf.float16), target=strict, compiled=True)
+    assert built_strict.total_ns / f32_strict.total_ns < built.total_ns / f32.total_ns
+
+
+def test_estimates_add_up():
+    a = StepEstimate(1.0, 2.0, 3.0, 4.0, 5, 6, 7)
+    assert (a + a).as_dict() == StepEstimate(2.0, 4.0, 6.0, 8.0, 10, 12, 14).as_dict()
+    assert (a + a).total_ns == 20.0
+
+
+def test_bad_input_is_refused_with_the_products_error():
+    with pytest.raises(amp_rewrite.AmpRewriteError):
+        amp_rewrite.estimate_step_time(b"not a graph", target=TARGET)
+    with pytest.raises(amp_rewrite.AmpRewriteError):
+        amp_rewrite.estimate_step_time("nope", target=TARGET)
+    with pytest.raises(amp_rewrite.AmpRewriteError):
+        amp_rewrite.estimate_step_time(_mlp(), target="tpu:1")
+
+
+def test_under_xla_a_tensor_read_again_after_a_dense_op_is_written_and_read_back():
+    """XLA cannot fuse across a MatMul: a ReLU's output that a residual Add reads after the
+    MatMul it feeds must be in memory -- written once, read back once -- while the same Add
+    reading only the MatMul's output leaves the ReLU written once (for the MatMul)."""
+
+    def block(residual: bool) -> tf.compat.v1.GraphDef:
+        def build() -> None:
+            x = v1.placeholder(tf.float32, [N, N], name="x")
+            r = tf.nn.relu(x, name="r")
+            m = tf.matmul(r, tf.constant(np.full((N, N), 0.01, np.float32)), name="m")
+            tf.identity(tf.add(m, r if residual else tf.constant(1.0), name="add"), name="y")
+
+        return graph_def(build)
+
+    costs = DEVICE_COSTS["gpu-hopper"]
+    tensor = N * N * 4 / costs.bandwidth
+    plain = amp_rewrite.estimate_step_time(block(False), target=TARGET, compiled=True)
+    skip = amp_rewrite.estimate_step_time(block(True), target=TARGET, compiled=True)
+    # ReLU: written for the MatMul (and read back by the Add); Add: written as the step's result.
+    assert plain.elementwise_ns == pytest.approx(2 * tensor, rel=1e-3)
+    assert skip.elementwise_ns == pytest.approx(3 * tensor, rel=1e-3)
+    assert plain.kernels == skip.kernels == 3  # the MatMul and two fusions
+    # Without XLA both are three kernels reading and writing whole tensors.
+    eager = amp_rewrite.estimate_step_time(block(True), target=TARGET, compiled=False)
+    assert eager.kernels == 3 and eager.elementwise_ns == pytest.approx(5 * tensor, rel=1e-3)
