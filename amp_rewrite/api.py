@@ -567,8 +567,8 @@ def estimate_step_time(
     registry: OpRegistry | None = None,
     costs: DeviceCosts | None = None,
 ) -> StepEstimate:
-    """The cost model's estimate of one run of ``graph_def`` (and the functions it calls, each
-    once) on ``target``, every node priced in the type it has (:mod:`amp_rewrite.plan.step_cost`):
+    """The cost model's estimate of one run of ``graph_def`` (and the functions it calls, a loop's
+    body once per iteration) on ``target``, every node priced in the type it has (:mod:`amp_rewrite.plan.step_cost`):
     a float32 graph, a rewritten one, or one built in mixed precision.  ``precision`` picks the
     device class (bfloat16 and float16 price alike on a GPU); ``compiled``: the graph runs
     under XLA.  ``costs`` prices every device with that class instead of the target's (what-if
@@ -592,7 +592,7 @@ def estimate_step_time(
             classes[device] = costs_for(tgt.place(device), resolved)
         return classes[device]
 
-    return estimate_graphs([imported.graph, *imported.functions.values()], costs_of, registry, compiled=compiled)
+    return estimate_graphs(imported.graph, imported.functions, costs_of, registry, compiled=compiled)
 
 
 @dataclass

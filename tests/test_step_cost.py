@@ -132,3 +132,40 @@ def test_under_xla_a_tensor_read_again_after_a_dense_op_is_written_and_read_back
     # Without XLA both are three kernels reading and writing whole tensors.
     eager = amp_rewrite.estimate_step_time(block(True), target=TARGET, compiled=False)
     assert eager.kernels == 3 and eager.elementwise_ns == pytest.approx(5 * tensor, rel=1e-3)
+
+
+def test_a_loop_body_counts_once_per_iteration_of_its_sequence():
+    """A ``tf.while_loop`` over the rows of a tensor (how Keras runs an RNN) runs its body once
+    per row: the MatMul inside is priced ``T`` times, not once; a function called once counts
+    once, and one nothing calls not at all."""
+    T, M = 7, 512
+
+    @tf.function
+    def step(x, w):
+        rows = tf.TensorArray(tf.float32, size=T).unstack(x)
+
+        def body(i, acc):
+            return i + 1, acc + tf.matmul(rows.read(i), w)
+
+        return tf.while_loop(lambda i, acc: i < T, body, (tf.constant(0), tf.zeros((M, M))))[1]
+
+    gd = step.get_concrete_function(tf.TensorSpec((T, M, M)), tf.TensorSpec((M, M))).graph.as_graph_def()
+    assert any(n.op in ("While", "StatelessWhile") for n in gd.node) and len(gd.library.function) >= 2
+    est = amp_rewrite.estimate_step_time(gd, target=TARGET, compiled=False)
+    one = node_cost("MatMul", [(M, M), (M, M)], [(M, M)], 2, DEVICE_COSTS["gpu-hopper"])
+    assert est.dense_ns == pytest.approx(T * one.high)
+
+    from amp_rewrite.plan.step_cost import call_counts
+
+    main = nx_graph("main")
+    body, unused = nx_graph("body"), nx_graph("unused")
+    main.add_node("loop", op="While", funcs=("body",), order=(0, 0))
+    main.add_node("call", op="PartitionedCall", funcs=("body",), order=(1, 0))
+    assert call_counts(main, {"body": body, "unused": unused}) == {"body": 32 + 1, "unused": 0}
+
+
+def nx_graph(name: str):
+    """An empty IR graph (a loop in it has an unknown trip count: no TensorList feeds it)."""
+    import networkx as nx
+
+    return nx.MultiDiGraph(name=name, signatures={}, shapes={})

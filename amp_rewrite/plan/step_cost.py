@@ -13,6 +13,9 @@ precision (Keras's ``mixed_float16``) alike, with the same per-node rules
   its shape cost nothing; so does a node without a float type (shape arithmetic, counters),
   and a stateless op whose data inputs are all constants (folded when the graph is loaded:
   the Casts of a frozen graph's weights);
+* a function's body counts once per call, and a loop's (``While``) once per iteration: as
+  many as the rows of the tensor its ``TensorList`` was made from (an RNN's sequence), else
+  :data:`~amp_rewrite.plan.cost_model.UNKNOWN_DIM` (:func:`call_counts`);
 * without XLA every priced node is a kernel: its roofline time, plus the class's fixed time
   per kernel (:attr:`~amp_rewrite.plan.cost_model.DeviceCosts.kernel_overhead`; a Cast's
   price includes its own);
@@ -44,10 +47,11 @@ from ..graph.ir import data_inputs, ordered_nodes
 from ..graph.tensor_names import CONTROL
 from ..graph.op_registry import OpRegistry
 from ..graph.shapes import Shape
-from .cost_model import ALIAS_OPS, DENSE_OPS, METADATA_OPS, DeviceCosts, cast_cost, elements, node_cost
+from .cost_model import (ALIAS_OPS, DENSE_OPS, METADATA_OPS, UNKNOWN_DIM, DeviceCosts, cast_cost, elements,
+                         node_cost)
 
-__all__ = ["BUFFER_OPS", "KERNEL_BOUNDARY_OPS", "StepEstimate", "estimate_graph", "estimate_graphs",
-           "node_precision"]
+__all__ = ["BUFFER_OPS", "KERNEL_BOUNDARY_OPS", "LOOP_OPS", "StepEstimate", "call_counts", "estimate_graph",
+           "estimate_graphs", "loop_trips", "node_precision"]
 
 #: Ops that hold, read or write a buffer without a kernel computing anything a precision
 #: changes: arguments and results, constants (folded when the graph is loaded), variables
@@ -79,6 +83,10 @@ class StepEstimate:
 
     def __add__(self, other: "StepEstimate") -> "StepEstimate":
         return StepEstimate(*(a + b for a, b in zip(self._fields(), other._fields())))
+
+    def scaled(self, times: int) -> "StepEstimate":
+        """This estimate run ``times`` times (a loop body's per iteration)."""
+        return StepEstimate(*(a * times for a in self._fields()))
 
     def _fields(self) -> tuple[float, ...]:
         return (self.dense_ns, self.elementwise_ns, self.cast_ns, self.overhead_ns, self.kernels,
@@ -250,11 +258,69 @@ def _shape_of(shapes: Mapping[str, tuple[Shape, ...]], src: str, port: int) -> S
     return s[port] if s is not None and port < len(s) else None
 
 
-def estimate_graphs(graphs: Iterable[nx.MultiDiGraph], costs_of: Callable[[str], DeviceCosts],
-                    registry: OpRegistry, *, compiled: bool) -> StepEstimate:
-    """The sum of :func:`estimate_graph` over ``graphs`` (a main graph and the function bodies
-    it runs, each once).  Pure."""
-    total = StepEstimate()
-    for g in graphs:
-        total = total + estimate_graph(g, costs_of, registry, compiled=compiled)
+#: Ops that run their functions once per iteration.
+LOOP_OPS = frozenset({"While", "StatelessWhile", "_While"})
+#: Ops whose inputs say how many iterations a loop fed by them runs: a ``TensorList`` made
+#: from a tensor holds one element per row of it.
+_LIST_FROM_ROWS = frozenset({"TensorListFromTensor"})
+
+
+def loop_trips(g: nx.MultiDiGraph, name: str) -> int:
+    """How many times the loop node ``name`` of ``g`` runs its body, read from its inputs: the
+    most rows of any tensor a ``TensorListFromTensor`` feeding it was made from (an RNN's
+    sequence length), else :data:`~amp_rewrite.plan.cost_model.UNKNOWN_DIM`.  Pure."""
+    shapes: Mapping[str, tuple[Shape, ...]] = g.graph.get("shapes") or {}
+    trips = 0
+    for src, _ in data_inputs(g, name):
+        if g.nodes[src]["op"] in _LIST_FROM_ROWS:
+            rows = data_inputs(g, src)
+            shape = _shape_of(shapes, *rows[0]) if rows else None
+            if shape and shape[0] is not None:
+                trips = max(trips, int(shape[0]))
+    return trips or UNKNOWN_DIM
+
+
+def call_counts(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph]) -> dict[str, int]:
+    """How many times each function of ``functions`` runs per run of ``main``: once per call,
+    :func:`loop_trips` times per call from a loop (its body and condition), multiplied down
+    nested calls; both branches of a conditional count (an upper bound).  A function nothing
+    calls runs 0 times.  Assumes the call graph has no cycle (checked on import).  Pure."""
+    calls: dict[str, list[tuple[str, int]]] = {}  # caller ("" = main) -> [(callee, times)]
+    for key, g in [("", main), *sorted(functions.items())]:
+        signatures = g.graph.get("signatures") or {}
+        out = calls.setdefault(key, [])
+        for n in ordered_nodes(g):
+            node = g.nodes[n]
+            called = set(node.get("funcs") or ())
+            if node["op"] in signatures:
+                called.add(node["op"])
+            times = loop_trips(g, n) if node["op"] in LOOP_OPS else 1
+            out.extend((f, times) for f in sorted(called) if f in functions)
+    # Kahn's algorithm from the main graph: a function's count is final once every caller's is.
+    pending = {f: 0 for f in functions}
+    for callees in calls.values():
+        for f, _ in callees:
+            pending[f] += 1
+    counts = dict.fromkeys(functions, 0)
+    ready, runs = [""], {"": 1}
+    while ready:
+        caller = ready.pop()
+        for f, times in calls.get(caller, ()):
+            counts[f] += runs[caller] * times
+            pending[f] -= 1
+            if pending[f] == 0:
+                runs[f] = counts[f]
+                ready.append(f)
+    return counts
+
+
+def estimate_graphs(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph],
+                    costs_of: Callable[[str], DeviceCosts], registry: OpRegistry, *,
+                    compiled: bool) -> StepEstimate:
+    """:func:`estimate_graph` of ``main`` plus each function's times the number of times it
+    runs per run of ``main`` (:func:`call_counts`: a loop body once per iteration).  Pure."""
+    total = estimate_graph(main, costs_of, registry, compiled=compiled)
+    for name, times in call_counts(main, functions).items():
+        if times:
+            total = total + estimate_graph(functions[name], costs_of, registry, compiled=compiled).scaled(times)
     return total
