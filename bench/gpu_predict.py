@@ -12,6 +12,11 @@ Usage::
 
     python bench/gpu_predict.py bench/gpu_runs/2026-11-26-h200/gpu_1.json [--capability 9.0]
         [--variants keras_mixed_xla,ours_user] [--out bench/gpu_runs/2026-11-26-h200/predicted.md]
+    python bench/gpu_predict.py --forecast --workloads gpt-train-b32 --variants keras_mixed_xla,ours_user
+        [--gpu "NVIDIA H200"] [--capability 9.0] [--out FILE]
+
+``--forecast`` predicts workloads not measured yet (the measured column stays empty), to be
+committed before a GPU run checks them.
 
 The capability defaults to the one the measured JSON recorded.  Where the measured GPU's
 memory bandwidth is known to differ from its family's class (:data:`MEASURED_BANDWIDTH`: the
@@ -105,20 +110,50 @@ def table(rows: list[dict[str, Any]], run: str) -> str:
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         off = f"{100 * r['off']:+.0f}%" if math.isfinite(r["off"]) else "n/a"
-        lines.append(f"| {run} | {r['workload']} | {r['variant']} | {r['baseline']} | {r['measured']:.3f} | "
+        meas = f"{r['measured']:.3f}" if math.isfinite(r["measured"]) else "not measured"
+        lines.append(f"| {run} | {r['workload']} | {r['variant']} | {r['baseline']} | {meas} | "
                      f"{r['predicted']:.3f} | {off} |")
     return "\n".join(lines) + "\n"
 
 
+def forecast_rows(workloads: list[str], variants: list[str], gpu: str, capability: str) -> list[dict[str, Any]]:
+    """Predicted ratios of ``variants`` on ``workloads`` for a GPU not measured on them yet
+    (``gpu``: its device name, for :data:`MEASURED_BANDWIDTH`).  Traces here."""
+    import gpu_bench
+
+    target = f"gpu:{capability}"
+    costs = device_costs({"gpus": [{"device_name": gpu}]}, target)
+    rows = []
+    for w in workloads:
+        for name in variants:
+            base = baseline_of(name)
+            if base is None:
+                continue
+            pred = gpu_bench.predicted_step_ratio(w, name, base, target=target, precision="float16", costs=costs)
+            rows.append({"workload": w, "variant": name, "baseline": base, "measured": math.nan,
+                         "predicted": pred, "off": math.nan})
+            print(f"{w} {name}: predicted {pred:.3f}", flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("results", nargs="+", help="gpu_bench JSON files")
+    p.add_argument("results", nargs="*", help="gpu_bench JSON files")
     p.add_argument("--capability", help="compute capability to plan for (default: the measured GPU's)")
     p.add_argument("--variants", help="comma-separated variants to predict (default: every measured one)")
+    p.add_argument("--forecast", action="store_true", help="predict --workloads not measured yet")
+    p.add_argument("--workloads", help="comma-separated workloads (with --forecast)")
+    p.add_argument("--gpu", default="NVIDIA H200", help="the GPU forecast for (its device name)")
     p.add_argument("--out", help="markdown table (default: stdout)")
     args = p.parse_args(argv)
     wanted = set(args.variants.split(",")) if args.variants else None
+    if args.forecast == bool(args.results) or (args.forecast and not (args.workloads and args.variants)):
+        p.error("give gpu_bench JSON files, or --forecast with --workloads and --variants")
     text = ""
+    if args.forecast:
+        rows = forecast_rows(args.workloads.split(","), args.variants.split(","), args.gpu,
+                             args.capability or "9.0")
+        text = table(rows, f"forecast ({args.gpu})")
     for path in args.results:
         with open(path) as f:
             data = json.load(f)
