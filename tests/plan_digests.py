@@ -19,6 +19,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# This checkout's package, not an installed copy: run as a script, Python would otherwise import
+# whatever amp_rewrite site-packages holds, and compare digests of another version.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import amp_rewrite  # noqa: E402
 import corpus  # noqa: E402

@@ -163,6 +163,23 @@ def test_a_loop_body_counts_once_per_iteration_of_its_sequence():
     main.add_node("call", op="PartitionedCall", funcs=("body",), order=(1, 0))
     assert call_counts(main, {"body": body, "unused": unused}) == {"body": 32 + 1, "unused": 0}
 
+    # A backward loop (as Keras's LSTM gradient has it, beside its forward loop) is fed a list
+    # of one row -- the last step's gradient -- and the forward loop's outputs: it runs as
+    # often as the forward loop.
+    from amp_rewrite.graph.ir import add_data_edge
+
+    g = nx_graph("train")
+    for i, (name, op, funcs) in enumerate([("seq", "Placeholder", ()), ("rows", "TensorListFromTensor", ()),
+                                           ("fwd", "While", ("fwd_body",)), ("last", "Placeholder", ()),
+                                           ("one", "TensorListFromTensor", ()), ("bwd", "While", ("bwd_body",))]):
+        g.add_node(name, op=op, funcs=funcs, order=(i, 0))
+    g.graph["shapes"] = {"seq": ((T, 4, 8),), "last": ((1, 4, 8),)}
+    for src, dst, port in [("seq", "rows", 0), ("rows", "fwd", 0), ("last", "one", 0), ("one", "bwd", 0),
+                           ("fwd", "bwd", 1)]:
+        add_data_edge(g, src, 0, dst, port, None)
+    counts = call_counts(g, {"fwd_body": nx_graph("fwd_body"), "bwd_body": nx_graph("bwd_body")})
+    assert counts == {"fwd_body": T, "bwd_body": T}
+
 
 def nx_graph(name: str):
     """An empty IR graph (a loop in it has an unknown trip count: no TensorList feeds it)."""

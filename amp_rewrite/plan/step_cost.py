@@ -268,15 +268,25 @@ _LIST_FROM_ROWS = frozenset({"TensorListFromTensor"})
 def loop_trips(g: nx.MultiDiGraph, name: str) -> int:
     """How many times the loop node ``name`` of ``g`` runs its body, read from its inputs: the
     most rows of any tensor a ``TensorListFromTensor`` feeding it was made from (an RNN's
-    sequence length), else :data:`~amp_rewrite.plan.cost_model.UNKNOWN_DIM`.  Pure."""
+    sequence length), or, for a backward loop, the count of the forward loop whose outputs
+    (the intermediates it stacked) it reads; else :data:`~amp_rewrite.plan.cost_model.UNKNOWN_DIM`.
+    A list of a single row does not count (a backward loop is fed the gradient of a last step
+    only as one).  Pure."""
     shapes: Mapping[str, tuple[Shape, ...]] = g.graph.get("shapes") or {}
     trips = 0
-    for src, _ in data_inputs(g, name):
-        if g.nodes[src]["op"] in _LIST_FROM_ROWS:
-            rows = data_inputs(g, src)
-            shape = _shape_of(shapes, *rows[0]) if rows else None
-            if shape and shape[0] is not None:
-                trips = max(trips, int(shape[0]))
+    # Iterative over the loops met upstream (a visited set: a malformed graph may cycle).
+    todo, seen = [name], {name}
+    while todo:
+        for src, _ in data_inputs(g, todo.pop()):
+            op = g.nodes[src]["op"]
+            if op in _LIST_FROM_ROWS:
+                rows = data_inputs(g, src)
+                shape = _shape_of(shapes, *rows[0]) if rows else None
+                if shape and shape[0] is not None and int(shape[0]) > 1:
+                    trips = max(trips, int(shape[0]))
+            elif op in LOOP_OPS and src not in seen:
+                seen.add(src)
+                todo.append(src)
     return trips or UNKNOWN_DIM
 
 
