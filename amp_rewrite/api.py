@@ -568,8 +568,9 @@ def estimate_step_time(
     costs: DeviceCosts | None = None,
 ) -> StepEstimate:
     """The cost model's estimate of one run of ``graph_def`` (and the functions it calls, a loop's
-    body once per iteration) on ``target``, every node priced in the type it has (:mod:`amp_rewrite.plan.step_cost`):
-    a float32 graph, a rewritten one, or one built in mixed precision.  ``precision`` picks the
+    body once per iteration) on ``target``, every node priced in the type it has
+    (:mod:`amp_rewrite.plan.step_cost`): a float32 graph, a rewritten one, or one built in mixed
+    precision.  ``precision`` picks the
     device class (bfloat16 and float16 price alike on a GPU); ``compiled``: the graph runs
     under XLA.  ``costs`` prices every device with that class instead of the target's (what-if
     estimates, and calibration against a device whose rates differ from its family's: an
