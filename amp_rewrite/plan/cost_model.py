@@ -66,13 +66,14 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Mapping, NamedTuple, Sequence
 
+from ..graph.op_registry import OpRegistry
 from ..graph.shapes import Shape, numel
 from .targets import Device
 
 __all__ = ["DeviceCosts", "DenseBand", "dense_band", "DEVICE_COSTS", "costs_for", "gpu_costs", "TF32_OFF",
            "GPU_DENSE_EFFICIENCY", "GPU_KERNEL_OVERHEAD", "NodeCost", "node_cost",
            "cast_cost", "DENSE_OPS", "ALIAS_OPS", "METADATA_OPS", "misaligned_dims", "alignment_efficiency",
-           "elements"]
+           "elements", "constant_nodes"]
 
 #: Dense ops whose cost is dominated by multiply-accumulates.
 MATMUL_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
@@ -90,6 +91,27 @@ ALIAS_OPS = frozenset({"Identity", "IdentityN", "Snapshot", "StopGradient", "Pre
 #: step stats of the DenseNet121 training step show its 88 ``ShapeN`` taking no measurable
 #: time; priced as element-wise ops they cost 1.8 ms there).
 METADATA_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+
+def constant_nodes(order: Sequence[str], ops: Mapping[str, str],
+                   inputs: Mapping[str, Sequence[tuple[str, int]]], registry: OpRegistry) -> frozenset[str]:
+    """Nodes whose value constant folding computes once, when the graph is loaded: ``Const``
+    nodes and every stateless op whose data inputs (``inputs``: node -> ``(producer, port)``)
+    are all such nodes (frozen weights behind ``Identity``, the Casts of a frozen graph's
+    weights, an inference batch norm's ``gamma * rsqrt(var + eps)``).  Pure; assumes ``order``
+    lists producers before consumers (a loop's back edge makes its ``Merge`` non-constant,
+    which is the safe answer)."""
+    consts: set[str] = set()
+    for name in order:
+        op = ops[name]
+        if op == "Const":
+            consts.add(name)
+            continue
+        ins = inputs.get(name) or ()
+        sig = registry.op(op)
+        if ins and sig is not None and not sig.is_stateful and all(src in consts for src, _ in ins):
+            consts.add(name)
+    return frozenset(consts)
+
 
 #: Elements assumed for one unknown dimension (typically a batch) and for an unknown rank.
 UNKNOWN_DIM = 32

@@ -36,7 +36,7 @@ from typing import Any
 import networkx as nx
 
 from ..graph import ir
-from .cost_model import DENSE_OPS, DeviceCosts, cast_cost, costs_for, elements, node_cost
+from .cost_model import DENSE_OPS, DeviceCosts, cast_cost, constant_nodes, costs_for, elements, node_cost
 from .normalization import upstream_of_fragile
 from .mincut import FREE, HIGH, LOW, PlacementProblem, objective, solve
 from ..graph.shapes import Shape
@@ -143,22 +143,9 @@ def _tied_groups(p: PaintingState, clusters: list[list[str]]) -> list[list[int]]
 
 
 def _constant_nodes(p: PaintingState) -> frozenset[str]:
-    """Nodes whose value Grappler's constant folding computes once, when the graph is loaded:
-    ``Const`` nodes and every stateless op whose data inputs are all such nodes (frozen
-    weights behind ``Identity``, and an inference batch norm's ``gamma * rsqrt(var + eps)``).
-    Pure; assumes ``p.order`` lists producers before consumers (a loop's back edge makes its
-    ``Merge`` non-constant, which is the safe answer)."""
-    consts: set[str] = set()
-    for name in p.order:
-        op = p.ops[name]
-        if op == "Const":
-            consts.add(name)
-            continue
-        ins = p.inputs.get(name) or []
-        sig = p.registry.op(op)
-        if ins and sig is not None and not sig.is_stateful and all(src in consts for src, _ in ins):
-            consts.add(name)
-    return frozenset(consts)
+    """:func:`~amp_rewrite.plan.cost_model.constant_nodes` of ``p``'s graph, from the facts
+    ``p`` holds already.  Pure."""
+    return constant_nodes(p.order, p.ops, p.inputs, p.registry)
 
 
 #: Element-wise ops with one constant operand that Grappler folds into the frozen convolution

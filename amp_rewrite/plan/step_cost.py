@@ -47,8 +47,8 @@ from ..graph.ir import data_inputs, ordered_nodes
 from ..graph.tensor_names import CONTROL
 from ..graph.op_registry import OpRegistry
 from ..graph.shapes import Shape
-from .cost_model import (ALIAS_OPS, DENSE_OPS, METADATA_OPS, UNKNOWN_DIM, DeviceCosts, cast_cost, elements,
-                         node_cost)
+from .cost_model import (ALIAS_OPS, DENSE_OPS, METADATA_OPS, UNKNOWN_DIM, DeviceCosts, cast_cost, constant_nodes,
+                         elements, node_cost)
 
 __all__ = ["BUFFER_OPS", "KERNEL_BOUNDARY_OPS", "LOOP_OPS", "StepEstimate", "call_counts", "estimate_graph",
            "estimate_graphs", "loop_trips", "node_precision"]
@@ -123,21 +123,10 @@ def _is_low_cast(dtypes: Mapping[str, int | tuple[int, ...]]) -> bool:
 
 
 def _folded(g: nx.MultiDiGraph, registry: OpRegistry) -> frozenset[str]:
-    """``Const`` nodes and every stateless op whose data inputs are all such nodes: what
-    constant folding computes once, when the graph is loaded.  Assumes producers come before
-    consumers in node order (a loop's back edge then counts as not constant: the safe answer).
-    Pure."""
-    consts: set[str] = set()
-    for name in ordered_nodes(g):
-        op = g.nodes[name]["op"]
-        if op == "Const":
-            consts.add(name)
-            continue
-        ins = data_inputs(g, name)
-        sig = registry.op(op)
-        if ins and sig is not None and not sig.is_stateful and all(src in consts for src, _ in ins):
-            consts.add(name)
-    return frozenset(consts)
+    """:func:`~amp_rewrite.plan.cost_model.constant_nodes` of ``g``.  Pure."""
+    order = ordered_nodes(g)
+    return constant_nodes(order, {n: g.nodes[n]["op"] for n in order}, {n: data_inputs(g, n) for n in order},
+                          registry)
 
 
 def _priced(op: str, name: str, signatures: Mapping[str, object], folded: frozenset[str]) -> bool:
