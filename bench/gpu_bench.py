@@ -573,6 +573,21 @@ class VariantRun:
         return ratio, f"step estimates: {self.spec.name}/{baseline}"
 
 
+def workload_named(name: str) -> Workload:
+    """The workload of this module called ``name`` (full or reduced).  Pure."""
+    return next(w for w in FULL_WORKLOADS + REDUCED_WORKLOADS if w.name == name)
+
+
+def _rewritten(graph: Any, shapes: Any, *, target: str, precision: str, lists: str, compiled: bool) -> Any:
+    """Our rewrite of a traced step (``tf.Graph``) with ``lists``, fetching its outputs: the
+    GraphDef.  Reads ``graph``."""
+    import amp_rewrite
+
+    return amp_rewrite.rewrite_graph_def(
+        graph.as_graph_def(), fetches=sorted({t.op.name for t in graph.outputs}), variable_shapes=shapes,
+        target=target, precision=precision, lists=lists, compiled=compiled, use_env=False).graph_def
+
+
 def variant_graph_def(workload: str, variant: str, *, target: str, precision: str) -> tuple[Any, Any, bool]:
     """``(GraphDef, variable shapes, compiled)`` of ``variant``'s step on ``workload`` as this
     module's run builds it, traced here (no step runs, no GPU needed): the float32 model's
@@ -582,7 +597,6 @@ def variant_graph_def(workload: str, variant: str, *, target: str, precision: st
     ``tf_amp``.  ``float32_strict`` is float32's graph: only its device class differs."""
     import keras
 
-    import amp_rewrite
     from amp_rewrite.training.tf_function import captured_variable_shapes
 
     spec = variant_spec(variant)
@@ -592,18 +606,14 @@ def variant_graph_def(workload: str, variant: str, *, target: str, precision: st
             lists = spec.lists or "default"
             graph = trace_step(workload, lists=lists, target=target, precision=precision, jit_compile=xla)
             shapes = captured_variable_shapes(graph)
-            result = amp_rewrite.rewrite_graph_def(
-                graph.as_graph_def(), fetches=sorted({t.op.name for t in graph.outputs}), variable_shapes=shapes,
-                target=target, precision=precision, lists=lists, compiled=xla, use_env=False)
-            return result.graph_def, shapes, xla
+            rewritten = _rewritten(graph, shapes, target=target, precision=precision, lists=lists, compiled=xla)
+            return rewritten, shapes, xla
         graph = trace_keras_step(workload, mixed=spec.policy == "mixed", precision=precision)
         shapes = captured_variable_shapes(graph)
         if not spec.tf_amp:
             return graph.as_graph_def(), shapes, xla
-        result = amp_rewrite.rewrite_graph_def(
-            graph.as_graph_def(), fetches=sorted({t.op.name for t in graph.outputs}), variable_shapes=shapes,
-            target=target, precision=precision, lists="tensorflow", use_env=False)
-        return result.graph_def, shapes, False
+        return _rewritten(graph, shapes, target=target, precision=precision, lists="tensorflow",
+                          compiled=False), shapes, False
     finally:
         keras.backend.clear_session()
 
@@ -645,7 +655,7 @@ def trace_keras_step(workload: str, *, mixed: bool, precision: str = "float16") 
     import keras
     import tensorflow as tf
 
-    w = next(x for x in FULL_WORKLOADS + REDUCED_WORKLOADS if x.name == workload)
+    w = workload_named(workload)
     keras.utils.set_random_seed(SEED)
     keras.mixed_precision.set_dtype_policy(f"mixed_{precision}" if mixed else "float32")
     try:
@@ -669,7 +679,7 @@ def trace_step(workload: str, *, lists: str, target: str, precision: str, jit_co
 
     import amp_rewrite
 
-    w = next(x for x in FULL_WORKLOADS + REDUCED_WORKLOADS if x.name == workload)
+    w = workload_named(workload)
     keras.utils.set_random_seed(SEED)
     model = w.build()
     opt = amp_rewrite.enable_mixed_precision_graph_rewrite(
@@ -681,10 +691,6 @@ def trace_step(workload: str, *, lists: str, target: str, precision: str, jit_co
         model.optimizer.build(model.trainable_variables)
         return model.make_train_function().amp_function.get_concrete_function((x, y, None)).graph
     return model.make_predict_function().amp_function.get_concrete_function((x,)).graph
-
-
-def _ratio(a: float, b: float) -> float | None:
-    return a / b if b else None
 
 
 def placement_estimates(report: dict[str, Any]) -> dict[str, float] | None:
