@@ -479,13 +479,16 @@ def _rewrite_functions(imported: Any, stage: _Stage, options: DecideOptions, exc
 
 def _decide_options(lvl: str, preserve: set[str], excluded: dict[str, str], tensorflow_bugs: bool,
                     planner: str, compiled: bool, op_lists: OpLists) -> DecideOptions:
-    """The main graph's :class:`DecideOptions`: the cost-aware planners (any ``planner`` but
-    ``"greedy"``) are normalization-aware.  Pure."""
+    """The main graph's :class:`DecideOptions`: normalization-aware where the profile runs a
+    normalization's apply ops in low precision (its ``[normalization]`` table: the default
+    profile and those extending it) and under the cost-aware planners (any ``planner`` but
+    ``"greedy"``).  Pure."""
     optimal = planner != "greedy"
     return DecideOptions(force_all=lvl == "UNSAFE_FORCE_ALL", preserve=frozenset(preserve),
                          preserve_reasons=excluded,
                          tensorflow_bugs=tensorflow_bugs, planner=planner,  # type: ignore[arg-type]
-                         normalization_aware=optimal, compiled=compiled,
+                         normalization_aware=optimal or op_lists.normalization_apply == "low",
+                         compiled=compiled,
                          # Statistics stay float32 in every profile but TensorFlow's own
                          # (parity), also where the lists infer Mean (optimal, in bfloat16).
                          moments_float32=optimal or (op_lists.profile != "tensorflow"

@@ -356,6 +356,8 @@ def _cmd_lists(args: argparse.Namespace) -> int:
         add=add, remove=remove, level=args.level, environ=os.environ,
     )
     print(f"# lists {lists.profile!r} for {target.description}, {args.precision}, level {level}")
+    print(f"# planner {lists.planner}; a normalization's apply ops: {lists.normalization_apply}"
+          + (f" ({lists.normalization_reason})" if lists.normalization_reason else " (TensorFlow's deny propagation)"))
     for cat, ops in lists.as_dict().items():
         print(f"\n[{cat}]  ({len(ops)} ops)")
         for op in ops:

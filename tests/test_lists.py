@@ -386,6 +386,38 @@ def test_planner_key_is_validated_and_inherited(tmp_path):
     assert load_lists(str(back), context=CUDA).planner == "greedy"
 
 
+def test_normalization_policy_is_validated_inherited_and_overridable(tmp_path):
+    """``[normalization]`` says where a normalization's apply ops run: TensorFlow's profile
+    leaves them to deny propagation (float32), the default profile -- and the optimal one,
+    through ``extends`` -- runs them in low precision, and a later layer (a child profile or a
+    user file layered on top) can set it back, with its own reason."""
+    assert load_lists("tensorflow", context=CUDA).normalization_apply == "float32"
+    assert load_lists("tensorflow", context=CUDA).normalization_reason == ""
+    for name in ("default", "optimal"):
+        got = load_lists(name, context=CUDA)
+        assert got.normalization_apply == "low" and "statistics stay float32" in got.normalization_reason
+    for body, pattern in [
+        ('[normalization]\napply = "half"\nreason = "r"\n', r"apply must be one of"),
+        ('[normalization]\nreason = "r"\n', r"apply must be one of .*\(missing\)"),
+        ('[normalization]\napply = "low"\n', r"reason must be a non-empty string"),
+        ('[normalization]\napply = "low"\nreason = "  "\n', r"reason must be a non-empty string"),
+        ('[normalization]\napply = "low"\nreason = "r"\nwhere = "gpu"\n', r"where"),
+        ('normalization = "low"\n', r"\[normalization\] must be a table"),
+    ]:
+        bad = tmp_path / "bad.toml"
+        bad.write_text("schema_version = 1\n" + body)
+        with pytest.raises(ListError, match=pattern):
+            load_lists(str(bad), context=CUDA)
+    strict = tmp_path / "strict.toml"
+    strict.write_text('schema_version = 1\n[normalization]\napply = "float32"\nreason = "bit-exact with TF"\n')
+    layered = load_lists("default", context=CUDA, user_file=strict)
+    assert (layered.normalization_apply, layered.normalization_reason) == ("float32", "bit-exact with TF")
+    assert layered.as_dict() == load_lists("default", context=CUDA).as_dict()
+    child = tmp_path / "child.toml"
+    child.write_text('schema_version = 1\nextends = "tensorflow"\n[normalization]\napply = "low"\nreason = "mine"\n')
+    assert load_lists(str(child), context=CUDA).normalization_apply == "low"
+
+
 def test_bf16_clear_list_relation_from_spec():
     fp16 = load_lists("tensorflow", context=CUDA)
     bf16 = load_lists("tensorflow", context=BF16)

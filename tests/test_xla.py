@@ -415,6 +415,43 @@ def test_compiled_planner_converts_a_chain_it_keeps_float32_unfused() -> None:
     assert est["optimal"] < 0.7 * est["float32"]
 
 
+def _matmul_then(n: int, tail: bool) -> Any:
+    """x @ w, fetched; with ``tail``, through Relu -> Tanh -> Sigmoid first (three
+    element-wise ops no GPU class has measured kernels of)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [n, n], name="x")
+        w = tf.compat.v1.placeholder(tf.float32, [n, n], name="w")
+        h = tf.matmul(x, w, name="mm")
+        if tail:
+            h = tf.sigmoid(tf.tanh(tf.nn.relu(h, name="relu"), name="tanh"), name="sigmoid")
+        tf.identity(h, name="out")
+    return graph.as_graph_def()
+
+
+def test_compiled_planner_counts_the_bytes_every_fused_op_saves() -> None:
+    """Without XLA the planner takes no gain from converting element-wise ops whose kernels
+    its class never measured (a guess is not worth a Cast).  Under XLA each one is fused and
+    costs the bytes of its output, as a Cast does: converting the tail saves half of them, and
+    the estimated gain over float32 grows by that much."""
+    from amp_rewrite.plan.cost_model import DEVICE_COSTS
+
+    n = 2048
+    gain = {}
+    for tail in (False, True):
+        for compiled in (False, True):
+            report = amp_rewrite.rewrite_graph_def(_matmul_then(n, tail), lists="optimal", fetches=["out"],
+                                                   compiled=compiled, **TARGET).report
+            assert report["nodes"]["mm"]["dtype"] == "float16"
+            if tail:
+                assert {report["nodes"][m]["dtype"] for m in ("relu", "tanh", "sigmoid")} == {"float16"}
+            est = report["placement"]["estimated_us"]
+            gain[tail, compiled] = est["float32"] - est["optimal"]
+    assert gain[True, False] == pytest.approx(gain[False, False])  # unfused: the tail is not priced
+    halved = 3 * n * n * (4 - 2) / DEVICE_COSTS["gpu-ampere"].bandwidth / 1e3  # us
+    assert gain[True, True] - gain[False, True] > 0.5 * halved
+
+
 def test_compiled_false_leaves_every_plan_byte_identical() -> None:
     graph_def = _chain_between_matmuls(2048)  # large enough that the unfused plan converts (TF32)
     for lists in ("optimal", "default"):

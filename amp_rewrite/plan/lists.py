@@ -7,13 +7,15 @@ The rewrite sorts ops into four lists (TensorFlow's names):
 * ``deny`` -- kept in float32, and that float32-ness spreads downstream;
 * ``clear`` -- numerically neutral; follows its neighbours.
 
-The lists are data, kept in TOML *profiles*.  Two are shipped (``lists/`` in the repository,
+The lists are data, kept in TOML *profiles*.  Three are shipped (``lists/`` in the repository,
 installed as the package ``amp_rewrite._lists``):
 
 * ``tensorflow`` -- TensorFlow's lists, exactly (tested against TF's own dump): 2.21's tables
   and per-release deltas for 2.16 to 2.20 (see "TensorFlow versions" below);
 * ``default`` -- ``tensorflow`` plus softmax, arithmetic reductions and cross-entropy losses
-  kept in float32.
+  kept in float32, and a moment-based normalization's apply ops free of deny propagation
+  (``[normalization] apply = "low"``);
+* ``optimal`` -- ``default`` with the cost-aware planner.
 
 Profile schema (version 1)
 --------------------------
@@ -28,6 +30,11 @@ Profile schema (version 1)
     planner = "optimal"                # optional: "greedy" (TensorFlow's passes, the default)
                                        # or "optimal" (cost-aware min cut, normalization-aware);
                                        # inherited through extends
+    [normalization]                    # optional: where a moment-based normalization's apply
+    apply = "low"                      # ops run: "float32" (deny propagates into them from the
+    reason = "one-line reason"         # statistics, as in TensorFlow; the default) or "low"
+                                       # (it stops there); reason required; the last layer of
+                                       # the chain (or a user file) with the table wins
 
     [float16.allow]                    # tables: {float16,bfloat16}.{allow,infer,deny,clear}
     MatMul = "one-line reason"         # plain form: just the reason

@@ -122,10 +122,13 @@ def _op_lists(
     layers: Sequence[_Layer],
     version: str | None,
 ) -> OpLists:
-    """The immutable :class:`OpLists` of the final ``lists``; the planner is the one the last
-    layer that sets one asks for (``"greedy"`` when none does).  Pure."""
+    """The immutable :class:`OpLists` of the final ``lists``; the planner and the
+    normalization policy are those of the last layer that sets each (``"greedy"`` and
+    ``"float32"`` when none does).  Pure."""
     reasons = {op: reason for table in lists.values() for op, (reason, _) in table.items()}
     origins = {op: origin for table in lists.values() for op, (_, origin) in table.items()}
+    apply, why = next((layer.normalization for layer in reversed(layers) if layer.normalization),
+                      ("float32", ""))
     return OpLists(
         allow=frozenset(lists["allow"]),
         infer=frozenset(lists["infer"]),
@@ -135,6 +138,8 @@ def _op_lists(
         origins=MappingProxyType(origins),
         profile=profile_label,
         planner=next((layer.planner for layer in reversed(layers) if layer.planner), "greedy"),
+        normalization_apply=apply,
+        normalization_reason=why,
         tf_version=version,
     )
 

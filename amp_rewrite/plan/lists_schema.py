@@ -18,11 +18,13 @@ if TYPE_CHECKING:  # only used in annotations; its module moved in 3.11
     from importlib.resources.abc import Traversable
 
 from ..errors import ListError
-from .lists_types import _OP_NAME, BACKENDS, CATEGORIES, PLANNERS, PRECISIONS, Category, ListContext
+from .lists_types import (_OP_NAME, BACKENDS, CATEGORIES, NORMALIZATION_APPLY, PLANNERS, PRECISIONS, Category,
+                          ListContext)
 
 _SCHEMA_VERSION = 1
 _TOP_KEYS = frozenset({"schema_version", "name", "description", "source", "extends", "planner",
-                       "tf_version", "versions", *PRECISIONS})
+                       "normalization", "tf_version", "versions", *PRECISIONS})
+_NORMALIZATION_KEYS = frozenset({"apply", "reason"})
 _VERSION_KEYS = frozenset({"note", *PRECISIONS})
 # A TensorFlow release as the lists are keyed: major.minor ("2.16"); the patch level never
 # changes the op lists.
@@ -72,6 +74,7 @@ class _Layer:
     entries: dict[str, dict[str, _Entry]]  # precision -> op -> entry
     removes: dict[str, dict[str, str]]  # precision -> op -> reason
     planner: str | None = None
+    normalization: tuple[str, str] | None = None  # ([normalization] apply, its reason)
     tf_version: str | None = None  # the release the tables above are; None: unversioned
     # Older releases: version -> (entries, removes) relative to the tables above.
     versions: dict[str, _VersionDelta] = field(default_factory=dict)
@@ -204,6 +207,7 @@ def _parse_layer(data: dict[str, Any], label: str, location: str, base_dir: Trav
     if "planner" in data and data["planner"] not in PLANNERS:
         raise ListError(f"'planner' must be one of {', '.join(PLANNERS)}, got {data['planner']!r}",
                         path=location)
+    normalization = _parse_normalization(data.get("normalization"), location)
     entries, removes = _parse_tables(data, "", label, location)
     tf_version = data.get("tf_version")
     if tf_version is not None and (not isinstance(tf_version, str) or not _TF_VERSION.fullmatch(tf_version)):
@@ -219,9 +223,29 @@ def _parse_layer(data: dict[str, Any], label: str, location: str, base_dir: Trav
         entries=entries,
         removes=removes,
         planner=data.get("planner"),
+        normalization=normalization,
         tf_version=tf_version,
         versions=versions,
     )
+
+
+def _parse_normalization(table: Any, location: str) -> tuple[str, str] | None:
+    """The ``[normalization]`` table (``apply`` and its ``reason``, both required), or
+    ``None`` when the file has none.  Pure."""
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ListError(f"[normalization] must be a table, got {type(table).__name__}", path=location)
+    _check_keys(table, _NORMALIZATION_KEYS, "[normalization]", location)
+    apply = table.get("apply")
+    if apply not in NORMALIZATION_APPLY:
+        raise ListError(f"[normalization].apply must be one of {', '.join(map(repr, NORMALIZATION_APPLY))}, "
+                        f"got {apply!r}" + (" (missing)" if "apply" not in table else ""), path=location)
+    reason = table.get("reason")
+    if not isinstance(reason, str) or not reason.strip():
+        raise ListError(f"[normalization].reason must be a non-empty string (every policy says why), got {reason!r}",
+                        path=location)
+    return apply, reason
 
 
 def _parse_tables(

@@ -25,6 +25,11 @@ BACKENDS: tuple[Backend, ...] = ("cuda", "onednn")
 #: Values of the top-level ``planner`` key: TensorFlow's greedy passes, or the cost-aware
 #: minimum cut with normalization-aware safety (``amp_rewrite.plan.optimal``).
 PLANNERS = ("greedy", "optimal", "min-casts")
+#: Values of ``apply`` in a profile's ``[normalization]`` table: where the ops that apply a
+#: moment-based normalization's float32 statistics to a full-size tensor run.  ``"float32"``:
+#: deny propagates from the statistics into them (TensorFlow's passes); ``"low"``: it stops
+#: there, and they are painted like any infer op (:mod:`amp_rewrite.plan.normalization`).
+NORMALIZATION_APPLY = ("float32", "low")
 # TensorFlow op names: a capital letter (or "_" for internal ops) then letters, digits, "_", ">".
 _OP_NAME = re.compile(r"_?[A-Za-z][A-Za-z0-9_>]*")
 
@@ -107,6 +112,11 @@ class OpLists:
     #: The planner the profile asks for (``"greedy"`` or ``"optimal"``); the last layer of the
     #: ``extends`` chain that sets ``planner`` wins.
     planner: str = "greedy"
+    #: Where a moment-based normalization's apply ops run (:data:`NORMALIZATION_APPLY`); the
+    #: last layer of the ``extends`` chain with a ``[normalization]`` table wins.
+    normalization_apply: str = "float32"
+    #: That layer's reason for it (empty when no layer sets it).
+    normalization_reason: str = ""
     #: The TensorFlow release (``"2.16"``) the lists were loaded for (versioned files gave
     #: that release's lists; the painter reproduces that release's pass), or ``None`` when
     #: loaded without one (each file's own tables; the newest pass).

@@ -216,7 +216,9 @@ def propagate_deny(state: PaintingState) -> None:
     cat = state.v_cat
     aware, pin = state.options.normalization_aware, state.options.moments_float32
     info = state.norm_info = find_normalizations(state.g, state.inputs) if aware or pin else None
-    blocked = _normalization_blocks(state, info) if aware and info is not None else set()
+    # Under UNSAFE_FORCE_ALL nothing propagates, so no apply op is exempted from it.
+    blocked = (_normalization_blocks(state, info)
+               if aware and info is not None and not state.options.force_all else set())
     moments = ({v for name in info.moments for v in tg.by_node.get(name, ()) if state.is_f32(v)}
                if pin and info is not None else set())
     if state.options.force_all:
