@@ -53,8 +53,9 @@ def traced_step_graph(workload: str, capability: str) -> Any:
     """The traced (float32) Keras training step of a ``gpu_bench`` workload.  Runs no step."""
     import gpu_bench
 
-    return gpu_bench.trace_step(workload, lists="default", target=f"gpu:{capability}",
-                                precision="float16", jit_compile=False)
+    graph, _ = gpu_bench.trace_step(workload, lists="default", target=f"gpu:{capability}",
+                                    precision="float16", jit_compile=False)
+    return graph
 
 
 def dense_ops(graph: Any) -> list[dict[str, Any]]:

@@ -71,6 +71,7 @@ the workloads it finished.  ``--reduced`` runs two tiny models on the CPU (bfloa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import functools
@@ -314,6 +315,9 @@ REDUCED_WORKLOADS: tuple[Workload, ...] = (
              classes=TINY_ENCODER["classes"]),
     # Not in the default --reduced run (time): the predict path, for `--reduced --workloads`.
     Workload("small_cnn-infer-b8", lambda: small_cnn(16), False, 8, "image", side=16, classes=10),
+    # Nor this one: the LSTM's builder, small (its prediction traces Keras's cuDNN path).
+    Workload("tiny_lstm-train-b4", lambda: lstm_model(seq=8, vocab=64, units=32, layers=2, classes=4), True, 4,
+             "tokens", seq=8, vocab=64, classes=4, optimizer="adam"),
 )
 #: What ``--reduced`` runs unless ``--workloads`` says otherwise.
 REDUCED_DEFAULT = ("small_cnn-train-b8", "tiny_encoder-train-b4")
@@ -590,25 +594,31 @@ def _rewritten(graph: Any, shapes: Any, *, target: str, precision: str, lists: s
 
 def variant_graph_def(workload: str, variant: str, *, target: str, precision: str) -> tuple[Any, Any, bool]:
     """``(GraphDef, variable shapes, compiled)`` of ``variant``'s step on ``workload`` as this
-    module's run builds it, traced here (no step runs, no GPU needed): the float32 model's
-    Keras step for the float32 variants, the ``mixed_<precision>`` model's for Keras's, our
-    traced step rewritten with the variant's lists and ``compiled`` for ours, and the float32
-    step rewritten with the ``tensorflow`` lists (the parity of TensorFlow's pass) for
-    ``tf_amp``.  ``float32_strict`` is float32's graph: only its device class differs."""
+    module's run builds it on a GPU, traced here (no step runs, no GPU needed; Keras's
+    GPU-only paths are taken, :func:`keras_as_on_a_gpu`): the float32 model's Keras step for
+    the float32 variants, the ``mixed_<precision>`` model's for Keras's, our traced step
+    rewritten with the variant's lists and ``compiled`` for ours, and the float32 step
+    rewritten with the ``tensorflow`` lists (the parity of TensorFlow's pass) for ``tf_amp``.
+    ``float32_strict`` is float32's graph: only its device class differs.  ``compiled`` is
+    what the variant's ``jit_compile`` comes to on a GPU: ``True`` and ``"auto"`` are XLA
+    unless a layer opts the model out (Keras's ``model_supports_jit``: an LSTM on cuDNN does;
+    Keras then compiles nothing, and says so for ``True``)."""
     import keras
 
     from amp_rewrite.training.tf_function import captured_variable_shapes
 
     spec = variant_spec(variant)
-    xla = spec.jit_compile is not False  # "auto" resolves to XLA on a GPU
     try:
         if spec.ours:
             lists = spec.lists or "default"
-            graph = trace_step(workload, lists=lists, target=target, precision=precision, jit_compile=xla)
+            graph, supports_xla = trace_step(workload, lists=lists, target=target, precision=precision,
+                                             jit_compile=spec.jit_compile)
+            xla = spec.jit_compile is not False and supports_xla
             shapes = captured_variable_shapes(graph)
             rewritten = _rewritten(graph, shapes, target=target, precision=precision, lists=lists, compiled=xla)
             return rewritten, shapes, xla
-        graph = trace_keras_step(workload, mixed=spec.policy == "mixed", precision=precision)
+        graph, supports_xla = trace_keras_step(workload, mixed=spec.policy == "mixed", precision=precision)
+        xla = spec.jit_compile is not False and supports_xla
         shapes = captured_variable_shapes(graph)
         if not spec.tf_amp:
             return graph.as_graph_def(), shapes, xla
@@ -616,6 +626,27 @@ def variant_graph_def(workload: str, variant: str, *, target: str, precision: st
                           compiled=False), shapes, False
     finally:
         keras.backend.clear_session()
+
+
+@contextlib.contextmanager
+def keras_as_on_a_gpu() -> Any:
+    """Build and trace Keras models as on a machine with a GPU, on any machine.  Keras picks
+    some paths when a layer is built or traced, from the devices present: with a GPU its LSTM
+    and GRU trace to cuDNN's fused kernel (``CudnnRNNV3``) and opt the model out of XLA, on a
+    CPU to a ``While`` loop of the cell.  A prediction of a GPU run made on a CPU must price
+    the GPU's graph, so Keras's device check answers "a GPU" while this is active.  (The graph
+    is traced, never run: a CPU has no kernel for ``CudnnRNNV3``.)  On a GPU it changes
+    nothing."""
+    import importlib
+
+    # The module (the package exports a function of the same name).
+    rnn = importlib.import_module("keras.src.backend.tensorflow.rnn")
+    saved = rnn._is_gpu_available  # noqa: SLF001  (Keras's one device check for its RNN paths)
+    rnn._is_gpu_available = lambda: True  # noqa: SLF001
+    try:
+        yield
+    finally:
+        rnn._is_gpu_available = saved  # noqa: SLF001
 
 
 def predicted_step_ratio(workload: str, variant: str, baseline: str, *, target: str, precision: str,
@@ -648,49 +679,71 @@ def estimated_step_ns(workload: str, variant: str, *, target: str, precision: st
                                           variable_shapes=shapes, costs=costs).total_ns
 
 
-def trace_keras_step(workload: str, *, mixed: bool, precision: str = "float16") -> Any:
-    """The traced (not run) Keras step of a workload's model without our rewrite: float32, or
-    built under Keras's ``mixed_<precision>`` policy (Keras wraps its optimizer in a loss scale
-    for float16).  A ``tf.Graph``; no step runs."""
+def _supports_xla(model: Any) -> bool:
+    """Whether Keras would compile ``model``'s steps under ``jit_compile="auto"`` on a GPU:
+    every layer supports XLA (Keras's ``model_supports_jit``).  Pure."""
+    from keras.src.trainers.trainer import model_supports_jit
+
+    return bool(model_supports_jit(model))
+
+
+def trace_keras_step(workload: str, *, mixed: bool, precision: str = "float16") -> tuple[Any, bool]:
+    """The traced (not run) Keras step of a workload's model without our rewrite, as on a GPU
+    (:func:`keras_as_on_a_gpu`): float32, or built under Keras's ``mixed_<precision>`` policy
+    (Keras wraps its optimizer in a loss scale for float16).  ``(tf.Graph, whether Keras would
+    compile it under "auto")``; no step runs."""
     import keras
     import tensorflow as tf
 
     w = workload_named(workload)
     keras.utils.set_random_seed(SEED)
     keras.mixed_precision.set_dtype_policy(f"mixed_{precision}" if mixed else "float32")
-    try:
-        model = w.build()
-    finally:
-        keras.mixed_precision.set_dtype_policy("float32")
-    model.compile(optimizer=_optimizer(w.optimizer), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    x, y = make_batch(w)
-    if w.train:
-        model.optimizer.build(model.trainable_variables)
-        return tf.function(lambda data: model.train_step(data)).get_concrete_function(
-            (tf.constant(x), tf.constant(y))).graph
-    return tf.function(lambda data: model.predict_step(data)).get_concrete_function((tf.constant(x),)).graph
+    with keras_as_on_a_gpu():
+        try:
+            model = w.build()
+        finally:
+            keras.mixed_precision.set_dtype_policy("float32")
+        model.compile(optimizer=_optimizer(w.optimizer),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        x, y = make_batch(w)
+        if w.train:
+            model.optimizer.build(model.trainable_variables)
+            graph = tf.function(lambda data: model.train_step(data)).get_concrete_function(
+                (tf.constant(x), tf.constant(y))).graph
+        else:
+            graph = tf.function(lambda data: model.predict_step(data)).get_concrete_function((tf.constant(x),)).graph
+    return graph, _supports_xla(model)
 
 
-def trace_step(workload: str, *, lists: str, target: str, precision: str, jit_compile: bool) -> Any:
+def trace_step(workload: str, *, lists: str, target: str, precision: str,
+               jit_compile: bool | str) -> tuple[Any, bool]:
     """The traced (not rewritten, not run) Keras step of a workload of this module, as our
-    optimizer and ``fit`` build it: a fresh model with the workload's optimizer wrapped by
-    ``enable_mixed_precision_graph_rewrite``.  No GPU needed; no step runs."""
+    optimizer and ``fit`` build it on a GPU (:func:`keras_as_on_a_gpu`): a fresh model with
+    the workload's optimizer wrapped by ``enable_mixed_precision_graph_rewrite``, compiled
+    with ``jit_compile``.  ``(tf.Graph, whether Keras would compile it under "auto")``; no GPU
+    needed, no step runs."""
     import keras
 
     import amp_rewrite
 
     w = workload_named(workload)
     keras.utils.set_random_seed(SEED)
-    model = w.build()
-    opt = amp_rewrite.enable_mixed_precision_graph_rewrite(
-        _optimizer(w.optimizer), lists=lists, target=target, precision=precision)
-    model.compile(optimizer=opt, jit_compile=jit_compile,
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    x, y = make_batch(w)
-    if w.train:
-        model.optimizer.build(model.trainable_variables)
-        return model.make_train_function().amp_function.get_concrete_function((x, y, None)).graph
-    return model.make_predict_function().amp_function.get_concrete_function((x,)).graph
+    with keras_as_on_a_gpu():
+        model = w.build()
+        opt = amp_rewrite.enable_mixed_precision_graph_rewrite(
+            _optimizer(w.optimizer), lists=lists, target=target, precision=precision)
+        # Traced here on a CPU, "auto" would resolve to no XLA: trace with what it comes to on a
+        # GPU (Keras turns True down too where a layer does not support XLA).
+        xla = jit_compile is not False and _supports_xla(model)
+        model.compile(optimizer=opt, jit_compile=xla,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        x, y = make_batch(w)
+        if w.train:
+            model.optimizer.build(model.trainable_variables)
+            graph = model.make_train_function().amp_function.get_concrete_function((x, y, None)).graph
+        else:
+            graph = model.make_predict_function().amp_function.get_concrete_function((x,)).graph
+    return graph, _supports_xla(model)
 
 
 def placement_estimates(report: dict[str, Any]) -> dict[str, float] | None:

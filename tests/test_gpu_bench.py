@@ -203,6 +203,35 @@ def test_gpu_predict_prices_every_measured_variant_against_its_float32_here(tmp_
         assert ratio == pytest.approx(est[name].total_ns / est["float32_xla"].total_ns, abs=1e-3)
 
 
+def test_predictions_trace_keras_as_on_a_gpu():
+    """A prediction of a GPU run prices the GPU's graph: Keras's LSTM traces to cuDNN's fused
+    kernel there (here, on a CPU, to a loop of its cell), which opts the model out of XLA, so
+    ``jit_compile="auto"`` -- and ``True`` -- come to no XLA; our rewrite converts the cuDNN
+    calls (allow-listed for CUDA)."""
+    import keras
+    import tensorflow as tf
+
+    def ops_of(gd):
+        return {n.op for n in gd.node} | {n.op for f in gd.library.function for n in f.node_def}
+
+    for name in ("ours_user", "float32_xla"):
+        gd, _, compiled = gpu_bench.variant_graph_def("tiny_lstm-train-b4", name, target="gpu:9.0",
+                                                      precision="float16")
+        assert compiled is False, name
+        assert {"CudnnRNNV3", "CudnnRNNBackpropV3"} <= ops_of(gd), name
+        assert not {"While", "StatelessWhile"} & ops_of(gd)
+    rnn = [n for n in gd.node if n.op == "CudnnRNNV3"]
+    assert rnn and all(n.attr["T"].type == tf.float32.as_datatype_enum for n in rnn)  # float32's graph
+    ours, _, _ = gpu_bench.variant_graph_def("tiny_lstm-train-b4", "ours_user", target="gpu:9.0",
+                                             precision="float16")
+    rnn = [n for n in ours.node if n.op == "CudnnRNNV3"]
+    assert rnn and all(n.attr["T"].type == tf.float16.as_datatype_enum for n in rnn)
+    # Outside the predictions, Keras on this CPU builds the loop, and the check is restored.
+    model = gpu_bench.workload_named("tiny_lstm-train-b4").build()
+    assert model.get_layer("lstm_0").supports_jit
+    keras.backend.clear_session()
+
+
 def test_gpu_dense_calibration_runs_here_on_tiny_shapes(tmp_path):
     """``bench/calibrate_gpu_dense.py --reduced``: the tiny CNN's training step traced, every
     dense op (forward, both convolution gradients, the classifier's MatMuls) collected with

@@ -186,3 +186,30 @@ def nx_graph(name: str):
     import networkx as nx
 
     return nx.MultiDiGraph(name=name, signatures={}, shapes={})
+
+
+def test_cudnn_rnn_is_priced_as_its_gemms_and_its_time_steps():
+    """Keras 3's LSTM and GRU trace to ``CudnnRNNV3`` on a GPU: priced as the GEMMs of every
+    gate and time step (gates read from the weights' size), whichever the major dimension,
+    twice that backward, faster in float16 by the GEMM rates, and never faster than one kernel
+    per time step."""
+    from amp_rewrite.plan.cost_model import RNN_OPS, _rnn_work
+
+    gpu = DEVICE_COSTS["gpu-hopper"]
+    seq, batch, width, units = 16, 64, 256, 512
+    for gates in (4, 3):  # LSTM, GRU: weights and two biases per gate block
+        params = (gates * units * (width + units + 2),)
+        time_major = [(seq, batch, width), (1, batch, units), (1, batch, units), params]
+        batch_major = [(batch, seq, width), (batch, 1, units), (batch, 1, units), params]
+        flops = 2.0 * seq * batch * gates * units * (width + units)
+        for ins in (time_major, batch_major):
+            assert _rnn_work(ins) == (flops, (batch, width + units, gates * units), seq)
+        fwd = node_cost("CudnnRNNV3", time_major, [time_major[0][:2] + (units,)], 2, gpu)
+        bwd = node_cost("CudnnRNNBackpropV3", time_major, [time_major[0]], 2, gpu)
+        assert fwd.flops == flops and bwd.flops == 2 * flops
+        assert fwd.low < fwd.high and bwd.low < bwd.high
+        assert fwd.low > seq * gpu.kernel_overhead  # one time step after another
+    assert "CudnnRNNV3" in RNN_OPS
+    # Unknown weights: an LSTM's four gates.
+    assert _rnn_work([(seq, batch, width), (1, batch, units), (1, batch, units), None])[0] == (
+        2.0 * seq * batch * 4 * units * (width + units))

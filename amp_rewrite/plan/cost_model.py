@@ -9,6 +9,10 @@ op -- because its job is to rank colourings, not to predict step times:
   measured inside models (:attr:`DeviceCosts.dense`), that roofline scaled to the measured
   float32 time, times the measured low-precision ratio, both for ops of that size
   (:class:`DenseBand`);
+* cuDNN's recurrent layers (``CudnnRNN*``, what Keras 3's LSTM and GRU become on a GPU) are
+  dense math too: the GEMMs of every gate block and time step (:func:`_rnn_work`; twice
+  that backward), plus one kernel's fixed time per time step, since the recurrence runs them
+  one after another (an assumption no GPU has checked yet);
 * ops that only forward or re-describe a tensor (:data:`ALIAS_OPS`), or read only its shape
   (:data:`METADATA_OPS`), cost nothing;
 * everything else is element-wise: ``bytes / bandwidth``, times a per-op factor for ops
@@ -72,7 +76,7 @@ from .targets import Device
 
 __all__ = ["DeviceCosts", "DenseBand", "dense_band", "DEVICE_COSTS", "costs_for", "gpu_costs", "TF32_OFF",
            "GPU_DENSE_EFFICIENCY", "GPU_KERNEL_OVERHEAD", "NodeCost", "node_cost",
-           "cast_cost", "DENSE_OPS", "ALIAS_OPS", "METADATA_OPS", "misaligned_dims", "alignment_efficiency",
+           "cast_cost", "DENSE_OPS", "RNN_OPS", "RNN_GRAD_OPS", "ALIAS_OPS", "METADATA_OPS", "misaligned_dims", "alignment_efficiency",
            "elements", "constant_nodes"]
 
 #: Dense ops whose cost is dominated by multiply-accumulates.
@@ -82,7 +86,11 @@ CONV_OPS = frozenset({"Conv2D", "Conv3D", "Conv2DBackpropInput", "Conv2DBackprop
                       "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "_FusedConv2D"})
 DEPTHWISE_OPS = frozenset({"DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
                            "DepthwiseConv2dNativeBackpropFilter"})
-DENSE_OPS = MATMUL_OPS | CONV_OPS | DEPTHWISE_OPS
+#: cuDNN's fused recurrent layers (Keras 3's LSTM and GRU trace to ``CudnnRNNV3`` on a GPU):
+#: a GEMM per gate block and time step, run one time step after another.
+RNN_OPS = frozenset({"CudnnRNN", "CudnnRNNV2", "CudnnRNNV3"})
+RNN_GRAD_OPS = frozenset({"CudnnRNNBackprop", "CudnnRNNBackpropV2", "CudnnRNNBackpropV3"})
+DENSE_OPS = MATMUL_OPS | CONV_OPS | DEPTHWISE_OPS | RNN_OPS | RNN_GRAD_OPS
 #: Ops that forward or re-describe their input without a kernel touching the data: free in
 #: either precision (pricing them as element-wise ops charged every weight's ``Identity``).
 ALIAS_OPS = frozenset({"Identity", "IdentityN", "Snapshot", "StopGradient", "PreventGradient",
@@ -413,6 +421,9 @@ def _dense_flops(op: str, ins: Sequence[Shape], outs: Sequence[Shape]) -> tuple[
             cout = dy[-1] if dy and dy[-1] is not None else UNKNOWN_DIM
             per_out = 9 * cin
         return 2.0 * elements(dy) * per_out, (cin, cout)
+    if op in RNN_OPS or op in RNN_GRAD_OPS:
+        flops, dims, _ = _rnn_work(ins)
+        return flops * (2 if op in RNN_GRAD_OPS else 1), dims
     if op in DEPTHWISE_OPS:
         filt = ins[1] if len(ins) > 1 else (out if "Filter" in op else None)
         fd = _dims(filt)
@@ -420,6 +431,39 @@ def _dense_flops(op: str, ins: Sequence[Shape], outs: Sequence[Shape]) -> tuple[
         dy = out if not op.endswith("Filter") else (ins[2] if len(ins) > 2 else None)
         return 2.0 * elements(dy) * taps, ()
     return 0.0, ()
+
+
+def _rnn_work(ins: Sequence[Shape]) -> tuple[float, tuple[int, ...], int]:
+    """``(flops, GEMM dims, sequential steps)`` of one cuDNN RNN forward call, from its inputs
+    ``input`` ([seq, batch, in], or [batch, seq, in] batch-major), ``input_h`` ([layers x
+    directions, batch, units], or [batch, layers x directions, units]) and ``params`` (every
+    weight and bias, flattened).  The gates per step
+    (LSTM 4, GRU 3, plain RNN 1) are read from the weights' size, ``gates * units * (in +
+    units + 2)`` for one layer and direction; each further layer and direction counts as one
+    more with ``in = units``.  Every time step of every layer is a step of its own (the
+    recurrence).  Unknown sizes count as :data:`UNKNOWN_DIM`.  The backward call
+    (``CudnnRNNBackprop*``) does about twice this: gradients of the inputs and of the weights.
+    Pure."""
+    x = _dims(ins[0]) if ins else None
+    h0 = _dims(ins[1]) if len(ins) > 1 else None
+    params = elements(ins[3]) if len(ins) > 3 and ins[3] is not None else None
+    stacks, batch, units = 1, UNKNOWN_DIM, UNKNOWN_DIM
+    if h0 and len(h0) == 3:
+        # [stacks, batch, units] time-major, [batch, stacks, units] batch-major (the op's
+        # time_major attribute, which the shapes show: the batch is the dimension the
+        # input shares at the same place).
+        batch_major = bool(x) and len(x) == 3 and h0[0] == x[0] and h0[1] != x[1]
+        time_major = bool(x) and len(x) == 3 and h0[1] == x[1] and h0[0] != x[0]
+        a, b = (h0[1], h0[0]) if batch_major else (h0[0], h0[1]) if time_major else sorted(h0[:2])
+        stacks, batch, units = a, b, h0[2]
+    width = x[-1] if x else UNKNOWN_DIM
+    rows = elements(ins[0]) // max(1, width) if ins else UNKNOWN_DIM * UNKNOWN_DIM  # seq * batch
+    seq = max(1, rows // max(1, batch))
+    gates = 4
+    if params is not None and params != UNKNOWN_TENSOR and stacks == 1:
+        gates = max(1, round(params / max(1, units * (width + units + 2))))
+    per_row = gates * units * ((width + units) + (stacks - 1) * 2 * units)
+    return 2.0 * rows * per_row, (batch, width + units, gates * units), seq * stacks
 
 
 def _dense_rates(costs: DeviceCosts, op: str) -> tuple[float, float]:
@@ -494,9 +538,13 @@ def node_cost(
                 low_rate = max(costs.misaligned_low_flops * costs.dense_efficiency,
                                low_rate * alignment_efficiency(dims, costs.multiple))
         fixed = 0.0 if constant_weights and "BackpropFilter" not in op else costs.low_dense_overhead
+        # A recurrence runs its time steps one after another, each at least one kernel, in
+        # either precision.
+        serial = _rnn_work(in_shapes)[2] * costs.kernel_overhead if op in RNN_OPS or op in RNN_GRAD_OPS else 0.0
         band = dense_band(costs, op, flops)
         if band is None:
-            return NodeCost(flops / f32_rate + mem_high, flops / low_rate + mem_low + fixed, flops, bad)
+            return NodeCost(flops / f32_rate + mem_high + serial, flops / low_rate + mem_low + fixed + serial,
+                            flops, bad)
         # Measured in place, over aligned and misaligned shapes alike: float32 time relative
         # to the roofline, and the low-precision ratio, for ops of this size.
         high = (flops / f32_rate + mem_high) * band.scale
