@@ -38,6 +38,7 @@ import networkx as nx
 from ..graph import ir
 from .cost_model import DENSE_OPS, DeviceCosts, cast_cost, constant_nodes, costs_for, elements, node_cost
 from .normalization import upstream_of_fragile
+from .step_cost import BUFFER_OPS
 from .mincut import FREE, HIGH, LOW, PlacementProblem, objective, solve
 from ..graph.shapes import Shape
 from ..graph.type_attrs import TypeAttr
@@ -454,12 +455,28 @@ def _tensors(p: PaintingState, freedom: _Freedom, pricing: _Pricing, consts: fro
             cost = 0.01 * c.op_overhead
         else:
             cost = cast_cost(pricing.out_shape(src, sp), 2, c, compiled=compiled)
+            if compiled and _cast_is_a_kernel(p, src, ms):
+                cost += c.kernel_overhead
         tensors.append((tuple(ms), cost))
     for g in freedom.free_groups:
         if len(g) > 1:
             tensors.append((tuple(g), math.inf))
             cast_bytes.append(0.0)
     return tensors, cast_bytes
+
+
+def _cast_is_a_kernel(p: PaintingState, src: str, members: list[int]) -> bool:
+    """Under XLA, whether a Cast of ``src``'s output launches a kernel of its own: XLA fuses a
+    convert into the element-wise kernel that makes or reads its tensor, but not into a GEMM
+    or convolution, and a buffer read (a variable each step, an argument) is no kernel to fuse
+    into.  So: the tensor is a buffer's, or a dense op's read by another dense op.  The rule
+    of the step estimate (:mod:`amp_rewrite.plan.step_cost`: what it counts as a kernel, net
+    of the one the Cast's producer no longer ends).  Pure."""
+    op = p.ops[src]
+    if op in BUFFER_OPS:
+        return True
+    node_of = p.tg.node
+    return op in DENSE_OPS and any(p.ops[node_of[m]] in DENSE_OPS for m in members[1:])
 
 
 def _below_margin(problem: PlacementProblem, low: list[bool]) -> bool:
