@@ -76,8 +76,8 @@ from .targets import Device
 
 __all__ = ["DeviceCosts", "DenseBand", "dense_band", "DEVICE_COSTS", "costs_for", "gpu_costs", "TF32_OFF",
            "GPU_DENSE_EFFICIENCY", "GPU_KERNEL_OVERHEAD", "NodeCost", "node_cost",
-           "cast_cost", "DENSE_OPS", "RNN_OPS", "RNN_GRAD_OPS", "ALIAS_OPS", "METADATA_OPS", "misaligned_dims", "alignment_efficiency",
-           "elements", "constant_nodes"]
+           "cast_cost", "DENSE_OPS", "RNN_OPS", "RNN_GRAD_OPS", "ALIAS_OPS", "METADATA_OPS", "misaligned_dims",
+           "alignment_efficiency", "elements", "constant_nodes"]
 
 #: Dense ops whose cost is dominated by multiply-accumulates.
 MATMUL_OPS = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
@@ -437,13 +437,12 @@ def _rnn_work(ins: Sequence[Shape]) -> tuple[float, tuple[int, ...], int]:
     """``(flops, GEMM dims, sequential steps)`` of one cuDNN RNN forward call, from its inputs
     ``input`` ([seq, batch, in], or [batch, seq, in] batch-major), ``input_h`` ([layers x
     directions, batch, units], or [batch, layers x directions, units]) and ``params`` (every
-    weight and bias, flattened).  The gates per step
-    (LSTM 4, GRU 3, plain RNN 1) are read from the weights' size, ``gates * units * (in +
-    units + 2)`` for one layer and direction; each further layer and direction counts as one
-    more with ``in = units``.  Every time step of every layer is a step of its own (the
-    recurrence).  Unknown sizes count as :data:`UNKNOWN_DIM`.  The backward call
-    (``CudnnRNNBackprop*``) does about twice this: gradients of the inputs and of the weights.
-    Pure."""
+    weight and bias, flattened).  The gates per step (LSTM 4, GRU 3, plain RNN 1) are read
+    from the weights' size, ``gates * units * (in + units + 2)`` for one layer and direction;
+    each further layer and direction counts as one more with ``in = units``.  Every time step
+    of every layer is a step of its own (the recurrence).  Unknown sizes count as
+    :data:`UNKNOWN_DIM`.  The backward call (``CudnnRNNBackprop*``) does about twice this:
+    gradients of the inputs and of the weights.  Pure."""
     x = _dims(ins[0]) if ins else None
     h0 = _dims(ins[1]) if len(ins) > 1 else None
     params = elements(ins[3]) if len(ins) > 3 and ins[3] is not None else None
