@@ -388,15 +388,22 @@ def test_planner_key_is_validated_and_inherited(tmp_path):
 
 def test_normalization_policy_is_validated_inherited_and_overridable(tmp_path):
     """``[normalization]`` says where a normalization's apply ops run: TensorFlow's profile
-    leaves them to deny propagation (float32), the default profile -- and the optimal one,
-    through ``extends`` -- runs them in low precision, and a later layer (a child profile or a
-    user file layered on top) can set it back, with its own reason."""
+    leaves them to deny propagation (float32), the default profile runs them in low precision
+    in float16 and the optimal one in both, and a later layer (a child profile or a user file
+    layered on top) can set it back, per precision, with its own reason."""
     assert load_lists("tensorflow", context=CUDA).normalization_apply == "float32"
     assert load_lists("tensorflow", context=CUDA).normalization_reason == ""
     for name in ("default", "optimal"):
         got = load_lists(name, context=CUDA)
-        assert got.normalization_apply == "low" and "statistics stay float32" in got.normalization_reason
+        assert got.normalization_apply == "low" and "float32 statistics is bounded" in got.normalization_reason
+    # In bfloat16 the default profile leaves it to TensorFlow's rule (a CPU's bfloat16
+    # element-wise kernels are slower than float32's); the optimal planner weighs it.
+    assert load_lists("default", context=BF16).normalization_apply == "float32"
+    assert load_lists("optimal", context=BF16).normalization_apply == "low"
     for body, pattern in [
+        ('[normalization]\napply = "low"\nreason = "r"\nprecisions = ["fp8"]\n', r"precisions: expected"),
+        ('[normalization]\napply = "low"\nreason = "r"\nprecisions = []\n', r"precisions: expected"),
+        ('[normalization]\napply = "low"\nreason = "r"\nprecisions = "float16"\n', r"precisions: expected"),
         ('[normalization]\napply = "half"\nreason = "r"\n', r"apply must be one of"),
         ('[normalization]\nreason = "r"\n', r"apply must be one of .*\(missing\)"),
         ('[normalization]\napply = "low"\n', r"reason must be a non-empty string"),
@@ -416,6 +423,13 @@ def test_normalization_policy_is_validated_inherited_and_overridable(tmp_path):
     child = tmp_path / "child.toml"
     child.write_text('schema_version = 1\nextends = "tensorflow"\n[normalization]\napply = "low"\nreason = "mine"\n')
     assert load_lists(str(child), context=CUDA).normalization_apply == "low"
+    assert load_lists(str(child), context=BF16).normalization_apply == "low"  # both by default
+    # A table for one precision leaves the other as the layers below have it.
+    bf16_only = tmp_path / "bf16.toml"
+    bf16_only.write_text('schema_version = 1\n[normalization]\napply = "low"\nreason = "bf16 too"\n'
+                         'precisions = ["bfloat16"]\n')
+    assert load_lists("default", context=BF16, user_file=bf16_only).normalization_reason == "bf16 too"
+    assert "bounded" in load_lists("default", context=CUDA, user_file=bf16_only).normalization_reason
 
 
 def test_bf16_clear_list_relation_from_spec():

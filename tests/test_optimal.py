@@ -531,6 +531,12 @@ def test_normalized_activation_runs_low_while_statistics_stay_float32(lists):
     (ref,) = run(gd, {"x:0": x}, ["out:0"])
     (got,) = run(ours.graph_def, {"x:0": x}, ["out:0"])
     assert np.max(np.abs(got - ref)) / np.max(np.abs(ref)) < 2e-2
+    if lists == "default":
+        # In bfloat16 the default profile keeps TensorFlow's rule (its [normalization] table
+        # is for float16 only).
+        bf16 = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", precision="bfloat16", use_env=False)
+        assert bf16.report["nodes"]["bn_out"]["dtype"] == "float32" and not bf16.report.get("normalized")
+        assert bf16.report["converted_nodes"] > 0
 
 
 def test_a_batch_norm_over_a_few_values_keeps_its_apply_float32():

@@ -13,8 +13,8 @@ installed as the package ``amp_rewrite._lists``):
 * ``tensorflow`` -- TensorFlow's lists, exactly (tested against TF's own dump): 2.21's tables
   and per-release deltas for 2.16 to 2.20 (see "TensorFlow versions" below);
 * ``default`` -- ``tensorflow`` plus softmax, arithmetic reductions and cross-entropy losses
-  kept in float32, and a moment-based normalization's apply ops free of deny propagation
-  (``[normalization] apply = "low"``);
+  kept in float32, and, in float16, a moment-based normalization's apply ops free of deny
+  propagation (``[normalization] apply = "low"``);
 * ``optimal`` -- ``default`` with the cost-aware planner.
 
 Profile schema (version 1)
@@ -33,8 +33,9 @@ Profile schema (version 1)
     [normalization]                    # optional: where a moment-based normalization's apply
     apply = "low"                      # ops run: "float32" (deny propagates into them from the
     reason = "one-line reason"         # statistics, as in TensorFlow; the default) or "low"
-                                       # (it stops there); reason required; the last layer of
-                                       # the chain (or a user file) with the table wins
+    precisions = ["float16"]           # (it stops there); reason required; precisions: those
+                                       # it is for (default both); per precision, the last
+                                       # layer of the chain (or a user file) with it wins
 
     [float16.allow]                    # tables: {float16,bfloat16}.{allow,infer,deny,clear}
     MatMul = "one-line reason"         # plain form: just the reason
@@ -345,7 +346,7 @@ def load_lists(
     _check_conflicts(lists)
     if level == "TREAT_INFER_AS_DENY":
         _deny_infer(lists)
-    return _op_lists(lists, profile_label, layers, version)
+    return _op_lists(lists, profile_label, layers, version, context.precision)
 
 
 def _profile_layers(

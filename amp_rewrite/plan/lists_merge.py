@@ -121,14 +121,15 @@ def _op_lists(
     profile_label: str,
     layers: Sequence[_Layer],
     version: str | None,
+    precision: str,
 ) -> OpLists:
     """The immutable :class:`OpLists` of the final ``lists``; the planner and the
-    normalization policy are those of the last layer that sets each (``"greedy"`` and
-    ``"float32"`` when none does).  Pure."""
+    normalization policy (for ``precision``) are those of the last layer that sets each
+    (``"greedy"`` and ``"float32"`` when none does).  Pure."""
     reasons = {op: reason for table in lists.values() for op, (reason, _) in table.items()}
     origins = {op: origin for table in lists.values() for op, (_, origin) in table.items()}
-    apply, why = next((layer.normalization for layer in reversed(layers) if layer.normalization),
-                      ("float32", ""))
+    apply, why = next((layer.normalization[:2] for layer in reversed(layers)
+                       if layer.normalization and precision in layer.normalization[2]), ("float32", ""))
     return OpLists(
         allow=frozenset(lists["allow"]),
         infer=frozenset(lists["infer"]),

@@ -24,7 +24,7 @@ from .lists_types import (_OP_NAME, BACKENDS, CATEGORIES, NORMALIZATION_APPLY, P
 _SCHEMA_VERSION = 1
 _TOP_KEYS = frozenset({"schema_version", "name", "description", "source", "extends", "planner",
                        "normalization", "tf_version", "versions", *PRECISIONS})
-_NORMALIZATION_KEYS = frozenset({"apply", "reason"})
+_NORMALIZATION_KEYS = frozenset({"apply", "reason", "precisions"})
 _VERSION_KEYS = frozenset({"note", *PRECISIONS})
 # A TensorFlow release as the lists are keyed: major.minor ("2.16"); the patch level never
 # changes the op lists.
@@ -74,7 +74,8 @@ class _Layer:
     entries: dict[str, dict[str, _Entry]]  # precision -> op -> entry
     removes: dict[str, dict[str, str]]  # precision -> op -> reason
     planner: str | None = None
-    normalization: tuple[str, str] | None = None  # ([normalization] apply, its reason)
+    # [normalization]: (apply, its reason, the precisions it is for), or None.
+    normalization: tuple[str, str, frozenset[str]] | None = None
     tf_version: str | None = None  # the release the tables above are; None: unversioned
     # Older releases: version -> (entries, removes) relative to the tables above.
     versions: dict[str, _VersionDelta] = field(default_factory=dict)
@@ -229,9 +230,10 @@ def _parse_layer(data: dict[str, Any], label: str, location: str, base_dir: Trav
     )
 
 
-def _parse_normalization(table: Any, location: str) -> tuple[str, str] | None:
-    """The ``[normalization]`` table (``apply`` and its ``reason``, both required), or
-    ``None`` when the file has none.  Pure."""
+def _parse_normalization(table: Any, location: str) -> tuple[str, str, frozenset[str]] | None:
+    """The ``[normalization]`` table: ``(apply, reason, precisions)`` (``apply`` and
+    ``reason`` required; ``precisions`` a list, default both), or ``None`` when the file has
+    none.  Pure."""
     if table is None:
         return None
     if not isinstance(table, dict):
@@ -245,7 +247,12 @@ def _parse_normalization(table: Any, location: str) -> tuple[str, str] | None:
     if not isinstance(reason, str) or not reason.strip():
         raise ListError(f"[normalization].reason must be a non-empty string (every policy says why), got {reason!r}",
                         path=location)
-    return apply, reason
+    precisions = table.get("precisions", list(PRECISIONS))
+    if (not isinstance(precisions, list) or not precisions or len(set(precisions)) != len(precisions)
+            or any(p not in PRECISIONS for p in precisions)):
+        raise ListError(f"[normalization].precisions: expected a non-empty list of distinct values from "
+                        f"{list(PRECISIONS)}, got {precisions!r}", path=location)
+    return apply, reason, frozenset(precisions)
 
 
 def _parse_tables(
