@@ -248,8 +248,9 @@ def _parse_normalization(table: Any, location: str) -> tuple[str, str, frozenset
         raise ListError(f"[normalization].reason must be a non-empty string (every policy says why), got {reason!r}",
                         path=location)
     precisions = table.get("precisions", list(PRECISIONS))
-    if (not isinstance(precisions, list) or not precisions or len(set(precisions)) != len(precisions)
-            or any(p not in PRECISIONS for p in precisions)):
+    if (not isinstance(precisions, list) or not precisions
+            or any(not isinstance(p, str) or p not in PRECISIONS for p in precisions)
+            or len(set(precisions)) != len(precisions)):
         raise ListError(f"[normalization].precisions: expected a non-empty list of distinct values from "
                         f"{list(PRECISIONS)}, got {precisions!r}", path=location)
     return apply, reason, frozenset(precisions)
