@@ -421,9 +421,6 @@ def _dense_flops(op: str, ins: Sequence[Shape], outs: Sequence[Shape]) -> tuple[
             cout = dy[-1] if dy and dy[-1] is not None else UNKNOWN_DIM
             per_out = 9 * cin
         return 2.0 * elements(dy) * per_out, (cin, cout)
-    if op in RNN_OPS or op in RNN_GRAD_OPS:
-        flops, dims, _ = _rnn_work(ins)
-        return flops * (2 if op in RNN_GRAD_OPS else 1), dims
     if op in DEPTHWISE_OPS:
         filt = ins[1] if len(ins) > 1 else (out if "Filter" in op else None)
         fd = _dims(filt)
@@ -526,7 +523,15 @@ def node_cost(
     mem_high = elems * 4 / costs.bandwidth
     mem_low = elems * low_bytes / costs.bandwidth
     if op in DENSE_OPS:
-        flops, dims = _dense_flops(op, in_shapes, out_shapes)
+        serial = 0.0
+        if op in RNN_OPS or op in RNN_GRAD_OPS:
+            flops, dims, steps = _rnn_work(in_shapes)
+            flops *= 2 if op in RNN_GRAD_OPS else 1
+            # A recurrence runs its time steps one after another, each at least one kernel,
+            # in either precision.
+            serial = steps * costs.kernel_overhead
+        else:
+            flops, dims = _dense_flops(op, in_shapes, out_shapes)
         f32_rate, low_rate = _dense_rates(costs, op)
         bad: tuple[int, ...] = ()
         if op in DEPTHWISE_OPS:
@@ -537,9 +542,6 @@ def node_cost(
                 low_rate = max(costs.misaligned_low_flops * costs.dense_efficiency,
                                low_rate * alignment_efficiency(dims, costs.multiple))
         fixed = 0.0 if constant_weights and "BackpropFilter" not in op else costs.low_dense_overhead
-        # A recurrence runs its time steps one after another, each at least one kernel, in
-        # either precision.
-        serial = _rnn_work(in_shapes)[2] * costs.kernel_overhead if op in RNN_OPS or op in RNN_GRAD_OPS else 0.0
         band = dense_band(costs, op, flops)
         if band is None:
             return NodeCost(flops / f32_rate + mem_high + serial, flops / low_rate + mem_low + fixed + serial,
