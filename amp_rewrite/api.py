@@ -34,10 +34,11 @@ from .plan.lists import PLANNERS, ListContext, ListEdit, OpLists, edits_from_env
 from .graph.op_registry import OpRegistry, default_registry
 from .report.build import build_report
 from .rewrite import RewriteStats, apply_plan
+from .step_check import check_plan, device_costs
 from .graph.shapes import check_variable_shapes, function_shapes, graph_shapes
 from .option_types import (check_bool, check_list_edits, check_names, check_optional_str, check_path,
                            check_str)
-from .plan.cost_model import DeviceCosts, costs_for
+from .plan.cost_model import DeviceCosts
 from .plan.step_cost import StepEstimate, estimate_graphs
 from .plan.targets import Target, detect_target, parse_target, resolve_precision
 from .graph.validate import check_cycles
@@ -587,16 +588,8 @@ def estimate_step_time(
     tgt = resolve_target(target)
     resolved, _ = resolve_precision(precision, tgt)
     imported = _import(graph_def, registry, "reachable", True, variable_shapes)
-    classes: dict[str, DeviceCosts] = {}
-
-    def costs_of(device: str) -> DeviceCosts:
-        if costs is not None:
-            return costs
-        if device not in classes:
-            classes[device] = costs_for(tgt.place(device), resolved)
-        return classes[device]
-
-    return estimate_graphs(imported.graph, imported.functions, costs_of, registry, compiled=compiled)
+    return estimate_graphs(imported.graph, imported.functions, device_costs(tgt, resolved, costs), registry,
+                           compiled=compiled)
 
 
 @dataclass
@@ -613,9 +606,22 @@ class _Stage:
     timings: dict[str, float]
 
     def run(self, g: nx.MultiDiGraph, options: DecideOptions) -> tuple[Plan, RewriteStats]:
-        """Decide ``g``'s plan and carry it out.  **Mutates** ``g``."""
+        """Decide ``g``'s plan and carry it out.  **Mutates** ``g``.
+
+        The optimal planner's plan is kept only where the rewritten graph's step estimate is
+        :data:`~amp_rewrite.plan.optimal.MIN_ESTIMATED_GAIN` below ``g``'s
+        (:mod:`amp_rewrite.step_check`); else ``g`` is decided again with the plan declined,
+        which keeps it float32 with that reason."""
         t1 = time.perf_counter()
         plan = decide(g, self.lists, self.target, self.precision, self.registry, options, self.placement)
+        if plan.placement is not None and plan.placement.objective == "optimal" and plan.convert:
+            check = check_plan(g, plan, self.target, self.registry, compiled=options.compiled,
+                               fold_casts=self.fold_casts)
+            if not check.kept:
+                log.debug("%s: optimal plan declined: %s", g.graph.get("name") or "the graph", check.reason())
+                plan = decide(g, self.lists, self.target, self.precision, self.registry,
+                              dataclasses.replace(options, declined=check.reason()), self.placement)
+            plan = dataclasses.replace(plan, placement=dataclasses.replace(plan.placement, step_check=check))
         t2 = time.perf_counter()
         self.timings["decide"] += t2 - t1
         stats = apply_plan(g, plan, fold_casts=self.fold_casts)

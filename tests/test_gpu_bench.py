@@ -183,22 +183,28 @@ def test_gpu_predict_prices_every_measured_variant_against_its_float32_here(tmp_
     assert costs.name == "gpu-hopper" and costs.bandwidth == 4_300.0
     assert gpu_predict.device_costs({"gpus": [{"device_name": "NVIDIA A100"}]}, "gpu:8.0") is None
     # The graphs priced are the variants' own: float32's has no low-precision node, Keras's
-    # mixed one and our rewrite convert the convolutions (their dense time drops), and a tiny
-    # model's step is dominated by per-kernel time, so both are estimated slower than float32
-    # here -- as small models run on a GPU.
+    # mixed one and our default rewrite convert the convolutions (their dense time drops), and
+    # a tiny model's step is dominated by per-kernel time, so both are estimated slower than
+    # float32 here -- as small models run on a GPU.  So the optimal planner's whole-step check
+    # keeps the graph float32: its dense ops are priced as float32's (the step also has the
+    # loss scale's ops, which our optimizer traced before the rewrite).
     import amp_rewrite
 
     est = {}
-    for name in ("float32_xla", "keras_mixed_xla", "ours_optimal_xla"):
+    for name in ("float32_xla", "keras_mixed_xla", "ours_default_xla", "ours_optimal_xla"):
         gd, shapes, compiled = gpu_bench.variant_graph_def("small_cnn-train-b8", name, target="gpu:9.0",
                                                            precision="float16")
         assert compiled is True
         est[name] = amp_rewrite.estimate_step_time(gd, target="gpu:9.0", compiled=True, variable_shapes=shapes,
                                                    costs=costs)
     assert est["float32_xla"].low_nodes == 0 and est["float32_xla"].casts == 0
-    for name in ("keras_mixed_xla", "ours_optimal_xla"):
+    for name in ("keras_mixed_xla", "ours_default_xla"):
         assert est[name].low_nodes > 0 and est[name].casts > 0
         assert est[name].dense_ns < est["float32_xla"].dense_ns
+        assert est[name].total_ns > est["float32_xla"].total_ns
+    assert est["ours_optimal_xla"].low_nodes == 0 and est["ours_optimal_xla"].casts == 0
+    assert est["ours_optimal_xla"].dense_ns == pytest.approx(est["float32_xla"].dense_ns)
+    for name in ("keras_mixed_xla", "ours_optimal_xla"):
         ratio = float(rows[name].split(" | ")[5])
         assert ratio == pytest.approx(est[name].total_ns / est["float32_xla"].total_ns, abs=1e-3)
 

@@ -337,7 +337,7 @@ def test_a_frozen_batch_norm_costs_nothing_where_grappler_folds_it(monkeypatch):
     them and fuses the Relu: they never run, in either precision.  Priced as the kernels they
     would be (each slower in bfloat16 on this CPU), they would keep both convolutions
     float32."""
-    import amp_rewrite.plan.optimal as optimal_module
+    import amp_rewrite.plan.grappler_folds as grappler_folds
 
     nodes = ("conv1", "centred", "scaled", "shifted", "relu", "conv2")
 
@@ -347,7 +347,7 @@ def test_a_frozen_batch_norm_costs_nothing_where_grappler_folds_it(monkeypatch):
         return {n: report["nodes"][n]["dtype"] for n in nodes}
 
     assert set(plan().values()) == {"bfloat16"}
-    monkeypatch.setattr(optimal_module, "_is_folded", lambda p, name, consts, memo: False)
+    monkeypatch.setattr(grappler_folds, "is_folded", lambda g, ops, inputs, name, consts, memo: False)
     assert set(plan().values()) == {"float32"}
 
 
@@ -394,7 +394,7 @@ def test_a_swish_is_priced_as_the_fused_kernel_grappler_makes_of_it(beta, monkey
     """Grappler fuses ``x * sigmoid(x)`` into one oneDNN kernel, which has none of the
     element-wise bfloat16 Sigmoid's 3x loss on this CPU: the block converts.  Priced as a
     lone Sigmoid, it would stay float32."""
-    import amp_rewrite.plan.optimal as optimal_module
+    import amp_rewrite.plan.grappler_folds as grappler_folds
 
     def plan():
         report = amp_rewrite.rewrite_graph_def(_swish_block(beta), target=AVX512_BF16, precision="bfloat16",
@@ -402,7 +402,7 @@ def test_a_swish_is_priced_as_the_fused_kernel_grappler_makes_of_it(beta, monkey
         return {n: report["nodes"][n]["dtype"] for n in ("conv1", "sigmoid", "swish", "conv2")}
 
     assert set(plan().values()) == {"bfloat16"}
-    monkeypatch.setattr(optimal_module, "_swish_parts", lambda p, name, consts: ())
+    monkeypatch.setattr(grappler_folds, "swish_parts", lambda g, ops, inputs, name, consts: ())
     assert set(plan().values()) == {"float32"}
     sig = node_cost("Sigmoid", [(8, 28, 28, 128)], [(8, 28, 28, 128)], 2, BF16_CPU)
     swish = node_cost("_Swish", [(8, 28, 28, 128)], [(8, 28, 28, 128)], 2, BF16_CPU)

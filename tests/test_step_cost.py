@@ -18,15 +18,17 @@ TARGET = "gpu:9.0"
 N = 2048
 
 
-def _mlp(dtype: tf.DType = tf.float32) -> tf.compat.v1.GraphDef:
+def _mlp(dtype: tf.DType = tf.float32, frozen: bool = True) -> tf.compat.v1.GraphDef:
     """Two large MatMuls, each followed by a ReLU and a scaling, in ``dtype`` (float32, or
-    float16 with Casts at the edges, as a graph built in mixed precision has them)."""
+    float16 with Casts at the edges, as a graph built in mixed precision has them).  Their
+    weights are constants (``frozen``), or fed as a variable's value is."""
 
     def build() -> None:
         x = v1.placeholder(tf.float32, [N, N], name="x")
         h = tf.cast(x, dtype) if dtype != tf.float32 else x
         for i in range(2):
-            w = tf.constant(np.full((N, N), 0.01, np.float32), name=f"w{i}")
+            w = (tf.constant(np.full((N, N), 0.01, np.float32), name=f"w{i}") if frozen
+                 else v1.placeholder(tf.float32, [N, N], name=f"w{i}"))
             h = tf.nn.relu(tf.matmul(h, tf.cast(w, dtype) if dtype != tf.float32 else w), name=f"relu{i}")
             h = tf.multiply(h, tf.constant(0.5, dtype), name=f"scale{i}")
         tf.identity(tf.cast(h, tf.float32) if dtype != tf.float32 else h, name="y")
@@ -45,7 +47,7 @@ def test_node_precision_reads_the_type_attributes():
 
 @pytest.mark.parametrize("compiled", [False, True])
 def test_the_rewritten_graph_is_estimated_faster_than_float32_and_every_part_is_priced(compiled):
-    gd = _mlp()
+    gd = _mlp(frozen=False)
     before = gd.SerializeToString(deterministic=True)
     f32 = amp_rewrite.estimate_step_time(gd, target=TARGET, compiled=compiled)
     result = amp_rewrite.rewrite_graph_def(gd, target=TARGET, precision="float16", fetches=["y"], use_env=False,
@@ -69,6 +71,20 @@ def test_the_rewritten_graph_is_estimated_faster_than_float32_and_every_part_is_
     assert f32.elementwise_ns == pytest.approx(2 * tensor if compiled else 8 * tensor, rel=1e-3)
     assert f32.overhead_ns == pytest.approx(f32.kernels * costs.kernel_overhead)
     assert f32.total_ns == pytest.approx(f32.dense_ns + f32.elementwise_ns + f32.cast_ns + f32.overhead_ns)
+
+
+def test_without_xla_the_affine_ops_grappler_folds_into_frozen_weights_cost_nothing():
+    """Grappler folds an element-wise op with a constant operand into the frozen MatMul before
+    it, and fuses the activation: with constant weights only the MatMuls run, as the planner
+    prices it (:mod:`amp_rewrite.plan.grappler_folds`); with fed weights the four element-wise
+    ops are kernels.  Under XLA, XLA's fusion is priced instead, frozen or not."""
+    frozen = amp_rewrite.estimate_step_time(_mlp(), target=TARGET)
+    fed = amp_rewrite.estimate_step_time(_mlp(frozen=False), target=TARGET)
+    assert (frozen.kernels, frozen.elementwise_ns) == (2, 0.0)
+    assert fed.kernels == 6 and fed.elementwise_ns > 0
+    assert frozen.dense_ns == pytest.approx(fed.dense_ns)
+    xla = [amp_rewrite.estimate_step_time(_mlp(frozen=f), target=TARGET, compiled=True) for f in (True, False)]
+    assert xla[0].kernels == xla[1].kernels == 4
 
 
 def test_a_graph_built_in_mixed_precision_is_priced_as_it_is():

@@ -11,6 +11,8 @@ imports no planner): :func:`.optimal.min_cut_placement` prices colourings with
 minimum cut (:mod:`.mincut`, guarded by :mod:`.cut_guard`); :mod:`.exclude` and
 :mod:`.preserve` keep the fetches and the user's patterns float32.  :mod:`.step_cost` prices a
 whole graph node by node in the types it has (the cost model's step estimate, which the
-benchmarks compare with measured steps; no plan uses it).  Imports only
+benchmarks compare with measured steps, and which checks the optimal planner's plans:
+:mod:`amp_rewrite.step_check`, above the rewrite stage); :mod:`.grappler_folds` says what
+Grappler removes before a graph runs, for both.  Imports only
 :mod:`amp_rewrite.graph` and :mod:`amp_rewrite.errors` from outside.
 """

@@ -37,8 +37,9 @@ import networkx as nx
 
 from ..graph import ir
 from .cost_model import DENSE_OPS, DeviceCosts, cast_cost, constant_nodes, costs_for, elements, node_cost
+from . import grappler_folds
 from .normalization import upstream_of_fragile
-from .step_cost import BUFFER_OPS
+from .step_cost import BUFFER_OPS, StepCheck
 from .mincut import FREE, HIGH, LOW, PlacementProblem, objective, solve
 from ..graph.shapes import Shape
 from ..graph.type_attrs import TypeAttr
@@ -77,6 +78,9 @@ class PlacementSummary:
     #: through vertices that do).
     fragile_normalizations: int = 0
     upstream_float32: int = 0
+    #: The API's whole-step check of the plan (:class:`~amp_rewrite.plan.step_cost.StepCheck`),
+    #: added after the cut (``None`` before, and for plans it did not check).
+    step_check: StepCheck | None = None
 
     def as_dict(self) -> dict[str, Any]:
         # Under "min-casts" the three figures are kilobytes moved by Casts, not microseconds.
@@ -93,6 +97,7 @@ class PlacementSummary:
             "to_low": self.to_low,
             "to_high": self.to_high,
             "misaligned": {k: list(v) for k, v in sorted(self.misaligned.items())},
+            **({"step_check": self.step_check.as_dict()} if self.step_check is not None else {}),
         }
 
 
@@ -147,84 +152,6 @@ def _constant_nodes(p: PaintingState) -> frozenset[str]:
     """:func:`~amp_rewrite.plan.cost_model.constant_nodes` of ``p``'s graph, from the facts
     ``p`` holds already.  Pure."""
     return constant_nodes(p.order, p.ops, p.inputs, p.registry)
-
-
-#: Element-wise ops with one constant operand that Grappler folds into the frozen convolution
-#: or MatMul before them (constant folding pushes the scale and shift of an inference batch
-#: norm into the weights and a bias; the remapper fuses the bias), and the activations the
-#: remapper fuses after such a bias.
-_FOLDABLE_AFFINE = frozenset({"Add", "AddV2", "Sub", "Mul", "BiasAdd", "RealDiv"})
-_FUSABLE_ACTIVATIONS = frozenset({"Relu", "Relu6", "Elu", "LeakyRelu"})
-_FORWARD_DENSE = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "MatMul", "_FusedConv2D",
-                            "_FusedMatMul"})
-
-
-def _is_folded(p: PaintingState, name: str, consts: frozenset[str], memo: dict[str, bool]) -> bool:
-    """Whether element-wise ``name`` disappears when the graph is loaded, folded or fused into
-    the dense op with constant weights before it (through other such ops, each the only
-    consumer of its input).  Such a node costs nothing at run time in either precision:
-    pricing it as a kernel, as the model prices other element-wise ops, charged every
-    batch norm of a frozen model as if it ran and kept its convolutions float32.
-
-    Mutates only ``memo``, the cache of answers (node name -> folded), which it fills for
-    every node it walks through.  Iterative: the walk follows a chain of single-input ops
-    upstream, and a chain of 100,000 Relus is a valid graph, so recursing once per node
-    would overflow Python's stack.  A node met again on the walk (a cycle, which only a
-    malformed loop could make) counts as not folded.
-    """
-    path: list[str] = []
-    x = name
-    while True:
-        got = memo.get(x)
-        if got is not None:
-            # Answered before, or on the current walk (a cycle): seeded False below.
-            answer = got
-            break
-        # Seed False before following the input, so that a cycle ends the walk unfolded.
-        memo[x] = False
-        path.append(x)
-        op, ins = p.ops[x], p.inputs[x]
-        src = None
-        if op in _FOLDABLE_AFFINE and len(ins) == 2:
-            variable = [i for i in ins if i[0] not in consts]
-            src = variable[0][0] if len(variable) == 1 else None
-        elif op in _FUSABLE_ACTIVATIONS and len(ins) == 1:
-            src = ins[0][0]
-        if src is None or sum(1 for _ in p.g.successors(src)) != 1:
-            answer = False
-            break
-        src_ins = p.inputs[src]
-        if p.ops[src] in _FORWARD_DENSE and len(src_ins) > 1 and src_ins[1][0] in consts:
-            answer = True
-            break
-        # Otherwise ``x`` is folded exactly when its single-consumer input ``src`` is.
-        x = src
-    # Every node on the path is folded exactly when the last one is.
-    for y in path:
-        memo[y] = answer
-    return answer
-
-
-def _swish_parts(p: PaintingState, name: str, consts: frozenset[str]) -> tuple[str, ...]:
-    """The Muls fused with Sigmoid ``name`` into one swish kernel, or ``()`` when it is not
-    half of a swish.  A swish is ``x * sigmoid(x)`` or Keras 3's ``x * sigmoid(x * beta)``
-    with a constant ``beta``: Grappler's remapper fuses it into one kernel (oneDNN's
-    ``_MklSwish`` on CPU), which runs neither the slow element-wise bfloat16 Sigmoid nor the
-    Muls the cost model would price.  Pure."""
-    if len(p.inputs[name]) != 1:
-        return ()
-    arg = p.inputs[name][0]
-    inner: dict[tuple[str, int], tuple[str, ...]] = {arg: ()}
-    if p.ops.get(arg[0]) == "Mul" and len(p.inputs[arg[0]]) == 2:
-        a, b = p.inputs[arg[0]]
-        inner.update({x: (arg[0],) for x, c in ((a, b), (b, a)) if c[0] in consts})
-    for consumer in sorted(p.g.successors(name)):
-        ins = p.inputs.get(consumer, [])
-        if p.ops.get(consumer) == "Mul" and len(ins) == 2 and (name, 0) in ins:
-            other = ins[0] if ins[1] == (name, 0) else ins[1]
-            if other in inner:
-                return (consumer, *inner[other])
-    return ()
 
 
 class _Pricing:
@@ -367,9 +294,11 @@ def _unary_costs(p: PaintingState, free: list[bool], pricing: _Pricing, shape_aw
     misaligned: dict[str, tuple[int, ...]] = {}
     folded: dict[str, bool] = {}
     consts = _constant_nodes(p)
-    # A swish is priced as one fused kernel, on its Sigmoid; its Muls cost nothing more.
-    swishes = {name: parts for name in p.order if p.ops[name] == "Sigmoid"
-               for parts in [_swish_parts(p, name, consts)] if parts}
+    # A swish is priced as one fused kernel, on its Sigmoid, where the device has the fusion;
+    # its Muls cost nothing more.
+    swishes = {name: parts for name in p.order
+               if p.ops[name] == "Sigmoid" and grappler_folds.FUSED_SWISH in pricing.costs_of(name).elementwise
+               for parts in [grappler_folds.swish_parts(p.g, p.ops, p.inputs, name, consts)] if parts}
     swish_muls = {m for parts in swishes.values() for m in parts}
     for name in p.order:
         vs = tg.by_node[name]
@@ -382,10 +311,10 @@ def _unary_costs(p: PaintingState, free: list[bool], pricing: _Pricing, shape_aw
         # Nothing runs for a constant (folded when the graph is loaded), an op folded into a
         # frozen dense op, or a swish's Mul (priced with its Sigmoid).
         if (name in consts or name in swish_muls
-                or (op not in DENSE_OPS and _is_folded(p, name, consts, folded))):
+                or (op not in DENSE_OPS and grappler_folds.is_folded(p.g, p.ops, p.inputs, name, consts, folded))):
             continue
         weights = p.inputs[name][1][0] if op in DENSE_OPS and len(p.inputs[name]) > 1 else None
-        priced = "_Swish" if name in swishes else op
+        priced = grappler_folds.FUSED_SWISH if name in swishes else op
         device = pricing.costs_of(name)
         nc = node_cost(priced, ins, outs, 2, device, shape_aware=shape_aware,
                        constant_weights=weights is not None and weights in consts, compiled=compiled)
@@ -493,10 +422,12 @@ def _below_margin(problem: PlacementProblem, low: list[bool]) -> bool:
 
 
 def _apply(p: PaintingState, low: list[bool], greedy: set[int], fixed: list[int], freedom: _Freedom,
-           below_margin: bool, costs: tuple[list[float], list[float]], pricing: _Pricing) -> tuple[int, int]:
+           below_margin: bool, costs: tuple[list[float], list[float]], pricing: _Pricing,
+           declined: str | None = None) -> tuple[int, int]:
     """Make ``low`` the paint of ``p``: the cut decides float vertices; vertices already in
     low precision stay.  Records the reason of every vertex that changed colour or was held
-    float32.  Mutates ``p.allow`` (replaced) and ``p.reason``.  Returns ``(to_low, to_high)``."""
+    float32 (``declined``: the whole plan was declined, and why).  Mutates ``p.allow``
+    (replaced) and ``p.reason``.  Returns ``(to_low, to_high)``."""
     tg = p.tg
     cat = p.v_cat
     held = freedom.held
@@ -520,9 +451,11 @@ def _apply(p: PaintingState, low: list[bool], greedy: set[int], fixed: list[int]
                 to_low += 1
                 p.reason[v] = (f"{cat[v]} op placed in {p.precision} by the min-cut planner "
                                "(fewer or cheaper Casts)")
-        elif v in greedy and (fixed[v] == FREE or below_margin):
+        elif v in greedy and (fixed[v] == FREE or below_margin or declined is not None):
             to_high += 1
-            if below_margin:
+            if declined is not None:
+                p.reason[v] = f"{cat[v]} op kept float32: {declined}"
+            elif below_margin:
                 p.reason[v] = (
                     f"{cat[v]} op kept float32: the plan's estimated gain on "
                     f"{pricing.costs_of(tg.node[v]).name} is below {MIN_ESTIMATED_GAIN:.0%} of the float32 "
@@ -540,7 +473,7 @@ def _apply(p: PaintingState, low: list[bool], greedy: set[int], fixed: list[int]
 
 
 def place_optimally(p: PaintingState, clusters: list[list[str]], shape_aware: bool,
-                    goal: str = "optimal", compiled: bool = False) -> PlacementSummary:
+                    goal: str = "optimal", compiled: bool = False, declined: str | None = None) -> PlacementSummary:
     """Replace the greedy colouring of ``p``'s free vertices by an optimal one.  Mutates ``p``.
 
     ``goal="optimal"`` minimizes the estimated time (allow-list ops may stay float32
@@ -548,6 +481,8 @@ def place_optimally(p: PaintingState, clusters: list[list[str]], shape_aware: bo
     TensorFlow does, and minimizes the bytes moved by Casts (plus one byte per Cast, so that
     fewer Casts win a tie).  ``compiled``: the graph runs under XLA, and the cost model prices
     Casts and element-wise ops as fused (:func:`amp_rewrite.plan.cost_model.node_cost`).
+    ``declined``: the whole-step check declined this graph's plan (why): every vertex the
+    planner could convert stays float32, with that reason.
     """
     min_casts = goal == "min-casts"
     n = len(p.tg)
@@ -569,11 +504,12 @@ def place_optimally(p: PaintingState, clusters: list[list[str]], shape_aware: bo
         guarded_low = _guard(problem, low, before, cast_bytes, fixed, p.v_cat)
         guarded = guarded_low is not low
         low = guarded_low
-        below_margin = _below_margin(problem, low)
-        if below_margin:
+        below_margin = declined is None and _below_margin(problem, low)
+        if below_margin or declined is not None:
             low = [False] * n
     summary_costs = (objective(problem, [False] * n), objective(problem, before), objective(problem, low))
-    to_low, to_high = _apply(p, low, greedy, fixed, freedom, below_margin, (cost_high, cost_low), pricing)
+    to_low, to_high = _apply(p, low, greedy, fixed, freedom, below_margin, (cost_high, cost_low), pricing,
+                             declined)
     summary = PlacementSummary(
         summary_costs[0] / 1e3, summary_costs[1] / 1e3, summary_costs[2] / 1e3,
         sum(freedom.free), to_low, to_high, misaligned, problem, tuple(low), goal, guarded, below_margin,
@@ -597,4 +533,4 @@ def min_cut_placement(state: PaintingState, clusters: list[list[str]], options: 
     planners: :func:`place_optimally` with the goal and knobs of ``options``.  Mutates
     ``state``'s paint (see :func:`place_optimally`)."""
     return place_optimally(state, clusters, options.shape_aware, goal=options.planner,
-                           compiled=options.compiled)
+                           compiled=options.compiled, declined=options.declined)

@@ -8,11 +8,15 @@ precision (Keras's ``mixed_float16``) alike, with the same per-node rules
 (:func:`~amp_rewrite.plan.cost_model.node_cost`, :func:`~amp_rewrite.plan.cost_model.cast_cost`):
 
 * a node runs in low precision when any of its type attributes is float16 or bfloat16;
-* a ``Cast`` between float32 and a low type is priced as a Cast, of its output's shape;
+* a ``Cast`` between float32 and a low type is priced as a Cast, of its output's shape (its
+  input's, for a Cast the rewrite inserted into a graph not yet exported);
 * ops that only hold, read or write a buffer (:data:`BUFFER_OPS`), forward a tensor or read
   its shape cost nothing; so does a node without a float type (shape arithmetic, counters),
-  and a stateless op whose data inputs are all constants (folded when the graph is loaded:
-  the Casts of a frozen graph's weights);
+  a stateless op whose data inputs are all constants (folded when the graph is loaded:
+  the Casts of a frozen graph's weights), and, without XLA, what else Grappler removes as
+  the planner knows it (:mod:`~amp_rewrite.plan.grappler_folds`: an inference batch norm's
+  affine ops folded into a frozen convolution, and, on a CPU, a swish's Muls, its Sigmoid
+  priced as the fused kernel); a dense op with constant weights pays no weight re-layout;
 * a function's body counts once per call, and a loop's (``While``) once per iteration: as
   many as the rows of the tensor its ``TensorList`` was made from (an RNN's sequence), else
   :data:`~amp_rewrite.plan.cost_model.UNKNOWN_DIM` (:func:`call_counts`);
@@ -38,7 +42,7 @@ Pure: reads the graphs (their ``shapes``), changes nothing.  Imports nothing of 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Mapping
 
 import networkx as nx
 
@@ -47,11 +51,12 @@ from ..graph.ir import data_inputs, ordered_nodes
 from ..graph.tensor_names import CONTROL
 from ..graph.op_registry import OpRegistry
 from ..graph.shapes import Shape
+from . import grappler_folds
 from .cost_model import (ALIAS_OPS, DENSE_OPS, METADATA_OPS, UNKNOWN_DIM, DeviceCosts, cast_cost, constant_nodes,
                          elements, node_cost)
 
-__all__ = ["BUFFER_OPS", "KERNEL_BOUNDARY_OPS", "LOOP_OPS", "StepEstimate", "call_counts", "estimate_graph",
-           "estimate_graphs", "loop_trips", "node_precision"]
+__all__ = ["BUFFER_OPS", "KERNEL_BOUNDARY_OPS", "LOOP_OPS", "StepCheck", "StepEstimate", "call_counts",
+           "estimate_graph", "estimate_graphs", "loop_trips", "node_precision"]
 
 #: Ops that hold, read or write a buffer without a kernel computing anything a precision
 #: changes: arguments and results, constants (folded when the graph is loaded), variables
@@ -100,6 +105,32 @@ class StepEstimate:
                 "low_nodes": self.low_nodes, "casts": self.casts}
 
 
+@dataclass(frozen=True)
+class StepCheck:
+    """A plan's whole-step check: the step estimates (microseconds) of one graph as given and
+    as rewritten, on ``device_class``, and the least gain (a fraction of the estimate as
+    given) for which the rewrite is kept.  Pure data."""
+
+    given_us: float
+    rewritten_us: float
+    min_gain: float
+    device_class: str
+
+    @property
+    def kept(self) -> bool:
+        """Whether the rewritten graph is estimated at least ``min_gain`` faster."""
+        return self.given_us - self.rewritten_us >= self.min_gain * self.given_us
+
+    def reason(self) -> str:
+        """Why a declined plan keeps its graph as given: the end of its nodes' reasons."""
+        return (f"the rewritten graph's step estimate on {self.device_class} ({self.rewritten_us:.1f} us) "
+                f"is not {self.min_gain:.0%} below the graph's as given ({self.given_us:.1f} us)")
+
+    def as_dict(self) -> dict[str, object]:
+        return {"given_us": round(self.given_us, 1), "rewritten_us": round(self.rewritten_us, 1),
+                "kept": self.kept}
+
+
 def _types(value: int | tuple[int, ...]) -> tuple[int, ...]:
     return tuple(dt.base(v) for v in value) if isinstance(value, tuple) else (dt.base(value),)
 
@@ -122,11 +153,28 @@ def _is_low_cast(dtypes: Mapping[str, int | tuple[int, ...]]) -> bool:
     return dt.FLOAT in pair and bool(pair & _LOW)
 
 
-def _folded(g: nx.MultiDiGraph, registry: OpRegistry) -> frozenset[str]:
-    """:func:`~amp_rewrite.plan.cost_model.constant_nodes` of ``g``.  Pure."""
+def _folded(g: nx.MultiDiGraph, registry: OpRegistry, costs_of: Callable[[str], DeviceCosts],
+            compiled: bool) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
+    """What never runs as its own kernel once ``g`` is loaded: ``(constants, gone, swishes)``.
+    ``constants``: :func:`~amp_rewrite.plan.cost_model.constant_nodes` (a frozen graph's
+    weights and their Casts).  ``gone``: those and, without XLA (``compiled``: XLA fuses what
+    it fuses, which the estimate prices itself), the element-wise ops Grappler folds into a
+    frozen dense op and the Muls of a swish it fuses (:mod:`~amp_rewrite.plan.grappler_folds`,
+    as the planner prices them).  ``swishes``: the Sigmoids that then run as one fused swish
+    kernel, on a device (``costs_of``, by device string) that has the fusion.  Pure."""
     order = ordered_nodes(g)
-    return constant_nodes(order, {n: g.nodes[n]["op"] for n in order}, {n: data_inputs(g, n) for n in order},
-                          registry)
+    ops = {n: g.nodes[n]["op"] for n in order}
+    inputs = {n: data_inputs(g, n) for n in order}
+    consts = constant_nodes(order, ops, inputs, registry)
+    if compiled:
+        return consts, consts, frozenset()
+    swishes = {n: parts for n in order
+               if ops[n] == "Sigmoid" and grappler_folds.FUSED_SWISH in costs_of(g.nodes[n].get("device", "")).elementwise
+               for parts in [grappler_folds.swish_parts(g, ops, inputs, n, consts)] if parts}
+    memo: dict[str, bool] = {}
+    affine = {n for n in order if ops[n] not in DENSE_OPS and grappler_folds.is_folded(g, ops, inputs, n, consts, memo)}
+    gone = consts | affine | {m for parts in swishes.values() for m in parts}
+    return consts, frozenset(gone), frozenset(swishes)
 
 
 def _priced(op: str, name: str, signatures: Mapping[str, object], folded: frozenset[str]) -> bool:
@@ -181,13 +229,14 @@ def _memory_reads(g: nx.MultiDiGraph, name: str, stage: Mapping[str, int], signa
     return len(later) if in_memory or later else None
 
 
-def _fused_ns(g: nx.MultiDiGraph, name: str, outs: list[Shape], out_bytes: int, costs: DeviceCosts,
+def _fused_ns(g: nx.MultiDiGraph, name: str, op: str, outs: list[Shape], out_bytes: int, costs: DeviceCosts,
               stage: Mapping[str, int], signatures: Mapping[str, object], folded: frozenset[str]) -> tuple[float, bool]:
-    """Under XLA, ``(time, ends a kernel)`` of the element-wise node ``name`` (a Cast included):
+    """Under XLA, ``(time, ends a kernel)`` of the element-wise node ``name`` (a Cast included),
+    priced as ``op``:
     the arithmetic beyond its memory-bound time, and, where its output must be in memory
     (:func:`_memory_reads`), writing it once and reading it back once per later stage.  Pure."""
     n = sum(elements(s) for s in outs)
-    compute, _ = costs.elementwise.get(g.nodes[name]["op"], (1.0, costs.low_elementwise))
+    compute, _ = costs.elementwise.get(op, (1.0, costs.low_elementwise))
     t = (compute - 1.0) * n * 4 / costs.bandwidth
     reads = _memory_reads(g, name, stage, signatures, folded)
     if reads is None:
@@ -202,9 +251,9 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
     Needs ``g.graph["shapes"]`` (unknown shapes count as the cost model's defaults); function
     calls are priced as free here -- their bodies are separate graphs (:func:`estimate_graphs`).
     Pure."""
-    shapes: Mapping[str, tuple[Shape, ...]] = g.graph.get("shapes") or {}
+    shapes = _with_inserted_casts(g, g.graph.get("shapes") or {})
     signatures = g.graph.get("signatures") or {}
-    folded = _folded(g, registry)
+    consts, folded, swishes = _folded(g, registry, costs_of, compiled)
     stage = _stages(g) if compiled else {}
     ns = {"dense": 0.0, "elementwise": 0.0, "cast": 0.0, "overhead": 0.0}
     kernels = low_nodes = casts = 0
@@ -228,18 +277,36 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
             ns["cast"] += cast_cost(outs[0] if outs else None, 2, costs)
             kernels += 1
             continue
+        priced_op = grappler_folds.FUSED_SWISH if name in swishes else op
         if kind == "dense" or not compiled:
-            ins = [_shape_of(shapes, src, port) for src, port in data_inputs(g, name)]
-            nc = node_cost(op, ins, outs, 2, costs)
+            ins_of = data_inputs(g, name)
+            ins = [_shape_of(shapes, src, port) for src, port in ins_of]
+            weights = ins_of[1][0] if kind == "dense" and len(ins_of) > 1 else None
+            nc = node_cost(priced_op, ins, outs, 2, costs, constant_weights=weights in consts)
             t, launches = (nc.low if precision == "low" else nc.high), True
         else:
             low_out = types.get("DstT") != dt.FLOAT if kind == "cast" else precision == "low"
-            t, launches = _fused_ns(g, name, outs, 2 if low_out else 4, costs, stage, signatures, folded)
+            t, launches = _fused_ns(g, name, priced_op, outs, 2 if low_out else 4, costs, stage, signatures,
+                                    folded)
         ns[kind] += t
         if launches:
             ns["overhead"] += costs.kernel_overhead
             kernels += 1
     return StepEstimate(ns["dense"], ns["elementwise"], ns["cast"], ns["overhead"], kernels, low_nodes, casts)
+
+
+def _with_inserted_casts(g: nx.MultiDiGraph,
+                         shapes: Mapping[str, tuple[Shape, ...]]) -> Mapping[str, tuple[Shape, ...]]:
+    """``shapes`` and the output shape of every ``Cast`` shape inference never saw (those the
+    rewrite inserted, when a rewritten graph is priced before export): its input's.  Pure."""
+    added: dict[str, tuple[Shape, ...]] = {}
+    for name in ordered_nodes(g):
+        if g.nodes[name]["op"] == "Cast" and name not in shapes:
+            ins = data_inputs(g, name)
+            if ins:
+                src, port = ins[0]
+                added[name] = (_shape_of(added, src, port) if src in added else _shape_of(shapes, src, port),)
+    return {**shapes, **added} if added else shapes
 
 
 def _shape_of(shapes: Mapping[str, tuple[Shape, ...]], src: str, port: int) -> Shape:

@@ -1,0 +1,133 @@
+"""The optimal planner's whole-step check (:mod:`amp_rewrite.step_check`): a graph is rewritten
+only where the cost model's step estimate of the rewritten graph is ``MIN_ESTIMATED_GAIN``
+below the graph's as given; else it keeps float32, and every node it would have converted
+says why."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import jsonschema
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import amp_rewrite
+import amp_rewrite.api as api
+import corpus
+from amp_rewrite.plan.optimal import MIN_ESTIMATED_GAIN
+from amp_rewrite.plan.step_cost import StepCheck
+from graphs import graph_def, v1
+
+TARGET = "gpu:8.0"
+SCHEMA = json.loads((pathlib.Path(amp_rewrite.__file__).parent / "report_schema.json").read_text())
+
+
+def _mlp(n: int = 1024, layers: int = 2) -> tf.compat.v1.GraphDef:
+    """``layers`` MatMuls of n x n with fed weights, each followed by a ReLU."""
+
+    def build() -> None:
+        h = v1.placeholder(tf.float32, [n, n], name="x")
+        for i in range(layers):
+            w = v1.placeholder(tf.float32, [n, n], name=f"w{i}")
+            h = tf.nn.relu(tf.matmul(h, w, name=f"mm{i}"), name=f"relu{i}")
+        tf.identity(h, name="y")
+
+    return graph_def(build)
+
+
+def _optimal(gd, fetches, *, compiled: bool = True, **kwargs) -> amp_rewrite.RewriteResult:
+    return amp_rewrite.rewrite_graph_def(gd, fetches=list(fetches), target=TARGET, precision="float16",
+                                         lists="optimal", compiled=compiled, use_env=False, **kwargs)
+
+
+def _checks(report) -> list[dict]:
+    sections = [report, *report["functions"].values()]
+    return [s["placement"]["step_check"] for s in sections if "step_check" in s.get("placement", {})]
+
+
+def test_the_check_keeps_a_plan_only_at_the_least_gain():
+    check = StepCheck(100.0, 100.0 * (1 - MIN_ESTIMATED_GAIN), MIN_ESTIMATED_GAIN, "gpu-ampere")
+    assert check.kept and check.as_dict() == {"given_us": 100.0, "rewritten_us": 97.0, "kept": True}
+    declined = StepCheck(100.0, 97.5, MIN_ESTIMATED_GAIN, "gpu-ampere")
+    assert not declined.kept
+    assert "gpu-ampere (97.5 us)" in declined.reason() and "(100.0 us)" in declined.reason()
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_kept_plan_records_the_estimates_of_both_graphs(compiled):
+    """The check prices the plan carried out on a copy: the figures it records are the step
+    estimates of the original graph and of the exported rewrite (the Casts it inserted priced
+    at their inputs' shapes), and the graph it hands on is the rewrite made without it."""
+    gd = _mlp()
+    result = _optimal(gd, ["y"], compiled=compiled)
+    assert result.report["converted_nodes"] >= 4
+    (check,) = _checks(result.report)
+    given = amp_rewrite.estimate_step_time(gd, target=TARGET, compiled=compiled).total_ns / 1e3
+    rewritten = amp_rewrite.estimate_step_time(result.graph_def, target=TARGET, compiled=compiled).total_ns / 1e3
+    assert check == {"given_us": round(given, 1), "rewritten_us": round(rewritten, 1), "kept": True}
+    assert rewritten < given * (1 - MIN_ESTIMATED_GAIN)
+    jsonschema.validate(result.report, {**SCHEMA, "$ref": "#/$defs/core"})
+    with pytest.raises(jsonschema.ValidationError):
+        bad = {**result.report, "placement": {**result.report["placement"], "step_check": {**check, "kept": "yes"}}}
+        jsonschema.validate(bad, {**SCHEMA, "$ref": "#/$defs/core"})
+
+
+def test_the_check_leaves_the_graph_it_prices_as_it_was(monkeypatch):
+    """The plan is carried out on a copy: the rewrite the caller gets is the one made without
+    any check."""
+    checked = _optimal(_mlp(), ["y"]).graph_def.SerializeToString(deterministic=True)
+    monkeypatch.setattr(api, "check_plan", lambda *args, **kwargs: StepCheck(1.0, 0.0, 0.0, "any"))
+    unchecked = _optimal(_mlp(), ["y"]).graph_def.SerializeToString(deterministic=True)
+    assert checked == unchecked
+
+
+def test_a_plan_the_step_estimate_finds_slower_keeps_the_graph_float32(monkeypatch):
+    """A small transformer's training step under XLA: the min-cut planner converts its
+    MatMuls, but the whole step, with the Casts that end XLA's fusions, is estimated slower
+    than float32 (1.16x on gpu:8.0 when this was written).  The check declines the plan: no
+    node converts, no Cast is inserted, and the allow-list ops say why."""
+    item = corpus.build("transformer/training")
+    result = _optimal(item.graph_def, item.fetches)
+    checks = _checks(result.report)
+    assert checks and not any(c["kept"] for c in checks)
+    assert result.report["converted_nodes"] == 0 and result.report["casts_to_low"] == 0
+    nodes = [*result.report["nodes"].values(), *(n for f in result.report["functions"].values()
+                                                  for n in f["nodes"].values())]
+    reasons = [n["reason"] for n in nodes if n["op"] in ("MatMul", "BatchMatMulV2")]
+    assert reasons and all("step estimate" in r and "kept float32" in r for r in reasons)
+    assert "step estimate" in result.report["skipped"]
+
+    # Without the check the planner converts, to a graph estimated slower than the original.
+    monkeypatch.setattr(StepCheck, "kept", property(lambda self: True))
+    unchecked = _optimal(item.graph_def, item.fetches)
+    assert unchecked.report["converted_nodes"] > 0
+    est = [amp_rewrite.estimate_step_time(gd, target=TARGET, compiled=True).total_ns
+           for gd in (item.graph_def, unchecked.graph_def)]
+    assert est[1] > est[0] * (1 - MIN_ESTIMATED_GAIN)
+
+
+@pytest.mark.parametrize("planner", ["greedy", "min-casts"])
+def test_only_the_optimal_planner_is_checked(planner):
+    """The greedy passes are TensorFlow's, and min-casts converts what TensorFlow converts:
+    neither is second-guessed by the cost model."""
+    result = amp_rewrite.rewrite_graph_def(_mlp(64), fetches=["y"], target=TARGET, precision="float16",
+                                           planner=planner, compiled=True, use_env=False)
+    assert result.report["converted_nodes"] > 0
+    assert not _checks(result.report)
+
+
+def test_a_forced_rewrite_is_not_checked():
+    """``UNSAFE_FORCE_ALL`` converts everything it can, as asked: no cost model decides it."""
+    result = _optimal(_mlp(64), ["y"], level="UNSAFE_FORCE_ALL")
+    assert result.report["converted_nodes"] > 0 and not _checks(result.report)
+
+
+def test_an_unchanged_graph_is_not_priced(monkeypatch):
+    """A plan that converts nothing has nothing to check (and no copy of the graph is made)."""
+    calls = []
+    monkeypatch.setattr(api, "check_plan", lambda *args, **kwargs: calls.append(args))
+    result = _optimal(_mlp(64), ["y"])
+    assert result.report["converted_nodes"] == 0 and not calls
+    assert np.isfinite(result.report["placement"]["estimated_us"]["float32"])
