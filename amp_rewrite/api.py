@@ -34,7 +34,7 @@ from .plan.lists import PLANNERS, ListContext, ListEdit, OpLists, edits_from_env
 from .graph.op_registry import OpRegistry, default_registry
 from .report.build import build_report
 from .rewrite import RewriteStats, apply_plan
-from .step_check import check_plan, device_costs
+from .step_check import check_plans, device_costs
 from .graph.shapes import check_variable_shapes, function_shapes, graph_shapes
 from .option_types import (check_bool, check_list_edits, check_names, check_optional_str, check_path,
                            check_str)
@@ -608,25 +608,38 @@ class _Stage:
     def run(self, g: nx.MultiDiGraph, options: DecideOptions) -> tuple[Plan, RewriteStats]:
         """Decide ``g``'s plan and carry it out.  **Mutates** ``g``.
 
-        The optimal planner's plan is kept only where the rewritten graph's step estimate is
-        :data:`~amp_rewrite.plan.optimal.MIN_ESTIMATED_GAIN` below ``g``'s
-        (:mod:`amp_rewrite.step_check`); else ``g`` is decided again with the plan declined,
-        which keeps it float32 with that reason."""
+        The optimal planner's plan is checked on the whole step (:meth:`_checked`)."""
         t1 = time.perf_counter()
         plan = decide(g, self.lists, self.target, self.precision, self.registry, options, self.placement)
         if plan.placement is not None and plan.placement.objective == "optimal" and plan.convert:
-            check = check_plan(g, plan, self.target, self.registry, compiled=options.compiled,
-                               fold_casts=self.fold_casts)
-            if not check.kept:
-                log.debug("%s: optimal plan declined: %s", g.graph.get("name") or "the graph", check.reason())
-                plan = decide(g, self.lists, self.target, self.precision, self.registry,
-                              dataclasses.replace(options, declined=check.reason()), self.placement)
-            plan = dataclasses.replace(plan, placement=dataclasses.replace(plan.placement, step_check=check))
+            plan = self._checked(g, plan, options)
         t2 = time.perf_counter()
         self.timings["decide"] += t2 - t1
         stats = apply_plan(g, plan, fold_casts=self.fold_casts)
         self.timings["rewrite"] += time.perf_counter() - t2
         return plan, stats
+
+    def _checked(self, g: nx.MultiDiGraph, plan: Plan, options: DecideOptions) -> Plan:
+        """The optimal planner's ``plan`` for ``g``, checked on the whole step
+        (:mod:`amp_rewrite.step_check`): under XLA the faster of it and the greedy colouring,
+        kept only where its step estimate is :data:`~amp_rewrite.plan.optimal.MIN_ESTIMATED_GAIN`
+        below ``g``'s; else ``g`` decided again with the plan declined (float32, with that
+        reason).  The check is recorded in the plan's placement.  Reads ``g``."""
+        candidates = {"min-cut": plan}
+        if options.compiled:
+            greedy = decide(g, self.lists, self.target, self.precision, self.registry,
+                            dataclasses.replace(options, colouring="greedy"), self.placement)
+            if greedy.convert != plan.convert:
+                candidates["greedy"] = greedy
+        check = check_plans(g, candidates, self.target, self.registry, compiled=options.compiled,
+                            fold_casts=self.fold_casts)
+        if check.kept:
+            plan = candidates[check.best]
+        else:
+            log.debug("%s: optimal plan declined: %s", g.graph.get("name") or "the graph", check.reason())
+            plan = decide(g, self.lists, self.target, self.precision, self.registry,
+                          dataclasses.replace(options, declined=check.reason()), self.placement)
+        return dataclasses.replace(plan, placement=dataclasses.replace(plan.placement, step_check=check))
 
 
 def _log_outcome(report: Mapping[str, Any], precision: str, precision_reason: str, tgt: Target,

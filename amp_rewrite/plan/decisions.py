@@ -161,9 +161,13 @@ class DecideOptions:
     #: The graph runs under XLA: the cost model prices Casts and element-wise ops as fused
     #: (:func:`amp_rewrite.plan.cost_model.node_cost`).  Only the cost-aware planners read it.
     compiled: bool = False
-    #: Set by the API's whole-step check (:mod:`amp_rewrite.step_check`) when the optimal
-    #: planner's plan was not estimated faster than the graph as given: why, as a reason's end.
-    #: The optimal planner then keeps every vertex it could convert float32, with this reason.
+    #: Which colouring of its free vertices the optimal planner takes: its minimum cut, or the
+    #: greedy passes' (with the same safety rules), which the API's whole-step check
+    #: (:mod:`amp_rewrite.step_check`) weighs against the cut under XLA.
+    colouring: Literal["min-cut", "greedy"] = "min-cut"
+    #: Set by the whole-step check when no colouring was estimated faster than the graph as
+    #: given: why, as a reason's end.  The optimal planner then keeps every vertex it could
+    #: convert float32, with this reason.
     declined: str | None = None
 
 

@@ -473,7 +473,8 @@ def _apply(p: PaintingState, low: list[bool], greedy: set[int], fixed: list[int]
 
 
 def place_optimally(p: PaintingState, clusters: list[list[str]], shape_aware: bool,
-                    goal: str = "optimal", compiled: bool = False, declined: str | None = None) -> PlacementSummary:
+                    goal: str = "optimal", compiled: bool = False, declined: str | None = None,
+                    colouring: str = "min-cut") -> PlacementSummary:
     """Replace the greedy colouring of ``p``'s free vertices by an optimal one.  Mutates ``p``.
 
     ``goal="optimal"`` minimizes the estimated time (allow-list ops may stay float32
@@ -482,7 +483,9 @@ def place_optimally(p: PaintingState, clusters: list[list[str]], shape_aware: bo
     fewer Casts win a tie).  ``compiled``: the graph runs under XLA, and the cost model prices
     Casts and element-wise ops as fused (:func:`amp_rewrite.plan.cost_model.node_cost`).
     ``declined``: the whole-step check declined this graph's plan (why): every vertex the
-    planner could convert stays float32, with that reason.
+    planner could convert stays float32, with that reason.  ``colouring="greedy"`` keeps the
+    greedy passes' colouring of the free vertices instead of the cut's (the whole-step check's
+    other candidate), under the same safety rules.
     """
     min_casts = goal == "min-casts"
     n = len(p.tg)
@@ -497,16 +500,18 @@ def place_optimally(p: PaintingState, clusters: list[list[str]], shape_aware: bo
         cost_high, cost_low, misaligned, consts = _unary_costs(p, freedom.free, pricing, shape_aware, compiled)
     tensors, cast_bytes = _tensors(p, freedom, pricing, consts, min_casts, compiled)
     problem = PlacementProblem(fixed, cost_high, cost_low, tensors)
-    low = solve(problem)
     before = [v in greedy for v in range(n)]
+    take_greedy = colouring == "greedy" and not min_casts
+    # The greedy colouring of the free vertices, the rest fixed as the cut would have it.
+    low = [f == LOW or (f == FREE and v in greedy) for v, f in enumerate(fixed)] if take_greedy else solve(problem)
     guarded = below_margin = False
-    if not min_casts:
+    if not min_casts and not take_greedy:
         guarded_low = _guard(problem, low, before, cast_bytes, fixed, p.v_cat)
         guarded = guarded_low is not low
         low = guarded_low
         below_margin = declined is None and _below_margin(problem, low)
-        if below_margin or declined is not None:
-            low = [False] * n
+    if declined is not None or below_margin:
+        low = [False] * n
     summary_costs = (objective(problem, [False] * n), objective(problem, before), objective(problem, low))
     to_low, to_high = _apply(p, low, greedy, fixed, freedom, below_margin, (cost_high, cost_low), pricing,
                              declined)
@@ -533,4 +538,4 @@ def min_cut_placement(state: PaintingState, clusters: list[list[str]], options: 
     planners: :func:`place_optimally` with the goal and knobs of ``options``.  Mutates
     ``state``'s paint (see :func:`place_optimally`)."""
     return place_optimally(state, clusters, options.shape_aware, goal=options.planner,
-                           compiled=options.compiled, declined=options.declined)
+                           compiled=options.compiled, declined=options.declined, colouring=options.colouring)
