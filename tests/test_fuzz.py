@@ -52,7 +52,9 @@ def _tiny() -> GraphCase:
 TINY = _tiny()
 
 
-@settings(max_examples=examples(1500, deep=5000))
+# Under the ci profile hypothesis is derandomized: every run tries the same inputs, so CI's
+# counts keep what earlier runs found fixed, and new inputs come from the deep profile.
+@settings(max_examples=examples(600, deep=5000))
 @given(mutants())
 @example(Mutant("random bytes", b"\x00\xff" * 40))
 @example(Mutant("empty graph", b""))
@@ -68,7 +70,7 @@ def test_garbage_options_get_only_the_products_error_from_the_api(case, options)
     check_api_boundary(Mutant("unchanged", case.graph_def.SerializeToString()), **options)
 
 
-@settings(max_examples=examples(400, deep=2000))
+@settings(max_examples=examples(200, deep=2000))
 @given(mutants())
 def test_mutated_graph_files_get_one_line_from_the_cli(mutant):
     with tempfile.TemporaryDirectory() as directory:
@@ -83,7 +85,7 @@ _CLI_FLAGS = ("--target", "--lists", "--fetch", "--exclude", "--deny", "--allow"
               "--lists-file", "--report")
 
 
-@settings(max_examples=examples(300, deep=1000))
+@settings(max_examples=examples(150, deep=1000))
 @given(SMALL, st.lists(st.tuples(st.sampled_from(_CLI_FLAGS), _CLI_VALUES), max_size=3))
 @example(TINY, [("--lists-file", "\x1e")])  # not a line break for a terminal: one line
 @example(TINY, [("--lists-file", "a\nb")])  # found a two-line message (fixed)

@@ -4,6 +4,7 @@ structures.  Each test reproduces the defect the adversarial review found."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -141,33 +142,42 @@ def test_a_call_chain_within_the_limit_is_rewritten():
     assert result.report["nodes"]["mm"]["op"] == "MatMul"
 
 
+#: A child process that runs ``amp-rewrite`` (``cli.main``) on each argument list of its JSON
+#: argument and prints ``[[exit code, stderr], ...]``.
+_CLI_CASES = """
+import contextlib, io, json, sys
+from amp_rewrite.cli import main
+results = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(argv)
+    results.append([code, err.getvalue()])
+print(json.dumps(results))
+"""
+
+
 def test_cli_does_not_crash_on_a_recursive_library(tmp_path):
     """The optimal planner used to hand this graph to TensorFlow's shape inference, which
     overflowed the C++ stack: exit 139 and nothing printed.  Run in a child process, as a
-    crash would take pytest down with it."""
-    src = tmp_path / "rec.pb"
+    crash would take pytest down with it (one for every case: a process costs TensorFlow's
+    import); ``explain`` with the min-casts planner refuses a mutually recursive one too."""
+    src, mutual = tmp_path / "rec.pb", tmp_path / "mutual.pb"
     src.write_bytes(_recursive().SerializeToString())
-    for extra in (["--lists", "optimal"], ["--planner", "min-casts"]):
-        proc = subprocess.run(
-            [sys.executable, "-m", "amp_rewrite.cli", "rewrite", str(src), str(tmp_path / "o.pb"),
-             "--target", "gpu:8.0", *extra],
-            capture_output=True, text=True, timeout=300,
-            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-        assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])
-        assert "recursive" in proc.stderr
-        assert "Traceback" not in proc.stderr
-        assert not (tmp_path / "o.pb").exists()
-
-
-def test_explain_min_casts_refuses_a_recursive_library(tmp_path):
-    src = tmp_path / "rec.pb"
-    src.write_bytes(_mutual().SerializeToString())
-    proc = subprocess.run(
-        [sys.executable, "-m", "amp_rewrite.cli", "explain", str(src), "mm", "--target", "gpu:8.0",
-         "--planner", "min-casts"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])
-    assert "recursive" in proc.stderr
+    mutual.write_bytes(_mutual().SerializeToString())
+    cases = [["rewrite", str(src), str(tmp_path / "o.pb"), "--target", "gpu:8.0", *extra]
+             for extra in (["--lists", "optimal"], ["--planner", "min-casts"])]
+    cases.append(["explain", str(mutual), "mm", "--target", "gpu:8.0", "--planner", "min-casts"])
+    proc = subprocess.run([sys.executable, "-c", _CLI_CASES, json.dumps(cases)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(results) == len(cases)
+    for code, stderr in results:
+        assert code == 1, stderr[-2000:]
+        assert "recursive" in stderr
+        assert "Traceback" not in stderr
+    assert not (tmp_path / "o.pb").exists()
 
 
 # ----------------------------------------------------------------------------------- F2
@@ -341,30 +351,52 @@ def test_the_callers_function_library_is_never_modified(lists):
 # ----------------------------------------------------------------------------------- F9
 
 
-@pytest.mark.parametrize("depth", [109, 150, 1000])
-@pytest.mark.parametrize("suffix", ["pb", "pbtxt"])
-def test_text_graph_nesting_func_attrs_deeply_is_a_format_error(tmp_path, depth, suffix):
-    """a) ``func`` attrs nested 109 deep or more in a text GraphDef: a RecursionError, or
-    (109-999) a DecodeError traceback when written as text, or a binary output that nothing
-    can read back."""
+_DEPTHS = (109, 150, 1000)
+
+
+def _deeply_nested_text(depth: int) -> str:
+    """A text GraphDef whose ``func`` attr nests ``depth`` deep."""
     text = 'node { name: "x" op: "Placeholder" attr { key: "dtype" value { type: DT_FLOAT } } }\n'
     text += ('node { name: "n" op: "PartitionedCall" input: "x" '
              'attr { key: "Tin" value { list { type: DT_FLOAT } } } '
              'attr { key: "Tout" value { list { type: DT_FLOAT } } } attr { key: "f" value { ')
     text += 'func { name: "f" attr { key: "a" value { ' * depth
-    text += "} } } " * depth + "} } }"
+    return text + "} } } " * depth + "} } }"
+
+
+@pytest.mark.parametrize("depth", _DEPTHS)
+def test_text_graph_nesting_func_attrs_deeply_is_a_format_error(tmp_path, depth):
+    """a) ``func`` attrs nested 109 deep or more in a text GraphDef: a RecursionError, or
+    (109-999) a DecodeError traceback when written as text, or a binary output that nothing
+    can read back."""
     path = tmp_path / "deep.pbtxt"
-    path.write_text(text)
+    path.write_text(_deeply_nested_text(depth))
     with pytest.raises(GraphFormatError, match="nested too deeply"):
         amp_rewrite.load_graph_def(path)
-    out = tmp_path / f"o.{suffix}"
-    proc = subprocess.run([sys.executable, "-m", "amp_rewrite.cli", "rewrite", str(path), str(out),
-                           "--target", "gpu:8.0"],
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert "nested too deeply" in proc.stderr
-    assert not out.exists()
+
+
+def test_the_cli_refuses_deeply_nested_text_graphs_in_one_line(tmp_path):
+    """The same inputs through ``amp-rewrite rewrite``, written as binary and as text: exit 1,
+    one line, no traceback, no output file.  In a child process (a crash of TensorFlow's
+    parser would take pytest down with it), which runs every case: a process costs
+    TensorFlow's import."""
+    cases, outputs = [], []
+    for depth in _DEPTHS:
+        path = tmp_path / f"deep{depth}.pbtxt"
+        path.write_text(_deeply_nested_text(depth))
+        for suffix in ("pb", "pbtxt"):
+            out = tmp_path / f"o{depth}.{suffix}"
+            cases.append(["rewrite", str(path), str(out), "--target", "gpu:8.0"])
+            outputs.append(out)
+    proc = subprocess.run([sys.executable, "-c", _CLI_CASES, json.dumps(cases)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(results) == len(cases)
+    for (code, stderr), out in zip(results, outputs):
+        assert code == 1 and "Traceback" not in stderr, (out.name, stderr[-2000:])
+        assert "nested too deeply" in stderr, out.name
+        assert not out.exists()
 
 
 def test_list_file_nesting_arrays_deeply_is_a_list_error(tmp_path):
