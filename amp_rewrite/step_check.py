@@ -56,6 +56,19 @@ def device_costs(target: Target, precision: Precision | str,
     return costs_of
 
 
+def _trial_copy(g: nx.MultiDiGraph) -> nx.MultiDiGraph:
+    """A copy of ``g`` that :func:`~amp_rewrite.rewrite.apply_plan` may change without touching
+    ``g``: its structure, and each node's attributes with their containers copied one level
+    down (the rewrite edits a node's type dict in place, and replaces other values).  A
+    quarter of a deep copy's time on a ResNet50 training step.  Pure."""
+    trial = g.copy()  # new attribute dicts for the graph, every node and every edge
+    for data in trial._node.values():  # noqa: SLF001  (networkx's node store, as the IR reads it)
+        for key, value in data.items():
+            if isinstance(value, (dict, set, list)):
+                data[key] = copy.copy(value)
+    return trial
+
+
 def check_plans(g: nx.MultiDiGraph, plans: Mapping[str, Plan], target: Target, registry: OpRegistry, *,
                 compiled: bool, fold_casts: bool) -> StepCheck:
     """The whole-step check of candidate ``plans`` (colouring -> a plan ``decide`` made for
@@ -68,8 +81,7 @@ def check_plans(g: nx.MultiDiGraph, plans: Mapping[str, Plan], target: Target, r
     given = estimate_graph(g, costs_of, registry, compiled=compiled)
     rewritten = {}
     for name, plan in plans.items():
-        # A deep copy: the rewrite changes the nodes' type dicts in place.
-        trial = copy.deepcopy(g)
+        trial = _trial_copy(g)
         apply_plan(trial, plan, fold_casts=fold_casts)
         rewritten[name] = estimate_graph(trial, costs_of, registry, compiled=compiled).total_ns / 1e3
     classes = sorted({costs_of(device).name for _, device in g.nodes(data="device", default="")})
