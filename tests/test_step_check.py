@@ -79,6 +79,35 @@ def test_a_kept_plan_records_the_estimates_of_both_graphs(compiled):
         jsonschema.validate(bad, {**SCHEMA, "$ref": "#/$defs/core"})
 
 
+def test_check_plans_reads_the_graph_and_changes_nothing():
+    """Every candidate is carried out on a trial copy: the graph's nodes, edges and graph
+    attributes are as they were, down to the type dicts the rewrite edits in place."""
+    import copy
+
+    from amp_rewrite.plan import optimal
+    from amp_rewrite.plan.decisions import DecideOptions
+    from amp_rewrite.plan.painter import decide
+    from amp_rewrite.step_check import check_plans
+
+    registry = api.default_registry()
+    g = api._import(_mlp(), registry, "all", True, None).graph
+    tgt, precision, _, op_lists, _ = api._target_and_lists(TARGET, "float16", "optimal", None, None, None, None,
+                                                           False)
+    options = DecideOptions(planner="optimal", compiled=True, preserve=frozenset({"y"}))
+    plans = {colouring: decide(g, op_lists, tgt, precision, registry, DecideOptions(**{**options.__dict__,
+                                                                                      "colouring": colouring}),
+                               optimal.min_cut_placement)
+             for colouring in ("min-cut", "greedy")}
+
+    def state():
+        return copy.deepcopy((dict(g.nodes(data=True)), sorted(g.edges(keys=True, data=True), key=repr), g.graph))
+
+    before = state()
+    check = check_plans(g, plans, tgt, registry, compiled=True, fold_casts=True)
+    assert all(plan.convert for plan in plans.values()) and check.kept
+    assert state() == before
+
+
 def test_the_check_leaves_the_graph_it_prices_as_it_was(monkeypatch):
     """The plan is carried out on a copy: the rewrite the caller gets is the one made without
     any check."""
