@@ -639,6 +639,8 @@ class _Stage:
             log.debug("%s: optimal plan declined: %s", g.graph.get("name") or "the graph", check.reason())
             plan = decide(g, self.lists, self.target, self.precision, self.registry,
                           dataclasses.replace(options, declined=check.reason()), self.placement)
+        # Deciding the same graph again with the same planner places it again.
+        assert plan.placement is not None
         return dataclasses.replace(plan, placement=dataclasses.replace(plan.placement, step_check=check))
 
 

@@ -79,7 +79,7 @@ def check_plans(g: nx.MultiDiGraph, plans: Mapping[str, Plan], target: Target, r
     precision = next(iter(plans.values())).precision
     costs_of = device_costs(target, precision)
     given = estimate_graph(g, costs_of, registry, compiled=compiled)
-    rewritten = {}
+    rewritten: dict[str, float] = {}
     for name, plan in plans.items():
         trial = _trial_copy(g)
         apply_plan(trial, plan, fold_casts=fold_casts)

@@ -79,6 +79,35 @@ def test_a_kept_plan_records_the_estimates_of_both_graphs(compiled):
         jsonschema.validate(bad, {**SCHEMA, "$ref": "#/$defs/core"})
 
 
+def test_the_greedy_candidate_keeps_what_feeds_a_fragile_normalization_float32():
+    """The greedy colouring the check weighs is the optimal profile's, safety rules included:
+    the convolution feeding a batch norm of two values stays float32 (TensorFlow's greedy
+    passes convert it), while the ReLU and convolution after it convert as the passes paint
+    them."""
+    from test_optimal import _fragile_graph
+
+    from amp_rewrite.plan import optimal
+    from amp_rewrite.plan.decisions import DecideOptions
+    from amp_rewrite.plan.painter import decide
+
+    gd = _fragile_graph(2)
+    registry = api.default_registry()
+    g = api._import(gd, registry, "all", True, None).graph
+    tgt, precision, _, op_lists, _ = api._target_and_lists(TARGET, "float16", "optimal", None, None, None, None,
+                                                           False)
+    plan = decide(g, op_lists, tgt, precision, registry,
+                  DecideOptions(planner="optimal", compiled=True, colouring="greedy", normalization_aware=True,
+                                moments_float32=True, preserve=frozenset({"out"})),
+                  optimal.min_cut_placement)
+    converted = {name for name, _ in plan.convert}
+    assert plan.placement.colouring == "greedy"
+    assert "conv0" not in converted and "upstream of normalization" in plan.nodes["conv0"].reason
+    assert "conv1" in converted
+    tf_pass = amp_rewrite.rewrite_graph_def(gd, target=TARGET, precision="float16", lists="tensorflow",
+                                            fetches=["out"], use_env=False)
+    assert tf_pass.report["nodes"]["conv0"]["dtype"] == "float16"
+
+
 def test_check_plans_reads_the_graph_and_changes_nothing():
     """Every candidate is carried out on a trial copy: the graph's nodes, edges and graph
     attributes are as they were, down to the type dicts the rewrite edits in place."""
@@ -126,6 +155,8 @@ def test_a_plan_the_step_estimate_finds_slower_keeps_the_graph_float32(monkeypat
     result = _optimal(item.graph_def, item.fetches)
     checks = _checks(result.report)
     assert checks and not any(c["kept"] for c in checks)
+    sections = [result.report, *result.report["functions"].values()]
+    assert {s["placement"]["colouring"] for s in sections if "step_check" in s.get("placement", {})} == {"float32"}
     assert result.report["converted_nodes"] == 0 and result.report["casts_to_low"] == 0
     nodes = [*result.report["nodes"].values(), *(n for f in result.report["functions"].values()
                                                   for n in f["nodes"].values())]
@@ -142,6 +173,7 @@ def test_a_plan_the_step_estimate_finds_slower_keeps_the_graph_float32(monkeypat
     assert est[1] > est[0] * (1 - MIN_ESTIMATED_GAIN)
 
 
+@pytest.mark.slow
 def test_under_xla_the_greedy_colouring_is_taken_where_the_step_estimate_finds_it_faster(monkeypatch):
     """The corpus's ResNet50 training step under XLA: the cut keeps some element-wise ops
     float32 to save Casts, which the whole step (where those Casts fuse) finds slower than the
@@ -150,7 +182,7 @@ def test_under_xla_the_greedy_colouring_is_taken_where_the_step_estimate_finds_i
     item = corpus.build("resnet50/training")
     result = _optimal(item.graph_def, item.fetches)
     (check,) = _checks(result.report)
-    assert check["chosen"] == "greedy" and check["kept"]
+    assert check["chosen"] == "greedy" and check["kept"] and result.report["placement"]["colouring"] == "greedy"
     assert check["rewritten_us"]["greedy"] < check["rewritten_us"]["min-cut"] < check["given_us"]
     est = amp_rewrite.estimate_step_time(result.graph_def, target=TARGET, compiled=True).total_ns / 1e3
     assert est == pytest.approx(check["rewritten_us"]["greedy"], abs=0.1)

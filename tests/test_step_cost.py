@@ -87,6 +87,25 @@ def test_without_xla_the_affine_ops_grappler_folds_into_frozen_weights_cost_noth
     assert xla[0].kernels == xla[1].kernels == 4
 
 
+def test_a_swish_is_one_fused_kernel_on_a_cpu_class_that_measured_it_and_three_on_a_gpu():
+    """Grappler's swish fusion is oneDNN's: on the x86 bfloat16 classes ``x * sigmoid(x)`` is
+    one kernel, priced as the fused kernel, as the planner prices it; a GPU runs the Sigmoid
+    and the Mul apart."""
+
+    def build() -> None:
+        x = v1.placeholder(tf.float32, [8, 28, 28, 64], name="x")
+        w = v1.placeholder(tf.float32, [1, 1, 64, 64], name="w")
+        c = tf.nn.conv2d(x, w, 1, "SAME", name="conv")
+        tf.identity(tf.multiply(c, tf.math.sigmoid(c, name="sigmoid"), name="swish"), name="y")
+
+    gd = graph_def(build)
+    cpu = amp_rewrite.estimate_step_time(gd, target="cpu", precision="bfloat16")
+    gpu = amp_rewrite.estimate_step_time(gd, target=TARGET)
+    assert (cpu.kernels, gpu.kernels) == (2, 3)
+    swish = node_cost("_Swish", [(8, 28, 28, 64)], [(8, 28, 28, 64)], 2, DEVICE_COSTS["cpu-amx-bf16"])
+    assert cpu.elementwise_ns == pytest.approx(swish.high)
+
+
 def test_a_graph_built_in_mixed_precision_is_priced_as_it_is():
     """A graph whose ops were built in float16 (as Keras's ``mixed_float16`` builds them) is
     priced in float16 without any rewrite: the same dense time as our rewrite of the float32

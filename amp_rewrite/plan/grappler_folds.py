@@ -4,8 +4,8 @@ norm's scale and shift into the weights and a bias, and the remapper fuses the b
 activation after it), and a swish fused into one kernel.
 
 The planner (:mod:`.optimal`) and the whole-step estimate (:mod:`.step_cost`) both read these,
-so that the step estimate, which checks the planner's plans, prices the graph the planner
-priced.  Pure functions of a graph's ops and data inputs; they change nothing.
+so that without XLA the step estimate, which checks the planner's plans, prices the graph the
+planner priced (under XLA the estimate prices XLA's own fusion instead).  Pure functions of a graph's ops and data inputs; they change nothing.
 """
 
 from __future__ import annotations
@@ -77,8 +77,9 @@ def is_folded(g: nx.MultiDiGraph, ops: Mapping[str, str], inputs: Inputs, name: 
 
 
 #: The fused swish kernel's name in a device class's element-wise table
-#: (:attr:`~amp_rewrite.plan.cost_model.DeviceCosts.elementwise`): a class that lists it runs
-#: Grappler's swish fusion, which is oneDNN's (``_MklSwish``), so CPUs only.
+#: (:attr:`~amp_rewrite.plan.cost_model.DeviceCosts.elementwise`): a class that lists it (the
+#: x86 bfloat16 classes, where it was measured) runs Grappler's swish fusion, which is
+#: oneDNN's (``_MklSwish``): never a GPU.
 FUSED_SWISH = "_Swish"
 
 

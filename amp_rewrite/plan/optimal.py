@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import networkx as nx
 
@@ -78,6 +78,10 @@ class PlacementSummary:
     #: through vertices that do).
     fragile_normalizations: int = 0
     upstream_float32: int = 0
+    #: The colouring taken: the cut's (``"min-cut"``), the greedy passes' (``"greedy"``, the
+    #: whole-step check's other candidate), or ``"float32"`` (the check declined the plan).
+    #: The ``optimal`` estimate, ``to_low`` and ``to_high`` are of this colouring.
+    colouring: str = "min-cut"
     #: The API's whole-step check of the plan (:class:`~amp_rewrite.plan.step_cost.StepCheck`),
     #: added after the cut (``None`` before, and for plans it did not check).
     step_check: StepCheck | None = None
@@ -97,7 +101,8 @@ class PlacementSummary:
             "to_low": self.to_low,
             "to_high": self.to_high,
             "misaligned": {k: list(v) for k, v in sorted(self.misaligned.items())},
-            **({"step_check": self.step_check.as_dict()} if self.step_check is not None else {}),
+            **({"colouring": self.colouring, "step_check": self.step_check.as_dict()}
+               if self.step_check is not None else {}),
         }
 
 
@@ -474,7 +479,7 @@ def _apply(p: PaintingState, low: list[bool], greedy: set[int], fixed: list[int]
 
 def place_optimally(p: PaintingState, clusters: list[list[str]], shape_aware: bool,
                     goal: str = "optimal", compiled: bool = False, declined: str | None = None,
-                    colouring: str = "min-cut") -> PlacementSummary:
+                    colouring: Literal["min-cut", "greedy"] = "min-cut") -> PlacementSummary:
     """Replace the greedy colouring of ``p``'s free vertices by an optimal one.  Mutates ``p``.
 
     ``goal="optimal"`` minimizes the estimated time (allow-list ops may stay float32
@@ -502,15 +507,21 @@ def place_optimally(p: PaintingState, clusters: list[list[str]], shape_aware: bo
     problem = PlacementProblem(fixed, cost_high, cost_low, tensors)
     before = [v in greedy for v in range(n)]
     take_greedy = colouring == "greedy" and not min_casts
-    # The greedy colouring of the free vertices, the rest fixed as the cut would have it.
-    low = [f == LOW or (f == FREE and v in greedy) for v, f in enumerate(fixed)] if take_greedy else solve(problem)
     guarded = below_margin = False
-    if not min_casts and not take_greedy:
+    if declined is not None:
+        # Declined by the whole-step check: float32, whatever a cut would say (none is solved).
+        low = [False] * n
+    elif take_greedy:
+        # The greedy colouring of the free vertices, the rest fixed as the cut would have it.
+        low = [f == LOW or (f == FREE and v in greedy) for v, f in enumerate(fixed)]
+    else:
+        low = solve(problem)
+    if not min_casts and not take_greedy and declined is None:
         guarded_low = _guard(problem, low, before, cast_bytes, fixed, p.v_cat)
         guarded = guarded_low is not low
         low = guarded_low
-        below_margin = declined is None and _below_margin(problem, low)
-    if declined is not None or below_margin:
+        below_margin = _below_margin(problem, low)
+    if below_margin:
         low = [False] * n
     summary_costs = (objective(problem, [False] * n), objective(problem, before), objective(problem, low))
     to_low, to_high = _apply(p, low, greedy, fixed, freedom, below_margin, (cost_high, cost_low), pricing,
@@ -519,6 +530,7 @@ def place_optimally(p: PaintingState, clusters: list[list[str]], shape_aware: bo
         summary_costs[0] / 1e3, summary_costs[1] / 1e3, summary_costs[2] / 1e3,
         sum(freedom.free), to_low, to_high, misaligned, problem, tuple(low), goal, guarded, below_margin,
         len(freedom.fragile_norms), len(freedom.held),
+        colouring="float32" if declined is not None else "greedy" if take_greedy else "min-cut",
     )
     _log_summary(p, summary, misaligned)
     return summary
