@@ -162,7 +162,7 @@ def _is_low_cast(dtypes: Mapping[str, int | tuple[int, ...]]) -> bool:
     return dt.FLOAT in pair and bool(pair & _LOW)
 
 
-def _folded(g: nx.MultiDiGraph, registry: OpRegistry, costs_of: Callable[[str], DeviceCosts],
+def _folded(g: nx.MultiDiGraph, order: list[str], registry: OpRegistry, costs_of: Callable[[str], DeviceCosts],
             compiled: bool) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
     """What never runs as its own kernel once ``g`` is loaded: ``(constants, gone, swishes)``.
     ``constants``: :func:`~amp_rewrite.plan.cost_model.constant_nodes` (a frozen graph's
@@ -170,8 +170,8 @@ def _folded(g: nx.MultiDiGraph, registry: OpRegistry, costs_of: Callable[[str], 
     it fuses, which the estimate prices itself), the element-wise ops Grappler folds into a
     frozen dense op and the Muls of a swish it fuses (:mod:`~amp_rewrite.plan.grappler_folds`,
     as the planner prices them).  ``swishes``: the Sigmoids that then run as one fused swish
-    kernel, on a device (``costs_of``, by device string) that has the fusion.  Pure."""
-    order = ordered_nodes(g)
+    kernel, on a device (``costs_of``, by device string) that has the fusion.  ``order``: ``g``'s
+    nodes in order.  Pure."""
     ops = {n: g.nodes[n]["op"] for n in order}
     inputs = {n: data_inputs(g, n) for n in order}
     consts = constant_nodes(order, ops, inputs, registry)
@@ -201,15 +201,15 @@ KERNEL_BOUNDARY_OPS = frozenset({
 })
 
 
-def _stages(g: nx.MultiDiGraph) -> dict[str, int]:
+def _stages(g: nx.MultiDiGraph, order: list[str]) -> dict[str, int]:
     """Under XLA, which kernel "stage" each node falls in: the most dense ops and kernel
     boundaries (:data:`KERNEL_BOUNDARY_OPS`) on a path to it.  Element-wise ops of one stage can
     share a fusion; a tensor read in a later stage must be in memory (an activation saved for
-    the backward pass, a value used after a reduction of it).  Assumes producers come before
-    consumers in node order (an input not seen yet -- a loop's back edge -- counts as stage
-    0).  Pure."""
+    the backward pass, a value used after a reduction of it).  ``order``: ``g``'s nodes in
+    node order; assumes producers come before consumers in it (an input not seen yet -- a
+    loop's back edge -- counts as stage 0).  Pure."""
     stage: dict[str, int] = {}
-    for name in ordered_nodes(g):
+    for name in order:
         s = 0
         for src, _ in data_inputs(g, name):
             op = g.nodes[src]["op"]
@@ -260,13 +260,14 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
     Needs ``g.graph["shapes"]`` (unknown shapes count as the cost model's defaults); function
     calls are priced as free here -- their bodies are separate graphs (:func:`estimate_graphs`).
     Pure."""
-    shapes = _with_inserted_casts(g, g.graph.get("shapes") or {})
+    order = ordered_nodes(g)
+    shapes = _with_inserted_casts(g, order, g.graph.get("shapes") or {})
     signatures = g.graph.get("signatures") or {}
-    consts, folded, swishes = _folded(g, registry, costs_of, compiled)
-    stage = _stages(g) if compiled else {}
+    consts, folded, swishes = _folded(g, order, registry, costs_of, compiled)
+    stage = _stages(g, order) if compiled else {}
     ns = {"dense": 0.0, "elementwise": 0.0, "cast": 0.0, "overhead": 0.0}
     kernels = low_nodes = casts = 0
-    for name in ordered_nodes(g):
+    for name in order:
         node = g.nodes[name]
         op = node["op"]
         if not _priced(op, name, signatures, folded):
@@ -304,12 +305,13 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
     return StepEstimate(ns["dense"], ns["elementwise"], ns["cast"], ns["overhead"], kernels, low_nodes, casts)
 
 
-def _with_inserted_casts(g: nx.MultiDiGraph,
+def _with_inserted_casts(g: nx.MultiDiGraph, order: list[str],
                          shapes: Mapping[str, tuple[Shape, ...]]) -> Mapping[str, tuple[Shape, ...]]:
     """``shapes`` and the output shape of every ``Cast`` shape inference never saw (those the
-    rewrite inserted, when a rewritten graph is priced before export): its input's.  Pure."""
+    rewrite inserted, when a rewritten graph is priced before export): its input's, walking
+    ``g``'s nodes in ``order``.  Pure."""
     added: dict[str, tuple[Shape, ...]] = {}
-    for name in ordered_nodes(g):
+    for name in order:
         if g.nodes[name]["op"] == "Cast" and name not in shapes:
             ins = data_inputs(g, name)
             if ins:
