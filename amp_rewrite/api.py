@@ -25,7 +25,7 @@ from typing import Any, Collection, Iterable, Iterator, Literal, Mapping, Sequen
 
 import networkx as nx
 
-from .plan.painter import DecideOptions, Placement, Plan, decide
+from .plan.painter import DecideOptions, Painting, Placement, Plan
 from .errors import AmpRewriteError, InvalidGraphError, ListError, TargetError
 from .plan.exclude import NameMatcher
 from .graph.io import export_graph_def, import_graph_def, loop_functions, parse_graph_def, reachable_functions
@@ -610,36 +610,42 @@ class _Stage:
 
         The optimal planner's plan is checked on the whole step (:meth:`_checked`)."""
         t1 = time.perf_counter()
-        plan = decide(g, self.lists, self.target, self.precision, self.registry, options, self.placement)
-        if plan.placement is not None and plan.placement.objective == "optimal" and plan.convert:
-            plan = self._checked(g, plan, options)
+        painting = Painting(g, self.lists, self.target, self.precision, self.registry, options, self.placement)
+        plan = painting.plan()
+        if plan.placement is not None and plan.placement.objective == "optimal" and (plan.convert or options.compiled):
+            plan = self._checked(g, painting, plan, options)
         t2 = time.perf_counter()
         self.timings["decide"] += t2 - t1
         stats = apply_plan(g, plan, fold_casts=self.fold_casts)
         self.timings["rewrite"] += time.perf_counter() - t2
         return plan, stats
 
-    def _checked(self, g: nx.MultiDiGraph, plan: Plan, options: DecideOptions) -> Plan:
-        """The optimal planner's ``plan`` for ``g``, checked on the whole step
-        (:mod:`amp_rewrite.step_check`): under XLA the faster of it and the greedy colouring,
-        kept only where its step estimate is :data:`~amp_rewrite.plan.optimal.MIN_ESTIMATED_GAIN`
-        below ``g``'s; else ``g`` decided again with the plan declined (float32, with that
-        reason).  The check is recorded in the plan's placement.  Reads ``g``."""
-        candidates = {"min-cut": plan}
+    def _checked(self, g: nx.MultiDiGraph, painting: Painting, plan: Plan, options: DecideOptions) -> Plan:
+        """The optimal planner's ``plan`` for ``g`` (the min-cut colouring of ``painting``),
+        checked on the whole step (:mod:`amp_rewrite.step_check`).
+
+        The candidates: the cut's plan where it converts anything, and under XLA the greedy
+        colouring where it converts something else.  The fastest candidate is taken if its
+        step estimate is :data:`~amp_rewrite.plan.optimal.MIN_ESTIMATED_GAIN` below ``g``'s;
+        else the cut's plan is declined (float32, with the check's reason), or, where the cut
+        itself converts nothing, stands with its own reasons.  The check, if any candidate
+        was priced, is recorded in the plan's placement.  Reads ``g``; colours ``painting``
+        again."""
+        candidates = {"min-cut": plan} if plan.convert else {}
         if options.compiled:
-            greedy = decide(g, self.lists, self.target, self.precision, self.registry,
-                            dataclasses.replace(options, colouring="greedy"), self.placement)
-            if greedy.convert != plan.convert:
+            greedy = painting.plan(colouring="greedy")
+            if greedy.convert and greedy.convert != plan.convert:
                 candidates["greedy"] = greedy
+        if not candidates:
+            return plan
         check = check_plans(g, candidates, self.target, self.registry, compiled=options.compiled,
                             fold_casts=self.fold_casts)
         if check.kept:
             plan = candidates[check.best]
-        else:
+        elif plan.convert:
             log.debug("%s: optimal plan declined: %s", g.graph.get("name") or "the graph", check.reason())
-            plan = decide(g, self.lists, self.target, self.precision, self.registry,
-                          dataclasses.replace(options, declined=check.reason()), self.placement)
-        # Deciding the same graph again with the same planner places it again.
+            plan = painting.plan(declined=check.reason())
+        # Every colouring of a painting that placed its graph is placed.
         assert plan.placement is not None
         return dataclasses.replace(plan, placement=dataclasses.replace(plan.placement, step_check=check))
 

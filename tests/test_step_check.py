@@ -212,10 +212,78 @@ def test_a_forced_rewrite_is_not_checked():
     assert result.report["converted_nodes"] > 0 and not _checks(result.report)
 
 
-def test_an_unchanged_graph_is_not_priced(monkeypatch):
-    """A plan that converts nothing has nothing to check (and no copy of the graph is made)."""
+def test_an_unchanged_graph_is_not_priced_without_xla(monkeypatch):
+    """Without XLA a plan that converts nothing has nothing to check (and no copy of the graph
+    is made)."""
     calls = []
     monkeypatch.setattr(api, "check_plans", lambda *args, **kwargs: calls.append(args))
-    result = _optimal(_mlp(64), ["y"])
+    result = _optimal(_mlp(64), ["y"], compiled=False)
     assert result.report["converted_nodes"] == 0 and not calls
     assert np.isfinite(result.report["placement"]["estimated_us"]["float32"])
+    assert "step_check" not in result.report["placement"]
+
+
+def test_under_xla_the_greedy_colouring_is_priced_where_the_cut_converts_nothing():
+    """Tiny MatMuls under XLA: the cut keeps them float32, and the greedy passes' colouring,
+    priced on the whole step, is slower than the graph as given, so the cut's plan stands,
+    with its own reasons; the check is recorded."""
+    result = _optimal(_mlp(64), ["y"])
+    placement = result.report["placement"]
+    assert result.report["converted_nodes"] == 0
+    check = placement["step_check"]
+    assert set(check["rewritten_us"]) == {"greedy"} and not check["kept"] and check["chosen"] == "given"
+    assert check["rewritten_us"]["greedy"] > check["given_us"] * (1 - MIN_ESTIMATED_GAIN)
+    assert placement["colouring"] == "min-cut"
+    assert "step estimate" not in result.report["nodes"]["mm0"]["reason"]
+    jsonschema.validate(result.report, {**SCHEMA, "$ref": "#/$defs/core"})
+
+
+def test_under_xla_the_greedy_colouring_is_taken_where_the_cut_converts_nothing(monkeypatch):
+    """Where the step estimate finds the greedy colouring faster, it is taken even though
+    the cut converts nothing: the graph is rewritten as the greedy passes paint it."""
+    def greedy_wins(g, plans, *args, **kwargs):
+        assert set(plans) == {"greedy"} and plans["greedy"].convert
+        return StepCheck(100.0, {"greedy": 50.0}, MIN_ESTIMATED_GAIN, "gpu-ampere")
+
+    monkeypatch.setattr(api, "check_plans", greedy_wins)
+    result = _optimal(_mlp(64), ["y"])
+    assert result.report["placement"]["colouring"] == "greedy"
+    assert result.report["placement"]["step_check"]["chosen"] == "greedy"
+    assert result.report["nodes"]["mm0"]["dtype"] == "float16" and result.report["nodes"]["mm1"]["dtype"] == "float16"
+
+
+def test_every_colouring_of_one_painting_is_the_plan_decide_makes():
+    """The whole-step check paints a graph once and colours it two or three times
+    (:class:`~amp_rewrite.plan.painter.Painting`): each colouring, in any order, is the plan
+    a fresh :func:`~amp_rewrite.plan.painter.decide` makes with the same options, down to
+    every attribute's reason, the existing Casts matched after the placement, and the
+    placement's summary."""
+    import dataclasses
+
+    from amp_rewrite.plan import optimal
+    from amp_rewrite.plan.decisions import DecideOptions
+    from amp_rewrite.plan.painter import Painting, decide, iter_vertices
+
+    registry = api.default_registry()
+    tgt, precision, _, op_lists, _ = api._target_and_lists(TARGET, "float16", "optimal", None, None, None, None,
+                                                           False)
+
+    def facts(plan):
+        return (plan.convert, sorted(plan.allow), list(iter_vertices(plan)), dict(plan.renames),
+                plan.placement.as_dict(), plan.placement.solution)
+
+    for name in ("while_v1", "rnn/training"):
+        item = corpus.build(name)
+        g = api._import(item.graph_def, registry, "all", True, None).graph
+        options = DecideOptions(planner="optimal", compiled=True, normalization_aware=True, moments_float32=True,
+                                preserve=frozenset(item.fetches))
+        painting = Painting(g, op_lists, tgt, precision, registry, options, optimal.min_cut_placement)
+        asks = [("greedy", None), (None, "declined for the test"), (None, None), ("greedy", None), (None, None)]
+        made = [painting.plan(colouring, declined) for colouring, declined in asks]
+        for (colouring, declined), plan in zip(asks, made):
+            fresh = decide(g, op_lists, tgt, precision, registry,
+                           dataclasses.replace(options, colouring=colouring or "min-cut", declined=declined),
+                           optimal.min_cut_placement)
+            assert facts(plan) == facts(fresh), (name, colouring, declined)
+        # The colourings differ, so the equalities above compare different plans.
+        assert made[0].convert != made[2].convert and not made[1].convert

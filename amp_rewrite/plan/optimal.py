@@ -477,6 +477,82 @@ def _apply(p: PaintingState, low: list[bool], greedy: set[int], fixed: list[int]
     return to_low, to_high
 
 
+@dataclass(frozen=True)
+class _Prepared:
+    """What every colouring of one painting shares: the paint the greedy passes left
+    (``greedy``), the free vertices and fixed colours, the prices and the problem the cut
+    solves.  Depends only on the paint before the placement, which the painter restores
+    before each colouring (:class:`amp_rewrite.plan.painter.Painting`).  Read-only."""
+
+    min_casts: bool
+    greedy: frozenset[int]
+    freedom: _Freedom
+    fixed: list[int]
+    pricing: _Pricing
+    unary: tuple[list[float], list[float]]
+    misaligned: dict[str, tuple[int, ...]]
+    cast_bytes: Any
+    problem: PlacementProblem
+    before: list[bool]
+
+
+def _prepare(p: PaintingState, clusters: list[list[str]], shape_aware: bool, goal: str,
+             compiled: bool) -> _Prepared:
+    """The placement problem of painted ``p`` (see :func:`place_optimally`).  Reads ``p`` only."""
+    min_casts = goal == "min-casts"
+    n = len(p.tg)
+    greedy = set(p.allow)
+    freedom = _find_freedom(p, clusters, greedy, min_casts)
+    fixed = _fixed_colours(p, freedom, greedy, min_casts)
+    pricing = _Pricing(p)
+    if min_casts:
+        # Only Cast bytes count: no node is priced.
+        cost_high, cost_low, misaligned, consts = [0.0] * n, [0.0] * n, {}, None
+    else:
+        cost_high, cost_low, misaligned, consts = _unary_costs(p, freedom.free, pricing, shape_aware, compiled)
+    tensors, cast_bytes = _tensors(p, freedom, pricing, consts, min_casts, compiled)
+    problem = PlacementProblem(fixed, cost_high, cost_low, tensors)
+    return _Prepared(min_casts, frozenset(greedy), freedom, fixed, pricing, (cost_high, cost_low), misaligned,
+                     cast_bytes, problem, [v in greedy for v in range(n)])
+
+
+def _colour(p: PaintingState, prep: _Prepared, goal: str, declined: str | None,
+            colouring: Literal["min-cut", "greedy"]) -> PlacementSummary:
+    """Colour the free vertices of ``prep``'s problem as ``colouring`` and ``declined`` ask
+    (see :func:`place_optimally`) and make that ``p``'s paint.  Mutates ``p``'s paint."""
+    n = len(p.tg)
+    problem, fixed, greedy = prep.problem, prep.fixed, prep.greedy
+    take_greedy = colouring == "greedy" and not prep.min_casts
+    guarded = below_margin = False
+    if declined is not None:
+        # Declined by the whole-step check: float32, whatever a cut would say (none is solved).
+        low = [False] * n
+    elif take_greedy:
+        # The greedy colouring of the free vertices, the rest fixed as the cut would have it.
+        low = [f == LOW or (f == FREE and v in greedy) for v, f in enumerate(fixed)]
+    else:
+        low = solve(problem)
+    if not prep.min_casts and not take_greedy and declined is None:
+        guarded_low = _guard(problem, low, prep.before, prep.cast_bytes, fixed, p.v_cat)
+        guarded = guarded_low is not low
+        low = guarded_low
+        below_margin = _below_margin(problem, low)
+    if below_margin:
+        low = [False] * n
+    summary_costs = (objective(problem, [False] * n), objective(problem, prep.before), objective(problem, low))
+    to_low, to_high = _apply(p, low, greedy, fixed, prep.freedom, below_margin, prep.unary, prep.pricing,
+                             declined)
+    freedom = prep.freedom
+    summary = PlacementSummary(
+        summary_costs[0] / 1e3, summary_costs[1] / 1e3, summary_costs[2] / 1e3,
+        sum(freedom.free), to_low, to_high, prep.misaligned, problem, tuple(low), goal, guarded, below_margin,
+        len(freedom.fragile_norms), len(freedom.held),
+        colouring="float32" if declined is not None else "greedy" if take_greedy else "min-cut",
+    )
+    _log_summary(p, summary, prep.misaligned)
+    return summary
+
+
 def place_optimally(p: PaintingState, clusters: list[list[str]], shape_aware: bool,
                     goal: str = "optimal", compiled: bool = False, declined: str | None = None,
                     colouring: Literal["min-cut", "greedy"] = "min-cut") -> PlacementSummary:
@@ -492,48 +568,7 @@ def place_optimally(p: PaintingState, clusters: list[list[str]], shape_aware: bo
     greedy passes' colouring of the free vertices instead of the cut's (the whole-step check's
     other candidate), under the same safety rules.
     """
-    min_casts = goal == "min-casts"
-    n = len(p.tg)
-    greedy = set(p.allow)
-    freedom = _find_freedom(p, clusters, greedy, min_casts)
-    fixed = _fixed_colours(p, freedom, greedy, min_casts)
-    pricing = _Pricing(p)
-    if min_casts:
-        # Only Cast bytes count: no node is priced.
-        cost_high, cost_low, misaligned, consts = [0.0] * n, [0.0] * n, {}, None
-    else:
-        cost_high, cost_low, misaligned, consts = _unary_costs(p, freedom.free, pricing, shape_aware, compiled)
-    tensors, cast_bytes = _tensors(p, freedom, pricing, consts, min_casts, compiled)
-    problem = PlacementProblem(fixed, cost_high, cost_low, tensors)
-    before = [v in greedy for v in range(n)]
-    take_greedy = colouring == "greedy" and not min_casts
-    guarded = below_margin = False
-    if declined is not None:
-        # Declined by the whole-step check: float32, whatever a cut would say (none is solved).
-        low = [False] * n
-    elif take_greedy:
-        # The greedy colouring of the free vertices, the rest fixed as the cut would have it.
-        low = [f == LOW or (f == FREE and v in greedy) for v, f in enumerate(fixed)]
-    else:
-        low = solve(problem)
-    if not min_casts and not take_greedy and declined is None:
-        guarded_low = _guard(problem, low, before, cast_bytes, fixed, p.v_cat)
-        guarded = guarded_low is not low
-        low = guarded_low
-        below_margin = _below_margin(problem, low)
-    if below_margin:
-        low = [False] * n
-    summary_costs = (objective(problem, [False] * n), objective(problem, before), objective(problem, low))
-    to_low, to_high = _apply(p, low, greedy, fixed, freedom, below_margin, (cost_high, cost_low), pricing,
-                             declined)
-    summary = PlacementSummary(
-        summary_costs[0] / 1e3, summary_costs[1] / 1e3, summary_costs[2] / 1e3,
-        sum(freedom.free), to_low, to_high, misaligned, problem, tuple(low), goal, guarded, below_margin,
-        len(freedom.fragile_norms), len(freedom.held),
-        colouring="float32" if declined is not None else "greedy" if take_greedy else "min-cut",
-    )
-    _log_summary(p, summary, misaligned)
-    return summary
+    return _colour(p, _prepare(p, clusters, shape_aware, goal, compiled), goal, declined, colouring)
 
 
 def _log_summary(p: PaintingState, summary: PlacementSummary, misaligned: dict[str, tuple[int, ...]]) -> None:
@@ -548,6 +583,12 @@ def _log_summary(p: PaintingState, summary: PlacementSummary, misaligned: dict[s
 def min_cut_placement(state: PaintingState, clusters: list[list[str]], options: DecideOptions) -> PlacementSummary:
     """The :class:`~amp_rewrite.plan.painting.Placement` of the ``optimal`` and ``min-casts``
     planners: :func:`place_optimally` with the goal and knobs of ``options``.  Mutates
-    ``state``'s paint (see :func:`place_optimally`)."""
-    return place_optimally(state, clusters, options.shape_aware, goal=options.planner,
-                           compiled=options.compiled, declined=options.declined, colouring=options.colouring)
+    ``state``'s paint (see :func:`place_optimally`), and keeps the problem it builds in
+    ``state.placement_memo``, so that each further colouring of the same painting
+    (:class:`amp_rewrite.plan.painter.Painting`) only solves it."""
+    key = ("min-cut", options.planner, options.shape_aware, options.compiled)
+    prepared = state.placement_memo.get(key)
+    if prepared is None:
+        prepared = _prepare(state, clusters, options.shape_aware, options.planner, options.compiled)
+        state.placement_memo[key] = prepared
+    return _colour(state, prepared, options.planner, options.declined, options.colouring)

@@ -38,8 +38,9 @@ imports none.  The plan's types live in :mod:`.decisions` and are re-exported he
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Literal
 
 import networkx as nx
 
@@ -53,22 +54,22 @@ from .decisions import (AttrDecision, Color, DecideOptions, NodeDecision, NodeDe
 from .painting import PaintingState, Placement, _lists_of
 from .targets import Target
 
-__all__ = ["AttrDecision", "NodeDecision", "NodeDecisions", "Plan", "decide", "DecideOptions", "Placement",
-           "paint"]
+__all__ = ["AttrDecision", "NodeDecision", "NodeDecisions", "Plan", "decide", "DecideOptions", "Painting",
+           "Placement", "paint"]
 
 log = logging.getLogger(__name__)
 
 
-def paint(state: PaintingState, placement: Placement | None = None) -> None:
+def paint_passes(state: PaintingState) -> list[list[str]] | None:
     """Run TensorFlow's passes on a built ``state`` (:meth:`PaintingState.build`), in
-    TensorFlow's order, then ``placement`` where ``state.options.planner`` asks for a
-    cost-aware planner.  Mutates ``state`` (its paint), nothing else.  Raises
-    :class:`ValueError` when the options ask for a planner and none is given."""
+    TensorFlow's order, up to the clean-up pass.  Returns the float32 TensorList clusters a
+    placement needs, or ``None`` when pass 1 painted nothing (then no other pass, and no
+    placement, has anything to do).  Mutates ``state`` (its paint), nothing else."""
     clusters = passes.tensor_list_clusters(state)
     passes.tensor_list_edges(state, clusters)
     roots = passes.paint_allow(state)
     if not state.allow:
-        return
+        return None
     state.had_allow = True
     passes.propagate_deny(state)
     passes.tensor_list_match(state, clusters)
@@ -79,6 +80,14 @@ def paint(state: PaintingState, placement: Placement | None = None) -> None:
     passes.tensor_list_match(state, clusters)
     passes.recurrent_match(state)
     passes.existing_casts(state)
+    return clusters
+
+
+def place(state: PaintingState, clusters: list[list[str]], placement: Placement | None) -> None:
+    """Run ``placement`` on a state painted by :func:`paint_passes` where
+    ``state.options.planner`` asks for a cost-aware planner, then match existing Casts again.
+    Mutates ``state`` (its paint).  Raises :class:`~amp_rewrite.errors.RewriteError` when the
+    options ask for a planner and none is given."""
     options = state.options
     if options.planner in ("optimal", "min-casts") and not options.force_all:
         if placement is None:
@@ -87,6 +96,17 @@ def paint(state: PaintingState, placement: Placement | None = None) -> None:
         state.placement = placement(state, clusters, options)
         # The placement re-decided the float vertices: existing Casts follow their consumers.
         passes.existing_casts(state)
+
+
+def paint(state: PaintingState, placement: Placement | None = None) -> None:
+    """Run TensorFlow's passes on a built ``state`` (:meth:`PaintingState.build`), in
+    TensorFlow's order, then ``placement`` where ``state.options.planner`` asks for a
+    cost-aware planner.  Mutates ``state`` (its paint), nothing else.  Raises
+    :class:`~amp_rewrite.errors.RewriteError` when the options ask for a planner and none is
+    given."""
+    clusters = paint_passes(state)
+    if clusters is not None:
+        place(state, clusters, placement)
 
 
 def decide(
@@ -108,14 +128,62 @@ def decide(
     :class:`~amp_rewrite.errors.InvalidGraphError` when the graph is inconsistent with the
     op registry (wrong input count, missing type attribute, bad loop back edge).
     """
-    name = g.graph.get("name", "")
-    skip = target.skip_reason(precision)
-    if skip is not None:
-        return Plan(name, precision, dt.HALF if precision == "float16" else dt.BFLOAT16, skip)
-    state = PaintingState(g, _lists_of(lists), target, precision, registry, options)
-    state.build()
-    paint(state, placement)
-    return to_plan(state, name)
+    return Painting(g, lists, target, precision, registry, options, placement).plan()
+
+
+class Painting:
+    """One graph painted once by TensorFlow's passes, and the plan of each colouring a
+    cost-aware placement can give it (:meth:`plan`), each exactly as :func:`decide` makes it
+    with those options, without painting the graph again.
+
+    The whole-step check (:mod:`amp_rewrite.step_check`) weighs two or three colourings of a
+    graph (the cut's, the greedy passes', float32): the passes, and the problem the placement
+    builds (which it keeps in the state's ``placement_memo``), are the same for all of them.
+    Reads ``g``, which must not change while the painting is in use; raises as
+    :func:`decide` does.
+    """
+
+    def __init__(self, g: nx.MultiDiGraph, lists: object, target: Target, precision: Precision,
+                 registry: OpRegistry, options: DecideOptions = DecideOptions(),
+                 placement: Placement | None = None) -> None:
+        self._name: str = g.graph.get("name", "")
+        self._precision = precision
+        self._options = options
+        self._placement = placement
+        self._skip = target.skip_reason(precision)
+        self._state: PaintingState | None = None
+        self._clusters: list[list[str]] | None = None
+        self._passes_paint: tuple[set[int], dict[int, str]] = (set(), {})
+        if self._skip is not None:
+            return
+        state = PaintingState(g, _lists_of(lists), target, precision, registry, options)
+        state.build()
+        self._clusters = paint_passes(state)
+        self._passes_paint = (set(state.allow), dict(state.reason))
+        self._state = state
+
+    def plan(self, colouring: Literal["min-cut", "greedy"] | None = None, declined: str | None = None) -> Plan:
+        """The plan with the placement's free vertices coloured as ``colouring`` and
+        ``declined`` ask (see :class:`DecideOptions`; ``None``: as the painting's options
+        say).  Mutates the painting's own state only."""
+        if self._skip is not None:
+            low = dt.HALF if self._precision == "float16" else dt.BFLOAT16
+            return Plan(self._name, self._precision, low, self._skip)
+        state = self._state
+        assert state is not None
+        options = self._options
+        if colouring is not None or declined is not None:
+            options = dataclasses.replace(options, colouring=colouring or options.colouring,
+                                          declined=declined if declined is not None else options.declined)
+        # Back to the paint the passes left: the placement and the Cast matching after it
+        # change the allow set (replaced) and the reasons, and store the placement's summary.
+        state.options = options
+        state.allow = set(self._passes_paint[0])
+        state.reason = dict(self._passes_paint[1])
+        state.placement = None
+        if self._clusters is not None:
+            place(state, self._clusters, self._placement)
+        return to_plan(state, self._name)
 
 
 def to_plan(state: PaintingState, graph_name: str) -> Plan:

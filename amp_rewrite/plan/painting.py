@@ -152,7 +152,8 @@ class PaintingState:
       vertices; a placement may replace ``allow``), ``reason`` (vertex -> why),
       ``deny_parent`` (propagated deny vertex -> the vertex it came from), ``kernel_missing``,
       ``normalized`` (node -> why deny does not propagate into it), ``norm_info``,
-      ``had_allow`` and ``placement`` (what the placement returned).
+      ``had_allow`` and ``placement`` (what the placement returned); ``placement_memo``, the
+      placement's own (work it keeps between colourings of one painting).
     * Queries, pure: :meth:`is_f32`, :meth:`supports_dtype`, :meth:`has_kernel`,
       :meth:`supports`, :meth:`reads_ref_var`, :meth:`can_force`, :meth:`is_boundary_cast`,
       :meth:`tl_float`, :meth:`nodes_with_op`; :meth:`text` shares formatted reasons.
@@ -191,6 +192,9 @@ class PaintingState:
         self._has_kernel_cache: dict[tuple[object, ...], bool] = {}
         self.unknown_ops: dict[str, int] = {}
         self.placement: Any = None
+        #: Work a placement keeps between colourings of one painting (see
+        #: :class:`amp_rewrite.plan.painter.Painting`), which restores the paint before each.
+        self.placement_memo: dict[Any, Any] = {}
         self.normalized: dict[str, str] = {}
         #: What :func:`find_normalizations` found (pass 2), for the optimal planner.
         self.norm_info: NormalizationInfo | None = None
