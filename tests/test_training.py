@@ -456,6 +456,121 @@ def test_v1_optimizer_in_a_rewritten_function_skips_overflow() -> None:
     assert _graph_dtypes(step.executed_graphs())["MatMul"] == {"float16"}
 
 
+#: A target on which no op can profit (float16 needs compute capability 7.0): the rewrite
+#: converts nothing, so the step runs float32 whole.
+NOTHING_CONVERTS = {"target": "gpu:6.1", "precision": "float16"}
+
+
+def _loss_scale_ops(graphs: list[Any]) -> set[str]:
+    """The ops of the loss scale's overflow check and skip among ``graphs``' (and their
+    functions') ops."""
+    found = set()
+    for g in graphs:
+        ops = list(g.get_operations())
+        ops += [node for f in g.as_graph_def().library.function for node in f.node_def]
+        found |= {op.op if hasattr(op, "op") else op.type for op in ops} & {"IsFinite", "If", "StatelessIf"}
+    return found
+
+
+def test_a_keras_step_that_converts_nothing_runs_without_loss_scaling(caplog: Any) -> None:
+    """Where the rewrite converts nothing, the train step is traced again without loss
+    scaling and runs as the user's own float32 step: the same weights as plain Keras, bit for
+    bit, no overflow check in the graph that ran, and the loss-scale state untouched.  The
+    WARNING that says the step runs float32 says so."""
+    keras.utils.set_random_seed(0)
+    x = np.random.default_rng(0).standard_normal((64, 4)).astype(np.float32)
+    y = np.random.default_rng(1).integers(0, 3, 64)
+
+    def fit(opt: Any) -> Any:
+        keras.utils.set_random_seed(3)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(3)])
+        model.compile(opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+        return model
+
+    opt = amp_rewrite.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1), **NOTHING_CONVERTS)
+    with caplog.at_level("WARNING", logger="amp_rewrite"):
+        ours = fit(opt)
+    plain = fit(keras.optimizers.SGD(0.1))
+    step = ours.train_function.amp_function
+    (result,) = step.rewrite_results
+    assert result.report["converted_nodes"] == 0
+    assert _loss_scale_ops(step.executed_graphs()) == set()
+    assert float(opt.current_loss_scale) == 2.0**15 and int(opt.skipped_steps) == 0
+    assert int(opt.iterations.numpy()) == 8
+    for a, b in zip(ours.weights, plain.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert [r for r in caplog.records if "runs in float32 without loss scaling" in r.getMessage()]
+
+    # Where the rewrite converts something, the same step keeps its loss scaling.
+    converted = amp_rewrite.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1), **TARGET)
+    step = fit(converted).train_function.amp_function
+    assert step.rewrite_results[0].report["converted_nodes"] > 0
+    assert "IsFinite" in _loss_scale_ops(step.executed_graphs())
+
+
+def test_a_custom_step_that_converts_nothing_applies_its_gradients_unscaled() -> None:
+    """``amp_rewrite.function`` with a loss-scaled optimizer, Keras's or TF1's: where nothing
+    converts, ``scale_loss`` hands the loss back as it is and the update is the inner
+    optimizer's own, so a non-finite gradient is applied as float32 training applies it
+    rather than skipped.  Where something converts, the same step skips it."""
+    x = tf.constant(np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32))
+    for target, skips in ((NOTHING_CONVERTS, False), (TARGET, True)):
+        w = tf.Variable(np.ones((4, 2), np.float32))
+        opt = amp_rewrite.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1), **target)
+
+        @amp_rewrite.function
+        def step(factor: Any) -> Any:
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(tf.matmul(x, w))) * factor
+                scaled = opt.scale_loss(loss)
+            opt.apply(tape.gradient(scaled, [w]), [w])
+            return loss, scaled
+
+        loss, scaled = step(tf.constant(1.0))
+        assert (float(scaled) == float(loss)) is not skips
+        step(tf.constant(np.inf))
+        assert (int(opt.skipped_steps) == 1) is skips
+        assert bool(np.isfinite(w.numpy()).all()) is skips
+
+        v = tf.Variable(np.ones((4, 2), np.float32))
+        v1 = amp_rewrite.enable_mixed_precision_graph_rewrite(tf.compat.v1.train.GradientDescentOptimizer(0.01),
+                                                              **target)
+
+        @amp_rewrite.function
+        def v1_step(factor: Any) -> None:
+            v1.minimize(lambda: tf.reduce_mean(tf.square(tf.matmul(x, v))) * factor, var_list=[v])
+
+        v1_step(tf.constant(np.inf))
+        assert (int(v1.skipped_steps) == 1) is skips
+        assert bool(np.isfinite(v.numpy()).all()) is skips
+        assert bool(_loss_scale_ops(v1_step.executed_graphs())) is skips
+
+
+def test_v1_optimizer_with_a_fixed_scale_in_a_rewritten_function_updates() -> None:
+    """A TF1 optimizer with a fixed loss scale applies its update outside any ``tf.cond``,
+    colocated with the variable's handle, a placeholder the runner maps rather than imports:
+    the constraint is dropped and the step runs (it failed to import before), in float16, with
+    float32 training's update."""
+    x = tf.constant(np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32))
+    updated = {}
+    for amp in (False, True):
+        v = tf.Variable(np.ones((4, 2), np.float32))
+        opt = tf.compat.v1.train.GradientDescentOptimizer(0.01)
+        if amp:
+            opt = amp_rewrite.enable_mixed_precision_graph_rewrite(opt, loss_scale=128.0, **TARGET)
+
+        def step() -> None:
+            opt.minimize(lambda: tf.reduce_mean(tf.square(tf.matmul(x, v))), var_list=[v])
+
+        run = amp_rewrite.function(step) if amp else tf.function(step)
+        run()
+        updated[amp] = v.numpy()
+    assert _graph_dtypes(run.executed_graphs())["MatMul"] == {"float16"}
+    assert not np.array_equal(updated[True], np.ones((4, 2), np.float32))
+    np.testing.assert_allclose(updated[True], updated[False], rtol=1e-2)
+
+
 def test_optimizer_traced_without_the_rewrite_warns(caplog: Any) -> None:
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])

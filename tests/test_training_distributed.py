@@ -142,7 +142,32 @@ SCRIPT = textwrap.dedent(
             "weights": [c[0].tolist() for c in comps],
         }
 
+    def float32_fit(ours):
+        # Clean data, and with ours a target on which nothing converts: the step is traced
+        # again without loss scaling, as the user's own float32 step under the strategy.
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        with strategy.scope():
+            keras.utils.set_random_seed(1)
+            model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(4, 3, activation="relu"),
+                                      keras.layers.Flatten(), keras.layers.Dense(10)])
+            opt = keras.optimizers.SGD(0.05)
+            if ours:
+                opt = amp_rewrite.enable_mixed_precision_graph_rewrite(opt, target="gpu:6.1", precision="float16")
+        model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(np.nan_to_num(x), y, batch_size=64, epochs=1, shuffle=False, verbose=0)
+        comps = [components(w) for w in model.weights]
+        out = {"weights": [c[0].tolist() for c in comps],
+               "replicas_identical": all(np.array_equal(c[0], d) for c in comps for d in c),
+               "iterations": int(opt.iterations.numpy())}
+        if ours:
+            graphs = model.train_function.amp_function.executed_graphs()
+            out["scale"] = float(opt.current_loss_scale)
+            out["is_finite_ops"] = sum(op.type == "IsFinite" for g in graphs for op in g.get_operations())
+            out["converted"] = model.train_function.amp_function.rewrite_results[0].report["converted_nodes"]
+        return out
+
     print(json.dumps({
+        "f32ours": float32_fit(True), "f32plain": float32_fit(False),
         "fit2": keras_fit(["/cpu:0", "/cpu:1"]), "fit1": keras_fit(["/cpu:0"]),
         "loop2": custom_loop(["/cpu:0", "/cpu:1"]), "loop1": custom_loop(["/cpu:0"]),
         "v1loop2": v1_loop(["/cpu:0", "/cpu:1"]), "v1loop1": v1_loop(["/cpu:0"]),
@@ -193,3 +218,16 @@ def test_tf1_optimizer_replicas_skip_together(runs: dict) -> None:
     assert two["finite"] and two["replicas_identical"]
     for a, b in zip(two["weights"], one["weights"]):
         np.testing.assert_allclose(np.array(a), np.array(b), rtol=0, atol=1e-3)
+
+
+def test_a_step_that_converts_nothing_trains_as_plain_keras_across_replicas(runs: dict) -> None:
+    """Nothing converts: the step, traced again without loss scaling, trains both replicas
+    exactly as plain Keras does under the same strategy, with no overflow check."""
+    import numpy as np
+
+    ours, plain = runs["f32ours"], runs["f32plain"]
+    assert ours["converted"] == 0 and ours["is_finite_ops"] == 0 and ours["scale"] == 2.0**15
+    assert ours["iterations"] == plain["iterations"] == 5
+    assert ours["replicas_identical"] and plain["replicas_identical"]
+    for a, b in zip(ours["weights"], plain["weights"]):
+        np.testing.assert_array_equal(np.array(a), np.array(b))

@@ -23,6 +23,8 @@ __all__ = [
     "check_rewrite_options",
     "rewrite_trace",
     "in_rewrite_trace",
+    "unscaled_trace",
+    "in_unscaled_trace",
     "note_rewrite_options",
     "warn_once",
     "building_unrewritten_function",
@@ -147,6 +149,35 @@ def in_rewrite_trace() -> bool:
     return _trace_depth > 0
 
 
+_unscaled_depth = 0
+
+
+@contextlib.contextmanager
+def unscaled_trace() -> Iterator[None]:
+    """Mark that amp_rewrite is tracing a step again without loss scaling, because its rewrite
+    converted nothing: the loss-scaled optimizers traced meanwhile neither scale the loss nor
+    unscale, check or skip an update (:func:`in_unscaled_trace`).  Loss scaling keeps small
+    float16 gradients from flushing to zero; a step that runs float32 whole only pays for it
+    (a scan of every gradient for overflow, and a conditional around the update, which XLA
+    runs as a host round trip on a GPU; see :func:`compiled_for_gpu`).
+
+    Process-wide, as :func:`rewrite_trace` is and for the same reason (MirroredStrategy traces
+    each replica in a thread of its own)."""
+    global _unscaled_depth
+    with _trace_lock:
+        _unscaled_depth += 1
+    try:
+        yield
+    finally:
+        with _trace_lock:
+            _unscaled_depth -= 1
+
+
+def in_unscaled_trace() -> bool:
+    """Whether some :func:`unscaled_trace` is active."""
+    return _unscaled_depth > 0
+
+
 def compiled_for_gpu() -> bool:
     """Whether the graph being traced is compiled by XLA (``jit_compile=True``) on a machine
     with a GPU, where the step runs there.  Reads TensorFlow's device list; pure otherwise.
@@ -193,11 +224,14 @@ def add_rewrite_listener(listener: Callable[[str, Mapping[str, Any]], None]) -> 
     return remove
 
 
-def report_rewrite(owner: object, label: str, report: Mapping[str, Any], seconds: float) -> str:
+def report_rewrite(owner: object, label: str, report: Mapping[str, Any], seconds: float, *,
+                   unscaled: bool = False) -> str:
     """Log the outcome of rewriting one training function; returns the summary line.
 
     ``label`` names the function ("Keras train step of model 'm'"), ``report`` is its
-    :func:`~amp_rewrite.rewrite_graph_def` report and ``seconds`` how long the rewrite took.
+    :func:`~amp_rewrite.rewrite_graph_def` report and ``seconds`` how long the rewrite took;
+    ``unscaled``: the step, which converted nothing, runs without loss scaling
+    (:func:`unscaled_trace`).
     A function that converted something gets one INFO line; one that converted nothing (or was
     skipped) gets one WARNING with the report's reason, because a training run that silently
     stays float32 is the failure users of TensorFlow's rewrite could not see.  Each kind is
@@ -218,7 +252,8 @@ def report_rewrite(owner: object, label: str, report: Mapping[str, Any], seconds
         key, level = "rewrite-info", logging.INFO
     else:
         message = (
-            f"amp_rewrite: {label} was not rewritten and runs in float32: {reason} (target "
+            f"amp_rewrite: {label} was not rewritten and runs in float32"
+            f"{' without loss scaling' if unscaled else ''}: {reason} (target "
             f"{report.get('target')}, precision {precision})"
         )
         key, level = "rewrite-noop", logging.WARNING

@@ -49,6 +49,7 @@ from ._common import (
     compiled_for_gpu,
     building_unrewritten_function,
     check_rewrite_options,
+    in_unscaled_trace,
     note_rewrite_options,
     warn_once,
 )
@@ -149,14 +150,20 @@ class LossScaleOptimizer(LossScaleSettings, keras.optimizers.LossScaleOptimizer)
 
     # -- the update -------------------------------------------------------------------------
     def scale_loss(self, loss: Any) -> Any:
+        """``loss`` times the current loss scale, or ``loss`` itself in a step traced again
+        because its rewrite converted nothing (:func:`._common.unscaled_trace`)."""
         self._warn_if_not_rewritten()
+        if in_unscaled_trace():
+            return loss
         return super().scale_loss(loss)
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> None:
         """Unscale, and apply with the inner optimizer unless a gradient is not finite.
 
         Must be called in a replica context (as Keras's ``apply`` is); mutates the model's
-        variables, the inner optimizer's variables and the loss-scale state.
+        variables, the inner optimizer's variables and the loss-scale state.  In a step traced
+        again because its rewrite converted nothing (:func:`._common.unscaled_trace`) the
+        inner optimizer applies ``grads`` as they are, and the loss-scale state is untouched.
         """
         if not self.built:
             with keras.name_scope(self.name, caller=self):
@@ -168,6 +175,12 @@ class LossScaleOptimizer(LossScaleSettings, keras.optimizers.LossScaleOptimizer)
             trainable_variables = list(trainable_variables)
         if tf.distribute.in_cross_replica_context():
             raise ValueError("apply() must be called in a replica context.")
+        if in_unscaled_trace():
+            # The step runs float32 whole (its rewrite converted nothing): the gradients were
+            # not scaled, and the inner optimizer applies them as it would without us.  The
+            # loss-scale state is left as it is.
+            self.inner_optimizer.apply(grads, trainable_variables=trainable_variables)
+            return
         if tf.distribute.has_strategy():
             tf.distribute.get_replica_context().merge_call(
                 self._cross_replica_apply, args=(grads, trainable_variables)

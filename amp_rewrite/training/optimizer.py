@@ -35,6 +35,7 @@ from ._common import (
     compiled_for_gpu,
     check_rewrite_options,
     graph_is_rewritten,
+    in_unscaled_trace,
     note_rewrite_options,
     warn_once,
 )
@@ -321,8 +322,12 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
 
     # -- gradients ----------------------------------------------------------------------
     def compute_gradients(self, loss: Any, var_list: Any = None, *args: Any, **kwargs: Any) -> Any:
-        """Gradients of ``loss * scale``, divided by ``scale`` (TensorFlow's contract)."""
+        """Gradients of ``loss * scale``, divided by ``scale`` (TensorFlow's contract); the
+        inner optimizer's own in a step traced again because its rewrite converted nothing
+        (:func:`._common.unscaled_trace`)."""
         note_rewrite_options(self._amp_rewrite_options)
+        if in_unscaled_trace():
+            return self._optimizer.compute_gradients(loss, var_list, *args, **kwargs)
         scale = tf.convert_to_tensor(self._state().scale)
         if callable(loss):
             def scaled_loss() -> Any:
@@ -362,7 +367,10 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
 
         Must be called in a replica context.  A skipped step neither updates the variables
         nor increments ``global_step`` (as in TensorFlow).  Under ``tf.distribute`` the
-        replicas' finite flags are summed in the cross-replica context before deciding.
+        replicas' finite flags are summed in the cross-replica context before deciding.  In a
+        step traced again because its rewrite converted nothing
+        (:func:`._common.unscaled_trace`) the inner optimizer applies the gradients as they
+        are.
         """
         if tf.distribute.in_cross_replica_context():
             raise ValueError("apply_gradients() must be called in a replica context.")
@@ -375,7 +383,7 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
             ))
         grads_and_vars = tuple(grads_and_vars)
         name = name or self.get_name()
-        if not self._amp_loss_scale.dynamic:
+        if not self._amp_loss_scale.dynamic or in_unscaled_trace():
             return self._optimizer.apply_gradients(grads_and_vars, global_step, name)
         if tf.distribute.has_strategy():
             return tf.distribute.get_replica_context().merge_call(

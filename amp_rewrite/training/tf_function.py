@@ -13,6 +13,11 @@ How it works, for each concrete function (one per input signature, as ``tf.funct
    variables.  The runner's automatic control dependencies keep every stateful op (variable
    updates) and order ops on the same resource in program order.
 4. Calls run the runner; its result is packed into the traced function's output structure.
+5. Where the rewrite converted nothing and a loss-scaled optimizer was traced into the step,
+   the Python function is traced once more with loss scaling off
+   (:func:`._common.unscaled_trace`), and that trace, rewritten the same way, is the one
+   run: loss scaling protects float16 gradients and only costs a step that runs float32
+   whole.
 
 Functions in the rewritten library are renamed (suffix ``_amp<N>``) because the originals
 stay registered with the eager context under their names with their float32 bodies.
@@ -50,7 +55,7 @@ import weakref
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import AmpRewriteError
-from ._common import check_rewrite_options, report_rewrite, rewrite_trace, warn_once
+from ._common import check_rewrite_options, report_rewrite, rewrite_trace, unscaled_trace, warn_once
 
 __all__ = ["function", "Function", "rename_functions"]
 
@@ -154,6 +159,25 @@ def _identifier(name: str) -> str:
     return re.sub(r"\W", "_", name) or "step"
 
 
+def _drop_colocation_with(node: Any, names: set[str]) -> None:
+    """Remove from ``node`` (a NodeDef; mutated) its colocation constraints (``_class``
+    entries ``loc:@name``) with the nodes ``names``: placeholders the runner does not import,
+    whose values it maps in.  ``import_graph_def`` refuses a constraint with a node it does not
+    import (a TF1 optimizer's update is colocated with the variable's handle); the mapped
+    value already lives where the variable does."""
+    if "_class" not in node.attr:
+        return
+    values = list(node.attr["_class"].list.s)
+    kept = [v for v in values if not (v.startswith(b"loc:@") and v[5:].decode(errors="replace") in names)]
+    if len(kept) == len(values):
+        return
+    if kept:
+        del node.attr["_class"].list.s[:]
+        node.attr["_class"].list.s.extend(kept)
+    else:
+        del node.attr["_class"]
+
+
 class _Runner:
     """Runs one rewritten concrete function; built once per concrete function.
 
@@ -209,7 +233,10 @@ class _Runner:
         mapped = {t.split(":")[0] for t in self._arg_names + self._capture_names}
         self._import_def = type(self.graph_def)()
         self._import_def.CopyFrom(self.graph_def)
-        kept = [n for n in self._import_def.node if not (n.name in mapped and n.op == "Placeholder")]
+        dropped = {n.name for n in self._import_def.node if n.name in mapped and n.op == "Placeholder"}
+        kept = [n for n in self._import_def.node if n.name not in dropped]
+        for node in kept:
+            _drop_colocation_with(node, dropped)
         del self._import_def.node[:]
         self._import_def.node.extend(kept)
 
@@ -409,7 +436,13 @@ class Function:
             python_function, input_signature=input_signature, autograph=autograph,
             reduce_retracing=reduce_retracing, jit_compile=jit_compile,
         )
+        #: The same Python function, traced without loss scaling for a signature whose rewrite
+        #: converted nothing (:meth:`_unscaled`); built on first need.
+        self._tf_function_unscaled: Any = None
+        #: Per traced signature (the traced concrete function's name): the runner that runs it,
+        #: and the concrete function whose inputs it takes.
         self._runners: dict[str, _Runner] = {}
+        self._run_concretes: dict[str, Any] = {}
         #: (concrete, runner) per call key (:func:`_call_key`): a training step calls the same
         #: signature every step, and tf.function's own lookup hashes every captured variable.
         self._calls: dict[tuple[Any, ...], tuple[Any, _Runner]] = {}
@@ -485,25 +518,68 @@ class Function:
             options.setdefault("compiled", True)
         return options
 
-    def _runner(self, concrete: Any) -> _Runner:
+    def _runner(self, concrete: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Any, _Runner]:
+        """The runner of ``concrete`` (traced for ``args``/``kwargs``), built at its first
+        call, and the concrete function whose inputs it takes: ``concrete`` itself, or the
+        step traced again without loss scaling where the rewrite converted nothing
+        (:meth:`_unscaled`)."""
         with self._lock:
             runner = self._runners.get(concrete.name)
             if runner is None:
                 start = time.perf_counter()
-                runner = _Runner(concrete, self._plan_options(concrete), jit_compile=self._jit_compile,
+                options = self._plan_options(concrete)
+                runner = _Runner(concrete, options, jit_compile=self._jit_compile,
                                  name=getattr(self, "__name__", "step"), owner=self)
+                run_concrete = concrete
+                unscaled = self._unscaled(concrete, runner, options, args, kwargs)
+                if unscaled is not None:
+                    run_concrete, runner = unscaled
                 self._runners[concrete.name] = runner
+                self._run_concretes[concrete.name] = run_concrete
                 # Built at the first call of each signature, so this is the first step's line.
-                report_rewrite(self, self._description, runner.result.report,
-                               time.perf_counter() - start)
-            return runner
+                report_rewrite(self, self._description, runner.result.report, time.perf_counter() - start,
+                               unscaled=unscaled is not None)
+            return self._run_concretes[concrete.name], runner
+
+    def _unscaled(self, concrete: Any, runner: _Runner, options: Mapping[str, Any], args: Sequence[Any],
+                  kwargs: Mapping[str, Any]) -> tuple[Any, _Runner] | None:
+        """Where the rewrite of ``concrete`` converted nothing and a loss-scaled optimizer was
+        traced into it: the step traced again with loss scaling off
+        (:func:`._common.unscaled_trace`) and its runner, else ``None``.
+
+        Loss scaling exists for float16 gradients.  A step that runs float32 whole would pay
+        for it and gain nothing: an overflow scan of every gradient, and a conditional around
+        the update that XLA runs as a host round trip on a GPU.  The second trace is rewritten
+        like the first, and used only if that rewrite converts nothing either (a plan is a
+        function of the graph, and the graphs differ by the loss scale's ops only).  Without
+        loss scaling the step is the user's own float32 step: the same update, the
+        loss-scale state left as it is.
+        """
+        import tensorflow as tf
+
+        if runner.result.report.get("converted_nodes") or not self._traced_options.get(concrete.name):
+            return None
+        if self._tf_function_unscaled is None:
+            self._tf_function_unscaled = tf.function(
+                self._python_function, input_signature=self._init_kwargs["input_signature"],
+                autograph=self._init_kwargs["autograph"], reduce_retracing=self._init_kwargs["reduce_retracing"],
+                jit_compile=self._jit_compile)
+        with rewrite_trace(), unscaled_trace():
+            unscaled = self._tf_function_unscaled.get_concrete_function(*args, **kwargs)
+        unscaled_runner = _Runner(unscaled, options, jit_compile=self._jit_compile,
+                                  name=getattr(self, "__name__", "step"), owner=self)
+        if unscaled_runner.result.report.get("converted_nodes"):
+            log.debug("amp_rewrite: %s: the step without loss scaling would convert %d nodes; it keeps "
+                      "loss scaling", self._description, unscaled_runner.result.report["converted_nodes"])
+            return None
+        return unscaled, unscaled_runner
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         key = _call_key(args, kwargs)
         hit = self._calls.get(key) if key is not None else None
         if hit is None:
             concrete = self.get_concrete_function(*args, **kwargs)
-            hit = (concrete, self._runner(concrete))
+            hit = self._runner(concrete, args, kwargs)
             if key is not None and len(self._calls) < _MAX_CALL_KEYS:
                 with self._lock:
                     self._calls[key] = hit
