@@ -547,6 +547,73 @@ def test_a_custom_step_that_converts_nothing_applies_its_gradients_unscaled() ->
         assert bool(_loss_scale_ops(v1_step.executed_graphs())) is skips
 
 
+def test_a_step_that_converts_nothing_keeps_loss_scaling_where_it_still_needs_it(caplog: Any,
+                                                                                 monkeypatch: Any) -> None:
+    """Nothing converts, yet the loss scale stays: where the step has float16 ops of its own
+    (the user's casts), and where tracing it again would create a variable (the step must be
+    traced once; forced here).  Both still run, skipping a non-finite step."""
+    from amp_rewrite.training import _common, tf_function
+
+    x = tf.constant(np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32))
+    for case in ("own float16", "creates a variable"):
+        w = tf.Variable(np.ones((4, 2), np.float32))
+        opt = amp_rewrite.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1), **NOTHING_CONVERTS)
+        if case == "creates a variable":
+            def creating(fn: Any) -> Any:
+                def traced(*args: Any, **kwargs: Any) -> Any:
+                    tf.Variable(0.0)
+                    return fn(*args, **kwargs)
+                return _common.unscaled(traced)
+            monkeypatch.setattr(tf_function, "unscaled", creating)
+
+        @amp_rewrite.function
+        def step(factor: Any) -> Any:
+            with tf.GradientTape() as tape:
+                if case == "own float16":
+                    y = tf.cast(tf.matmul(tf.cast(x, tf.float16), tf.cast(w, tf.float16)), tf.float32)
+                else:
+                    y = tf.matmul(x, w)
+                loss = tf.reduce_mean(tf.square(y)) * factor
+                scaled = opt.scale_loss(loss)
+            opt.apply(tape.gradient(scaled, [w]), [w])
+            return loss
+
+        with caplog.at_level("WARNING", logger="amp_rewrite"):
+            step(tf.constant(np.inf))
+        assert step.rewrite_results[0].report["converted_nodes"] == 0
+        assert "IsFinite" in _loss_scale_ops(step.executed_graphs()), case
+        assert int(opt.skipped_steps) == 1 and np.array_equal(w.numpy(), np.ones((4, 2), np.float32)), case
+        assert not [r for r in caplog.records if "without loss scaling" in r.getMessage()], case
+
+
+def test_the_unscaled_mark_is_the_traced_graphs_and_refuses_variables() -> None:
+    """:func:`amp_rewrite.training._common.unscaled` marks the graph it is traced into, and the
+    graphs nested in it (a ``tf.cond`` branch), not the process: a plain trace, and eager
+    code, keep loss scaling.  A variable created in such a trace raises."""
+    from amp_rewrite.training._common import in_unscaled_trace, unscaled
+
+    seen: dict[str, bool] = {}
+
+    def body(x: Any) -> Any:
+        seen["top"] = in_unscaled_trace()
+
+        def branch() -> Any:
+            seen["branch"] = in_unscaled_trace()
+            return x * 2
+
+        return tf.cond(x > 0, branch, lambda: x)
+
+    tf.function(unscaled(body)).get_concrete_function(tf.constant(1.0))
+    assert seen == {"top": True, "branch": True}
+    seen.clear()
+    tf.function(body).get_concrete_function(tf.constant(1.0))
+    assert seen == {"top": False, "branch": False}
+    assert not in_unscaled_trace()
+    # Raised as VariableCreatedError, which autograph wraps in its StagingError.
+    with pytest.raises(Exception, match="VariableCreatedError: the step creates variable"):
+        tf.function(unscaled(lambda: tf.Variable(1.0) + 1)).get_concrete_function()
+
+
 def test_v1_optimizer_with_a_fixed_scale_in_a_rewritten_function_updates() -> None:
     """A TF1 optimizer with a fixed loss scale applies its update outside any ``tf.cond``,
     colocated with the variable's handle, a placeholder the runner maps rather than imports:

@@ -162,7 +162,8 @@ SCRIPT = textwrap.dedent(
         if ours:
             graphs = model.train_function.amp_function.executed_graphs()
             out["scale"] = float(opt.current_loss_scale)
-            out["is_finite_ops"] = sum(op.type == "IsFinite" for g in graphs for op in g.get_operations())
+            out["is_finite_ops"] = sum(op.type == "IsFinite" for g in graphs for op in g.get_operations()) + sum(
+                node.op == "IsFinite" for g in graphs for f in g.as_graph_def().library.function for node in f.node_def)
             out["converted"] = model.train_function.amp_function.rewrite_results[0].report["converted_nodes"]
         return out
 

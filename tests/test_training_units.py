@@ -329,3 +329,33 @@ def test_a_traced_signature_is_found_again_without_tf_functions_lookup(monkeypat
     assert float(f(x.numpy(), 2.0)) == 512.0 and len(lookups) == 5  # numpy: tf.function's lookup
     runner = next(iter(f._runners.values()))  # noqa: SLF001
     assert runner._run_concretes  # noqa: SLF001  the runner is called through its concrete function
+
+
+# -- a step that converts nothing ---------------------------------------------------------
+
+def test_loss_scaling_stays_for_own_low_precision_ops_and_collectives_across_workers() -> None:
+    """A step whose rewrite converted nothing drops its loss scale unless it has float16 or
+    bfloat16 ops of its own (in a library function too), or a collective on a cluster job's
+    device (MultiWorkerMirroredStrategy: every worker must run the same collectives, and
+    each decides alone).  A collective among one machine's devices (MirroredStrategy) is no
+    reason."""
+    from tensorflow.core.framework import graph_pb2, types_pb2
+
+    from amp_rewrite.training.tf_function import _why_loss_scaling_stays
+
+    def graph(op: str, device: str = "", dtype: int = types_pb2.DT_FLOAT, in_function: bool = False):
+        gd = graph_pb2.GraphDef()
+        node = gd.library.function.add().node_def.add() if in_function else gd.node.add()
+        node.name, node.op, node.device = "n", op, device
+        node.attr["T"].type = dtype
+        return gd
+
+    assert _why_loss_scaling_stays(graph("MatMul")) is None
+    assert _why_loss_scaling_stays(graph("CollectiveReduceV2", "/job:localhost/replica:0/task:0/device:CPU:1")) is None
+    assert "across workers" in _why_loss_scaling_stays(graph("CollectiveReduceV2",
+                                                             "/job:worker/replica:0/task:1/device:GPU:0"))
+    assert "of its own" in _why_loss_scaling_stays(graph("MatMul", dtype=types_pb2.DT_HALF))
+    assert "of its own" in _why_loss_scaling_stays(graph("MatMul", dtype=types_pb2.DT_BFLOAT16, in_function=True))
+    listed = graph("IdentityN")
+    listed.node[0].attr["T"].list.type.extend([types_pb2.DT_FLOAT, types_pb2.DT_HALF])
+    assert "of its own" in _why_loss_scaling_stays(listed)

@@ -533,7 +533,9 @@ def _colour(p: PaintingState, prep: _Prepared, goal: str, declined: str | None,
     else:
         low = solve(problem)
     if not prep.min_casts and not take_greedy and declined is None:
-        guarded_low = _guard(problem, low, prep.before, prep.cast_bytes, fixed, p.v_cat)
+        # A copy: the guard may hand back the colouring it was given, and prep is shared by
+        # every colouring of the painting.
+        guarded_low = _guard(problem, low, list(prep.before), prep.cast_bytes, fixed, p.v_cat)
         guarded = guarded_low is not low
         low = guarded_low
         below_margin = _below_margin(problem, low)

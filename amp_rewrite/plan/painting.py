@@ -560,8 +560,9 @@ class Placement(Protocol):
     It is called as ``placement(state, clusters, options)``: ``state`` is the
     :class:`PaintingState` after the clean-up pass, ``clusters`` the float32 TensorList
     clusters (node names; see :func:`amp_rewrite.plan.passes.tensor_list_clusters`), and
-    ``options`` the :class:`DecideOptions` of the run.  It may replace ``state.allow`` and
-    write ``state.reason``, and must not touch the graph or anything else; the painter then
+    ``options`` the :class:`DecideOptions` of the run.  It may replace ``state.allow``, write
+    ``state.reason`` and keep its own work in ``state.placement_memo`` (for further colourings
+    of the same painting), and must not touch the graph or anything else; the painter then
     matches existing Casts again and stores what it returns (a summary for the report, or
     ``None``) as the plan's ``placement``.
     """

@@ -6,6 +6,7 @@ Nothing here imports TensorFlow at module level.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import threading
@@ -23,8 +24,9 @@ __all__ = [
     "check_rewrite_options",
     "rewrite_trace",
     "in_rewrite_trace",
-    "unscaled_trace",
+    "unscaled",
     "in_unscaled_trace",
+    "VariableCreatedError",
     "note_rewrite_options",
     "warn_once",
     "building_unrewritten_function",
@@ -149,33 +151,57 @@ def in_rewrite_trace() -> bool:
     return _trace_depth > 0
 
 
-_unscaled_depth = 0
+# FuncGraphs traced by unscaled() (weak: a graph goes when its function does).
+_unscaled_graphs: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
-@contextlib.contextmanager
-def unscaled_trace() -> Iterator[None]:
-    """Mark that amp_rewrite is tracing a step again without loss scaling, because its rewrite
-    converted nothing: the loss-scaled optimizers traced meanwhile neither scale the loss nor
-    unscale, check or skip an update (:func:`in_unscaled_trace`).  Loss scaling keeps small
-    float16 gradients from flushing to zero; a step that runs float32 whole only pays for it
-    (a scan of every gradient for overflow, and a conditional around the update, which XLA
-    runs as a host round trip on a GPU; see :func:`compiled_for_gpu`).
+class VariableCreatedError(AmpRewriteError):
+    """A step traced again by :func:`unscaled` tried to create a variable: tracing it again
+    would train a second copy, so the step keeps the trace it had."""
 
-    Process-wide, as :func:`rewrite_trace` is and for the same reason (MirroredStrategy traces
-    each replica in a thread of its own)."""
-    global _unscaled_depth
-    with _trace_lock:
-        _unscaled_depth += 1
-    try:
-        yield
-    finally:
-        with _trace_lock:
-            _unscaled_depth -= 1
+
+def _refuse_variable(next_creator: Any, **kwargs: Any) -> Any:
+    raise VariableCreatedError(f"the step creates variable {kwargs.get('name')!r} each time it is traced")
+
+
+def unscaled(python_function: Callable[..., Any]) -> Callable[..., Any]:
+    """``python_function`` for tracing a step again without loss scaling, because its rewrite
+    converted nothing: the graph each call is traced into is marked, and the loss-scaled
+    optimizers traced into it (or into a graph nested in it: a ``tf.cond`` branch, a replica
+    of ``MirroredStrategy``, which traces in the same graph from threads of its own) neither
+    scale the loss nor unscale, check or skip an update (:func:`in_unscaled_trace`).  Loss
+    scaling keeps small float16 gradients from flushing to zero; a step that runs float32
+    whole only pays for it (a scan of every gradient for overflow, and a conditional around
+    the update, which XLA runs as a host round trip on a GPU; see :func:`compiled_for_gpu`).
+
+    The mark is per graph, not per process: another step traced meanwhile, in another thread,
+    keeps its loss scaling.  A variable created by the call raises
+    :class:`VariableCreatedError` (the step must be traced once only)."""
+
+    @functools.wraps(python_function)
+    def traced_unscaled(*args: Any, **kwargs: Any) -> Any:
+        import tensorflow as tf
+
+        _unscaled_graphs.add(tf.compat.v1.get_default_graph())
+        with tf.variable_creator_scope(_refuse_variable):
+            return python_function(*args, **kwargs)
+
+    return traced_unscaled
 
 
 def in_unscaled_trace() -> bool:
-    """Whether some :func:`unscaled_trace` is active."""
-    return _unscaled_depth > 0
+    """Whether the graph being built is (or is nested in) one that :func:`unscaled` traces.
+    Eagerly, never."""
+    import tensorflow as tf
+
+    if tf.executing_eagerly():
+        return False
+    graph: Any = tf.compat.v1.get_default_graph()
+    while graph is not None:
+        if graph in _unscaled_graphs:
+            return True
+        graph = getattr(graph, "outer_graph", None)
+    return False
 
 
 def compiled_for_gpu() -> bool:
@@ -231,7 +257,7 @@ def report_rewrite(owner: object, label: str, report: Mapping[str, Any], seconds
     ``label`` names the function ("Keras train step of model 'm'"), ``report`` is its
     :func:`~amp_rewrite.rewrite_graph_def` report and ``seconds`` how long the rewrite took;
     ``unscaled``: the step, which converted nothing, runs without loss scaling
-    (:func:`unscaled_trace`).
+    (:func:`unscaled`).
     A function that converted something gets one INFO line; one that converted nothing (or was
     skipped) gets one WARNING with the report's reason, because a training run that silently
     stays float32 is the failure users of TensorFlow's rewrite could not see.  Each kind is

@@ -151,7 +151,7 @@ class LossScaleOptimizer(LossScaleSettings, keras.optimizers.LossScaleOptimizer)
     # -- the update -------------------------------------------------------------------------
     def scale_loss(self, loss: Any) -> Any:
         """``loss`` times the current loss scale, or ``loss`` itself in a step traced again
-        because its rewrite converted nothing (:func:`._common.unscaled_trace`)."""
+        because its rewrite converted nothing (:func:`._common.unscaled`)."""
         self._warn_if_not_rewritten()
         if in_unscaled_trace():
             return loss
@@ -162,7 +162,7 @@ class LossScaleOptimizer(LossScaleSettings, keras.optimizers.LossScaleOptimizer)
 
         Must be called in a replica context (as Keras's ``apply`` is); mutates the model's
         variables, the inner optimizer's variables and the loss-scale state.  In a step traced
-        again because its rewrite converted nothing (:func:`._common.unscaled_trace`) the
+        again because its rewrite converted nothing (:func:`._common.unscaled`) the
         inner optimizer applies ``grads`` as they are, and the loss-scale state is untouched.
         """
         if not self.built:

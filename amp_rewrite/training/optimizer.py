@@ -324,7 +324,7 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
     def compute_gradients(self, loss: Any, var_list: Any = None, *args: Any, **kwargs: Any) -> Any:
         """Gradients of ``loss * scale``, divided by ``scale`` (TensorFlow's contract); the
         inner optimizer's own in a step traced again because its rewrite converted nothing
-        (:func:`._common.unscaled_trace`)."""
+        (:func:`._common.unscaled`)."""
         note_rewrite_options(self._amp_rewrite_options)
         if in_unscaled_trace():
             return self._optimizer.compute_gradients(loss, var_list, *args, **kwargs)
@@ -369,7 +369,7 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
         nor increments ``global_step`` (as in TensorFlow).  Under ``tf.distribute`` the
         replicas' finite flags are summed in the cross-replica context before deciding.  In a
         step traced again because its rewrite converted nothing
-        (:func:`._common.unscaled_trace`) the inner optimizer applies the gradients as they
+        (:func:`._common.unscaled`) the inner optimizer applies the gradients as they
         are.
         """
         if tf.distribute.in_cross_replica_context():

@@ -13,11 +13,12 @@ How it works, for each concrete function (one per input signature, as ``tf.funct
    variables.  The runner's automatic control dependencies keep every stateful op (variable
    updates) and order ops on the same resource in program order.
 4. Calls run the runner; its result is packed into the traced function's output structure.
-5. Where the rewrite converted nothing and a loss-scaled optimizer was traced into the step,
-   the Python function is traced once more with loss scaling off
-   (:func:`._common.unscaled_trace`), and that trace, rewritten the same way, is the one
-   run: loss scaling protects float16 gradients and only costs a step that runs float32
-   whole.
+5. Where the rewrite converted nothing, a loss-scaled optimizer was traced into the step and
+   the step runs float32 whole (no float16 or bfloat16 op of the user's own, no collective
+   that other workers must match), the Python function is traced once more, for the same
+   input signature, with loss scaling off (:func:`._common.unscaled`).  If that trace creates
+   no variable and its rewrite converts nothing either, it is the one run: loss scaling
+   protects float16 gradients and only costs a step that runs float32 whole.
 
 Functions in the rewritten library are renamed (suffix ``_amp<N>``) because the originals
 stay registered with the eager context under their names with their float32 bodies.
@@ -55,7 +56,7 @@ import weakref
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import AmpRewriteError
-from ._common import check_rewrite_options, report_rewrite, rewrite_trace, unscaled_trace, warn_once
+from ._common import check_rewrite_options, report_rewrite, rewrite_trace, unscaled, warn_once
 
 __all__ = ["function", "Function", "rename_functions"]
 
@@ -157,6 +158,38 @@ def xla_failure_reason(exc: BaseException) -> str:
 def _identifier(name: str) -> str:
     """``name`` as a Python identifier (a runner's name, which names XLA's HLO module)."""
     return re.sub(r"\W", "_", name) or "step"
+
+
+#: Op types of collectives (MirroredStrategy's and MultiWorkerMirroredStrategy's reductions).
+_COLLECTIVE_PREFIX = "Collective"
+
+
+def _across_workers(node: Any) -> bool:
+    """Whether ``node`` (a NodeDef) is a collective placed on a cluster job's device: one that
+    other workers join (MultiWorkerMirroredStrategy), not local devices (``/job:localhost``,
+    MirroredStrategy on one machine)."""
+    if not node.op.startswith(_COLLECTIVE_PREFIX):
+        return False
+    job = re.search(r"/job:([^/]+)", node.device)
+    return job is not None and job.group(1) != "localhost"
+
+
+def _why_loss_scaling_stays(graph_def: Any) -> str | None:
+    """Why a step whose rewrite converted nothing (``graph_def``, with its library) still
+    needs its loss scaling, or ``None``: it has float16 or bfloat16 ops of its own, or
+    collectives across workers (each worker decides alone, and all must run the same
+    collectives).  Pure."""
+    from tensorflow.core.framework import types_pb2
+
+    low = {types_pb2.DT_HALF, types_pb2.DT_BFLOAT16}
+    nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+    for node in nodes:
+        if _across_workers(node):
+            return f"it reduces across workers ({node.op} {node.name!r} on {node.device}), which must all run the same step"
+        for value in node.attr.values():
+            if value.type in low or low.intersection(value.list.type):
+                return f"it has low-precision ops of its own ({node.op} {node.name!r})"
+    return None
 
 
 def _drop_colocation_with(node: Any, names: set[str]) -> None:
@@ -439,10 +472,8 @@ class Function:
         #: The same Python function, traced without loss scaling for a signature whose rewrite
         #: converted nothing (:meth:`_unscaled`); built on first need.
         self._tf_function_unscaled: Any = None
-        #: Per traced signature (the traced concrete function's name): the runner that runs it,
-        #: and the concrete function whose inputs it takes.
+        #: Per traced signature (the traced concrete function's name): the runner that runs it.
         self._runners: dict[str, _Runner] = {}
-        self._run_concretes: dict[str, Any] = {}
         #: (concrete, runner) per call key (:func:`_call_key`): a training step calls the same
         #: signature every step, and tf.function's own lookup hashes every captured variable.
         self._calls: dict[tuple[Any, ...], tuple[Any, _Runner]] = {}
@@ -491,7 +522,9 @@ class Function:
         return bound
 
     def get_concrete_function(self, *args: Any, **kwargs: Any) -> Any:
-        """The traced (not rewritten) concrete function for these arguments."""
+        """The traced (not rewritten) concrete function for these arguments.  Where its
+        rewrite converts nothing, the step that runs is another trace, without loss scaling
+        (``executed_graphs()`` shows what ran)."""
         with rewrite_trace() as seen:
             concrete = self._tf_function.get_concrete_function(*args, **kwargs)
         if seen:
@@ -518,11 +551,10 @@ class Function:
             options.setdefault("compiled", True)
         return options
 
-    def _runner(self, concrete: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Any, _Runner]:
-        """The runner of ``concrete`` (traced for ``args``/``kwargs``), built at its first
-        call, and the concrete function whose inputs it takes: ``concrete`` itself, or the
-        step traced again without loss scaling where the rewrite converted nothing
-        (:meth:`_unscaled`)."""
+    def _runner(self, concrete: Any) -> _Runner:
+        """The runner of ``concrete``, built at its first call: it runs ``concrete`` rewritten,
+        or, where that rewrite converted nothing, the step traced again without loss scaling
+        (:meth:`_unscaled`).  Either takes ``concrete``'s inputs."""
         with self._lock:
             runner = self._runners.get(concrete.name)
             if runner is None:
@@ -530,56 +562,69 @@ class Function:
                 options = self._plan_options(concrete)
                 runner = _Runner(concrete, options, jit_compile=self._jit_compile,
                                  name=getattr(self, "__name__", "step"), owner=self)
-                run_concrete = concrete
-                unscaled = self._unscaled(concrete, runner, options, args, kwargs)
-                if unscaled is not None:
-                    run_concrete, runner = unscaled
+                unscaled_runner = self._unscaled(concrete, runner, options)
+                runner = unscaled_runner or runner
                 self._runners[concrete.name] = runner
-                self._run_concretes[concrete.name] = run_concrete
                 # Built at the first call of each signature, so this is the first step's line.
                 report_rewrite(self, self._description, runner.result.report, time.perf_counter() - start,
-                               unscaled=unscaled is not None)
-            return self._run_concretes[concrete.name], runner
+                               unscaled=unscaled_runner is not None)
+            return runner
 
-    def _unscaled(self, concrete: Any, runner: _Runner, options: Mapping[str, Any], args: Sequence[Any],
-                  kwargs: Mapping[str, Any]) -> tuple[Any, _Runner] | None:
-        """Where the rewrite of ``concrete`` converted nothing and a loss-scaled optimizer was
-        traced into it: the step traced again with loss scaling off
-        (:func:`._common.unscaled_trace`) and its runner, else ``None``.
+    def _unscaled(self, concrete: Any, runner: _Runner, options: Mapping[str, Any]) -> _Runner | None:
+        """Where ``concrete``'s rewrite (``runner``'s) converted nothing, a loss-scaled
+        optimizer was traced into it and the step runs float32 whole: the runner of the step
+        traced again, for ``concrete``'s input signature, with loss scaling off
+        (:func:`._common.unscaled`); else ``None``.
 
         Loss scaling exists for float16 gradients.  A step that runs float32 whole would pay
         for it and gain nothing: an overflow scan of every gradient, and a conditional around
-        the update that XLA runs as a host round trip on a GPU.  The second trace is rewritten
-        like the first, and used only if that rewrite converts nothing either (a plan is a
-        function of the graph, and the graphs differ by the loss scale's ops only).  Without
-        loss scaling the step is the user's own float32 step: the same update, the
-        loss-scale state left as it is.
+        the update that XLA runs as a host round trip on a GPU.  It stays where the step has
+        float16 or bfloat16 ops of its own (the user's casts or layers), where it reduces
+        across workers (every worker must run the same collectives, and each decides alone),
+        where tracing again would create a variable or fails, and where the second trace's rewrite
+        converts something (a plan is a function of the graph, and the graphs differ by the
+        loss scale's ops only, so it should not).  Without loss scaling the step is the
+        user's own float32 step: the same update, the loss-scale state left as it is.
         """
         import tensorflow as tf
 
         if runner.result.report.get("converted_nodes") or not self._traced_options.get(concrete.name):
             return None
+        why = _why_loss_scaling_stays(runner.result.graph_def)
+        if why is not None:
+            log.debug("amp_rewrite: %s keeps loss scaling: %s", self._description, why)
+            return None
         if self._tf_function_unscaled is None:
             self._tf_function_unscaled = tf.function(
-                self._python_function, input_signature=self._init_kwargs["input_signature"],
+                unscaled(self._python_function), input_signature=self._init_kwargs["input_signature"],
                 autograph=self._init_kwargs["autograph"], reduce_retracing=self._init_kwargs["reduce_retracing"],
                 jit_compile=self._jit_compile)
-        with rewrite_trace(), unscaled_trace():
-            unscaled = self._tf_function_unscaled.get_concrete_function(*args, **kwargs)
-        unscaled_runner = _Runner(unscaled, options, jit_compile=self._jit_compile,
-                                  name=getattr(self, "__name__", "step"), owner=self)
-        if unscaled_runner.result.report.get("converted_nodes"):
-            log.debug("amp_rewrite: %s: the step without loss scaling would convert %d nodes; it keeps "
-                      "loss scaling", self._description, unscaled_runner.result.report["converted_nodes"])
+        # The signature the first trace was made for (shapes relaxed as it relaxed them), so
+        # that the second takes every input the first does, in the same order.
+        args_spec, kwargs_spec = concrete.structured_input_signature
+        try:
+            with rewrite_trace():
+                traced = self._tf_function_unscaled.get_concrete_function(*args_spec, **kwargs_spec)
+            unscaled_runner = _Runner(traced, options, jit_compile=self._jit_compile,
+                                      name=getattr(self, "__name__", "step"), owner=self)
+        except Exception as exc:  # noqa: BLE001
+            # The step as traced first works: a second trace that fails (a variable created
+            # again, raised as VariableCreatedError and wrapped by autograph, or anything the
+            # user's code does differently the second time) only costs the optimization.
+            log.debug("amp_rewrite: %s keeps loss scaling: tracing it again failed: %s", self._description, exc)
             return None
-        return unscaled, unscaled_runner
+        if unscaled_runner.result.report.get("converted_nodes"):
+            log.debug("amp_rewrite: %s keeps loss scaling: without it the rewrite converts %d nodes",
+                      self._description, unscaled_runner.result.report["converted_nodes"])
+            return None
+        return unscaled_runner
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         key = _call_key(args, kwargs)
         hit = self._calls.get(key) if key is not None else None
         if hit is None:
             concrete = self.get_concrete_function(*args, **kwargs)
-            hit = self._runner(concrete, args, kwargs)
+            hit = (concrete, self._runner(concrete))
             if key is not None and len(self._calls) < _MAX_CALL_KEYS:
                 with self._lock:
                     self._calls[key] = hit
