@@ -599,7 +599,8 @@ def variant_graph_def(workload: str, variant: str, *, target: str, precision: st
     the float32 variants, the ``mixed_<precision>`` model's for Keras's, our traced step
     rewritten with the variant's lists and ``compiled`` for ours, and the float32 step
     rewritten with the ``tensorflow`` lists (the parity of TensorFlow's pass) for ``tf_amp``.
-    ``float32_strict`` is float32's graph: only its device class differs.  ``compiled`` is
+    ``float32_strict`` is float32's graph: only its device class differs.  Ours is the graph
+    our step's runner would run (:func:`ours_step`).  ``compiled`` is
     what the variant's ``jit_compile`` comes to on a GPU: ``True`` and ``"auto"`` are XLA
     unless a layer opts the model out (Keras's ``model_supports_jit``: an LSTM on cuDNN does;
     Keras then compiles nothing, and says so for ``True``)."""
@@ -610,13 +611,8 @@ def variant_graph_def(workload: str, variant: str, *, target: str, precision: st
     spec = variant_spec(variant)
     try:
         if spec.ours:
-            lists = spec.lists or "default"
-            graph, supports_xla = trace_step(workload, lists=lists, target=target, precision=precision,
-                                             jit_compile=spec.jit_compile)
-            xla = spec.jit_compile is not False and supports_xla
-            shapes = captured_variable_shapes(graph)
-            rewritten = _rewritten(graph, shapes, target=target, precision=precision, lists=lists, compiled=xla)
-            return rewritten, shapes, xla
+            return ours_step(workload, lists=spec.lists or "default", target=target, precision=precision,
+                             jit_compile=spec.jit_compile)
         graph, supports_xla = trace_keras_step(workload, mixed=spec.policy == "mixed", precision=precision)
         xla = spec.jit_compile is not False and supports_xla
         shapes = captured_variable_shapes(graph)
@@ -715,6 +711,34 @@ def trace_keras_step(workload: str, *, mixed: bool, precision: str = "float16") 
     return graph, _supports_xla(model)
 
 
+def _our_step_function(workload: str, *, lists: str, target: str, precision: str,
+                       jit_compile: bool | str) -> tuple[Any, tuple[Any, ...], bool]:
+    """A fresh model of ``workload`` with its optimizer wrapped by
+    ``enable_mixed_precision_graph_rewrite``, compiled with what ``jit_compile`` comes to on a
+    GPU, as ``fit`` builds it: ``(its rewritten step, an amp_rewrite Function; the step's
+    arguments for a batch; whether Keras would compile it under "auto")``.  Call inside
+    :func:`keras_as_on_a_gpu`; no step runs."""
+    import keras
+
+    import amp_rewrite
+
+    w = workload_named(workload)
+    keras.utils.set_random_seed(SEED)
+    model = w.build()
+    opt = amp_rewrite.enable_mixed_precision_graph_rewrite(
+        _optimizer(w.optimizer), lists=lists, target=target, precision=precision)
+    # Traced here on a CPU, "auto" would resolve to no XLA: trace with what it comes to on a
+    # GPU (Keras turns True down too where a layer does not support XLA).
+    xla = jit_compile is not False and _supports_xla(model)
+    model.compile(optimizer=opt, jit_compile=xla,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = make_batch(w)
+    if w.train:
+        model.optimizer.build(model.trainable_variables)
+        return model.make_train_function().amp_function, ((x, y, None),), _supports_xla(model)
+    return model.make_predict_function().amp_function, ((x,),), _supports_xla(model)
+
+
 def trace_step(workload: str, *, lists: str, target: str, precision: str,
                jit_compile: bool | str) -> tuple[Any, bool]:
     """The traced (not rewritten, not run) Keras step of a workload of this module, as our
@@ -722,28 +746,28 @@ def trace_step(workload: str, *, lists: str, target: str, precision: str,
     the workload's optimizer wrapped by ``enable_mixed_precision_graph_rewrite``, compiled
     with ``jit_compile``.  ``(tf.Graph, whether Keras would compile it under "auto")``; no GPU
     needed, no step runs."""
-    import keras
-
-    import amp_rewrite
-
-    w = workload_named(workload)
-    keras.utils.set_random_seed(SEED)
     with keras_as_on_a_gpu():
-        model = w.build()
-        opt = amp_rewrite.enable_mixed_precision_graph_rewrite(
-            _optimizer(w.optimizer), lists=lists, target=target, precision=precision)
-        # Traced here on a CPU, "auto" would resolve to no XLA: trace with what it comes to on a
-        # GPU (Keras turns True down too where a layer does not support XLA).
-        xla = jit_compile is not False and _supports_xla(model)
-        model.compile(optimizer=opt, jit_compile=xla,
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        x, y = make_batch(w)
-        if w.train:
-            model.optimizer.build(model.trainable_variables)
-            graph = model.make_train_function().amp_function.get_concrete_function((x, y, None)).graph
-        else:
-            graph = model.make_predict_function().amp_function.get_concrete_function((x,)).graph
-    return graph, _supports_xla(model)
+        function, args, supports_xla = _our_step_function(workload, lists=lists, target=target,
+                                                          precision=precision, jit_compile=jit_compile)
+        graph = function.get_concrete_function(*args).graph
+    return graph, supports_xla
+
+
+def ours_step(workload: str, *, lists: str, target: str, precision: str,
+              jit_compile: bool | str) -> tuple[Any, Any, bool]:
+    """``(GraphDef, variable shapes, compiled)`` of the step our rewritten Keras step would run
+    on a GPU (:func:`keras_as_on_a_gpu`), built as its first call builds it, without running
+    it: the traced step rewritten with the optimizer's options, or, where that converts
+    nothing, the step traced again without loss scaling (what ``fit`` then runs).  No GPU
+    needed."""
+    from amp_rewrite.training.tf_function import captured_variable_shapes
+
+    with keras_as_on_a_gpu():
+        function, args, supports_xla = _our_step_function(workload, lists=lists, target=target,
+                                                          precision=precision, jit_compile=jit_compile)
+        runner = function._runner(function.get_concrete_function(*args))  # noqa: SLF001  (the first call's)
+    xla = jit_compile is not False and supports_xla
+    return runner.result.graph_def, captured_variable_shapes(runner.concrete.graph), xla
 
 
 def placement_estimates(report: dict[str, Any]) -> dict[str, float] | None:
