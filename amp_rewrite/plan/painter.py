@@ -30,8 +30,9 @@ Every painted attribute records the rule that painted it and, for a propagated d
 attribute it came from, so a person can ask why.
 
 The passes are functions in :mod:`.passes` over one :class:`~.painting.PaintingState`;
-:func:`paint` calls them in the order above.  A cost-aware planner (``options.planner``
-``"optimal"`` or ``"min-casts"``) runs after them: the caller hands it to :func:`decide` as a
+:func:`paint_passes` calls them in the order above.  A cost-aware planner (``options.planner``
+``"optimal"`` or ``"min-casts"``) runs after them (:func:`place`; :class:`Painting` places one
+painting as often as asked): the caller hands it to :func:`decide` as a
 :class:`~.painting.Placement` (:func:`amp_rewrite.plan.optimal.min_cut_placement`); this module
 imports none.  The plan's types live in :mod:`.decisions` and are re-exported here.
 """
@@ -55,7 +56,7 @@ from .painting import PaintingState, Placement, _lists_of
 from .targets import Target
 
 __all__ = ["AttrDecision", "NodeDecision", "NodeDecisions", "Plan", "decide", "DecideOptions", "Painting",
-           "Placement", "paint"]
+           "Placement", "paint_passes", "place"]
 
 log = logging.getLogger(__name__)
 
@@ -96,17 +97,6 @@ def place(state: PaintingState, clusters: list[list[str]], placement: Placement 
         state.placement = placement(state, clusters, options)
         # The placement re-decided the float vertices: existing Casts follow their consumers.
         passes.existing_casts(state)
-
-
-def paint(state: PaintingState, placement: Placement | None = None) -> None:
-    """Run TensorFlow's passes on a built ``state`` (:meth:`PaintingState.build`), in
-    TensorFlow's order, then ``placement`` where ``state.options.planner`` asks for a
-    cost-aware planner.  Mutates ``state`` (its paint), nothing else.  Raises
-    :class:`~amp_rewrite.errors.RewriteError` when the options ask for a planner and none is
-    given."""
-    clusters = paint_passes(state)
-    if clusters is not None:
-        place(state, clusters, placement)
 
 
 def decide(

@@ -2,7 +2,7 @@
 
 Each pass reads the state's facts and paints: it adds vertices to ``state.allow`` or
 ``state.deny`` and records why in ``state.reason`` (mutating the state, nothing else).
-:func:`amp_rewrite.plan.painter.paint` calls them in TensorFlow's order, which the module
+:func:`amp_rewrite.plan.painter.paint_passes` calls them in TensorFlow's order, which the module
 docstring of :mod:`amp_rewrite.plan.painter` describes pass by pass.
 """
 
