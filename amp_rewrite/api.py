@@ -34,7 +34,7 @@ from .plan.lists import PLANNERS, ListContext, ListEdit, OpLists, edits_from_env
 from .graph.op_registry import OpRegistry, default_registry
 from .report.build import build_report
 from .rewrite import RewriteStats, apply_plan
-from .step_check import check_plans, device_costs
+from .step_check import checked_plan, device_costs
 from .graph.shapes import check_variable_shapes, function_shapes, graph_shapes
 from .option_types import (check_bool, check_list_edits, check_names, check_optional_str, check_path,
                            check_str)
@@ -608,46 +608,19 @@ class _Stage:
     def run(self, g: nx.MultiDiGraph, options: DecideOptions) -> tuple[Plan, RewriteStats]:
         """Decide ``g``'s plan and carry it out.  **Mutates** ``g``.
 
-        The optimal planner's plan is checked on the whole step (:meth:`_checked`)."""
+        The optimal planner's plan is checked on the whole step
+        (:func:`~amp_rewrite.step_check.checked_plan`)."""
         t1 = time.perf_counter()
         painting = Painting(g, self.lists, self.target, self.precision, self.registry, options, self.placement)
         plan = painting.plan()
         if plan.placement is not None and plan.placement.objective == "optimal" and (plan.convert or options.compiled):
-            plan = self._checked(g, painting, plan, options)
+            plan = checked_plan(g, painting, plan, self.target, self.registry, compiled=options.compiled,
+                                fold_casts=self.fold_casts)
         t2 = time.perf_counter()
         self.timings["decide"] += t2 - t1
         stats = apply_plan(g, plan, fold_casts=self.fold_casts)
         self.timings["rewrite"] += time.perf_counter() - t2
         return plan, stats
-
-    def _checked(self, g: nx.MultiDiGraph, painting: Painting, plan: Plan, options: DecideOptions) -> Plan:
-        """The optimal planner's ``plan`` for ``g`` (the min-cut colouring of ``painting``),
-        checked on the whole step (:mod:`amp_rewrite.step_check`).
-
-        The candidates: the cut's plan where it converts anything, and under XLA the greedy
-        colouring where it converts something else.  The fastest candidate is taken if its
-        step estimate is :data:`~amp_rewrite.plan.optimal.MIN_ESTIMATED_GAIN` below ``g``'s;
-        else the cut's plan is declined (float32, with the check's reason), or, where the cut
-        itself converts nothing, stands with its own reasons.  The check, if any candidate
-        was priced, is recorded in the plan's placement.  Reads ``g``; colours ``painting``
-        again."""
-        candidates = {"min-cut": plan} if plan.convert else {}
-        if options.compiled:
-            greedy = painting.plan(colouring="greedy")
-            if greedy.convert and greedy.convert != plan.convert:
-                candidates["greedy"] = greedy
-        if not candidates:
-            return plan
-        check = check_plans(g, candidates, self.target, self.registry, compiled=options.compiled,
-                            fold_casts=self.fold_casts)
-        if check.kept:
-            plan = candidates[check.best]
-        elif plan.convert:
-            log.debug("%s: optimal plan declined: %s", g.graph.get("name") or "the graph", check.reason())
-            plan = painting.plan(declined=check.reason())
-        # Every colouring of a painting that placed its graph is placed.
-        assert plan.placement is not None
-        return dataclasses.replace(plan, placement=dataclasses.replace(plan.placement, step_check=check))
 
 
 def _log_outcome(report: Mapping[str, Any], precision: str, precision_reason: str, tgt: Target,

@@ -28,6 +28,8 @@ stage: the check carries a plan out on a copy of the graph to price it.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import logging
 from typing import Callable, Mapping
 
 import networkx as nx
@@ -35,12 +37,15 @@ import networkx as nx
 from .graph.op_registry import OpRegistry
 from .plan.cost_model import DeviceCosts, costs_for
 from .plan.decisions import Plan
+from .plan.painter import Painting
 from .plan.optimal import MIN_ESTIMATED_GAIN
 from .plan.step_cost import StepCheck, estimate_graph
 from .plan.targets import Precision, Target
 from .rewrite import apply_plan
 
-__all__ = ["check_plans", "device_costs"]
+__all__ = ["check_plans", "checked_plan", "device_costs"]
+
+log = logging.getLogger(__name__)
 
 
 def device_costs(target: Target, precision: Precision | str,
@@ -74,8 +79,8 @@ def _trial_copy(g: nx.MultiDiGraph) -> nx.MultiDiGraph:
 
 def check_plans(g: nx.MultiDiGraph, plans: Mapping[str, Plan], target: Target, registry: OpRegistry, *,
                 compiled: bool, fold_casts: bool) -> StepCheck:
-    """The whole-step check of candidate ``plans`` (colouring -> a plan ``decide`` made for
-    ``g``; the preferred first): ``g``'s step estimate as given against with each plan
+    """The whole-step check of candidate ``plans`` (colouring -> a plan made for ``g``; the
+    preferred first): ``g``'s step estimate as given against with each plan
     carried out (on a copy, as :func:`~amp_rewrite.rewrite.apply_plan` with ``fold_casts``
     would), priced for ``compiled`` (under XLA).  Needs ``g.graph["shapes"]`` (the cost-aware
     planners' import infers them).  Reads ``g``, changes nothing."""
@@ -89,3 +94,32 @@ def check_plans(g: nx.MultiDiGraph, plans: Mapping[str, Plan], target: Target, r
         rewritten[name] = estimate_graph(trial, costs_of, registry, compiled=compiled).total_ns / 1e3
     classes = sorted({costs_of(device).name for _, device in g.nodes(data="device", default="")})
     return StepCheck(given.total_ns / 1e3, rewritten, MIN_ESTIMATED_GAIN, " and ".join(classes))
+
+
+def checked_plan(g: nx.MultiDiGraph, painting: Painting, plan: Plan, target: Target, registry: OpRegistry, *,
+                 compiled: bool, fold_casts: bool) -> Plan:
+    """The optimal planner's ``plan`` for ``g`` (``painting``'s min-cut colouring), checked
+    on the whole step.
+
+    The candidates: the cut's plan where it converts anything, and under XLA (``compiled``)
+    the greedy colouring where it converts something else.  The fastest candidate is taken if
+    its step estimate is :data:`~amp_rewrite.plan.optimal.MIN_ESTIMATED_GAIN` below ``g``'s;
+    else the cut's plan is declined (float32, with the check's reason), or, where the cut
+    itself converts nothing, stands with its own reasons.  The check, if any candidate was
+    priced, is recorded in the plan's placement.  Reads ``g``; colours ``painting`` again."""
+    candidates = {"min-cut": plan} if plan.convert else {}
+    if compiled:
+        greedy = painting.plan(colouring="greedy")
+        if greedy.convert and greedy.convert != plan.convert:
+            candidates["greedy"] = greedy
+    if not candidates:
+        return plan
+    check = check_plans(g, candidates, target, registry, compiled=compiled, fold_casts=fold_casts)
+    if check.kept:
+        plan = candidates[check.best]
+    elif plan.convert:
+        log.debug("%s: optimal plan declined: %s", g.graph.get("name") or "the graph", check.reason())
+        plan = painting.plan(declined=check.reason())
+    # Every colouring of a painting that placed its graph is placed.
+    assert plan.placement is not None
+    return dataclasses.replace(plan, placement=dataclasses.replace(plan.placement, step_check=check))

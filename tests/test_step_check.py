@@ -15,6 +15,7 @@ import tensorflow as tf
 
 import amp_rewrite
 import amp_rewrite.api as api
+import amp_rewrite.step_check as step_check
 import corpus
 from amp_rewrite.plan.optimal import MIN_ESTIMATED_GAIN
 from amp_rewrite.plan.step_cost import StepCheck
@@ -141,7 +142,7 @@ def test_the_check_leaves_the_graph_it_prices_as_it_was(monkeypatch):
     """The plan is carried out on a copy: the rewrite the caller gets is the one made without
     any check."""
     checked = _optimal(_mlp(), ["y"]).graph_def.SerializeToString(deterministic=True)
-    monkeypatch.setattr(api, "check_plans", lambda *args, **kwargs: StepCheck(1.0, {"min-cut": 0.0}, 0.0, "any"))
+    monkeypatch.setattr(step_check, "check_plans", lambda *args, **kwargs: StepCheck(1.0, {"min-cut": 0.0}, 0.0, "any"))
     unchecked = _optimal(_mlp(), ["y"]).graph_def.SerializeToString(deterministic=True)
     assert checked == unchecked
 
@@ -216,7 +217,7 @@ def test_an_unchanged_graph_is_not_priced_without_xla(monkeypatch):
     """Without XLA a plan that converts nothing has nothing to check (and no copy of the graph
     is made)."""
     calls = []
-    monkeypatch.setattr(api, "check_plans", lambda *args, **kwargs: calls.append(args))
+    monkeypatch.setattr(step_check, "check_plans", lambda *args, **kwargs: calls.append(args))
     result = _optimal(_mlp(64), ["y"], compiled=False)
     assert result.report["converted_nodes"] == 0 and not calls
     assert np.isfinite(result.report["placement"]["estimated_us"]["float32"])
@@ -245,7 +246,7 @@ def test_under_xla_the_greedy_colouring_is_taken_where_the_cut_converts_nothing(
         assert set(plans) == {"greedy"} and plans["greedy"].convert
         return StepCheck(100.0, {"greedy": 50.0}, MIN_ESTIMATED_GAIN, "gpu-ampere")
 
-    monkeypatch.setattr(api, "check_plans", greedy_wins)
+    monkeypatch.setattr(step_check, "check_plans", greedy_wins)
     result = _optimal(_mlp(64), ["y"])
     assert result.report["placement"]["colouring"] == "greedy"
     assert result.report["placement"]["step_check"]["chosen"] == "greedy"

@@ -5,7 +5,8 @@ activation after it), and a swish fused into one kernel.
 
 The planner (:mod:`.optimal`) and the whole-step estimate (:mod:`.step_cost`) both read these,
 so that without XLA the step estimate, which checks the planner's plans, prices the graph the
-planner priced (under XLA the estimate prices XLA's own fusion instead).  Pure functions of a graph's ops and data inputs; they change nothing.
+planner priced (under XLA the estimate prices XLA's own fusion instead).  Pure functions of a
+graph's ops and data inputs; they change nothing.
 """
 
 from __future__ import annotations

@@ -484,7 +484,7 @@ class _Prepared:
     solves.  Depends only on the paint before the placement, which the painter restores
     before each colouring (:class:`amp_rewrite.plan.painter.Painting`).  Read-only."""
 
-    min_casts: bool
+    goal: str  #: ``"optimal"`` or ``"min-casts"`` (see :func:`place_optimally`)
     greedy: frozenset[int]
     freedom: _Freedom
     fixed: list[int]
@@ -512,17 +512,18 @@ def _prepare(p: PaintingState, clusters: list[list[str]], shape_aware: bool, goa
         cost_high, cost_low, misaligned, consts = _unary_costs(p, freedom.free, pricing, shape_aware, compiled)
     tensors, cast_bytes = _tensors(p, freedom, pricing, consts, min_casts, compiled)
     problem = PlacementProblem(fixed, cost_high, cost_low, tensors)
-    return _Prepared(min_casts, frozenset(greedy), freedom, fixed, pricing, (cost_high, cost_low), misaligned,
+    return _Prepared(goal, frozenset(greedy), freedom, fixed, pricing, (cost_high, cost_low), misaligned,
                      cast_bytes, problem, [v in greedy for v in range(n)])
 
 
-def _colour(p: PaintingState, prep: _Prepared, goal: str, declined: str | None,
+def _colour(p: PaintingState, prep: _Prepared, declined: str | None,
             colouring: Literal["min-cut", "greedy"]) -> PlacementSummary:
     """Colour the free vertices of ``prep``'s problem as ``colouring`` and ``declined`` ask
     (see :func:`place_optimally`) and make that ``p``'s paint.  Mutates ``p``'s paint."""
     n = len(p.tg)
     problem, fixed, greedy = prep.problem, prep.fixed, prep.greedy
-    take_greedy = colouring == "greedy" and not prep.min_casts
+    min_casts = prep.goal == "min-casts"
+    take_greedy = colouring == "greedy" and not min_casts
     guarded = below_margin = False
     if declined is not None:
         # Declined by the whole-step check: float32, whatever a cut would say (none is solved).
@@ -532,7 +533,7 @@ def _colour(p: PaintingState, prep: _Prepared, goal: str, declined: str | None,
         low = [f == LOW or (f == FREE and v in greedy) for v, f in enumerate(fixed)]
     else:
         low = solve(problem)
-    if not prep.min_casts and not take_greedy and declined is None:
+    if not min_casts and not take_greedy and declined is None:
         # A copy: the guard may hand back the colouring it was given, and prep is shared by
         # every colouring of the painting.
         guarded_low = _guard(problem, low, list(prep.before), prep.cast_bytes, fixed, p.v_cat)
@@ -547,7 +548,7 @@ def _colour(p: PaintingState, prep: _Prepared, goal: str, declined: str | None,
     freedom = prep.freedom
     summary = PlacementSummary(
         summary_costs[0] / 1e3, summary_costs[1] / 1e3, summary_costs[2] / 1e3,
-        sum(freedom.free), to_low, to_high, prep.misaligned, problem, tuple(low), goal, guarded, below_margin,
+        sum(freedom.free), to_low, to_high, prep.misaligned, problem, tuple(low), prep.goal, guarded, below_margin,
         len(freedom.fragile_norms), len(freedom.held),
         colouring="float32" if declined is not None else "greedy" if take_greedy else "min-cut",
     )
@@ -570,7 +571,7 @@ def place_optimally(p: PaintingState, clusters: list[list[str]], shape_aware: bo
     greedy passes' colouring of the free vertices instead of the cut's (the whole-step check's
     other candidate), under the same safety rules.
     """
-    return _colour(p, _prepare(p, clusters, shape_aware, goal, compiled), goal, declined, colouring)
+    return _colour(p, _prepare(p, clusters, shape_aware, goal, compiled), declined, colouring)
 
 
 def _log_summary(p: PaintingState, summary: PlacementSummary, misaligned: dict[str, tuple[int, ...]]) -> None:
@@ -593,4 +594,4 @@ def min_cut_placement(state: PaintingState, clusters: list[list[str]], options: 
     if prepared is None:
         prepared = _prepare(state, clusters, options.shape_aware, options.planner, options.compiled)
         state.placement_memo[key] = prepared
-    return _colour(state, prepared, options.planner, options.declined, options.colouring)
+    return _colour(state, prepared, options.declined, options.colouring)
