@@ -8,7 +8,10 @@ mixed precision, split by element type:
 
 * convolutions (cuDNN custom calls, or ``convolution`` instructions on backends without them),
 * matrix products (cuBLAS/cuBLASLt custom calls, Triton GEMM fusions, ``dot`` instructions),
-* fusions (how much element-wise work XLA merged) and ``convert`` instructions (Casts).
+* fusions (how much element-wise work XLA merged) and ``convert`` instructions (Casts),
+* ``conditional`` and ``while`` instructions: a conditional left in a GPU step runs as a copy of
+  its predicate to the host and a wait (the loss scale's skip of a non-finite update must have
+  become selects).
 
 Usage::
 
@@ -46,7 +49,8 @@ def element_type(type_text: str) -> str:
 
 def classify(line: str) -> tuple[str, str] | None:
     """``(kind, element type)`` of one HLO instruction line, for the kinds this summary counts
-    (``conv``, ``matmul``, ``fusion``, ``convert``), else ``None``.  Pure."""
+    (``conv``, ``matmul``, ``fusion``, ``convert``, ``conditional``, ``while``), else ``None``.
+    Pure."""
     m = _INSTRUCTION.match(line)
     if not m:
         return None
@@ -70,6 +74,8 @@ def classify(line: str) -> tuple[str, str] | None:
         return "fusion", et
     if op == "convert":
         return "convert", et
+    if op in ("conditional", "while"):
+        return op, et
     return None
 
 
@@ -117,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     for rec in summary:  # one short line each, for the device call's output tail
         c = rec["counts"]
         print(f"{rec['module'][:70]:70s} conv {c.get('conv', {})} matmul {c.get('matmul', {})} "
-              f"fusions {sum(c.get('fusion', {}).values())} converts {sum(c.get('convert', {}).values())}",
+              f"fusions {sum(c.get('fusion', {}).values())} converts {sum(c.get('convert', {}).values())} "
+              f"conditionals {sum(c.get('conditional', {}).values())}",
               file=sys.stderr)
     return 0
 

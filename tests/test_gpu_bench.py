@@ -134,6 +134,8 @@ def test_xla_dump_summary_counts_what_xla_compiled(tmp_path):
         '  %t = f16[8,8]{1,0} fusion(f16[8,8]{1,0} %x), kind=kCustom, calls=%f, '
         'backend_config={"fusion_backend_config":{"kind":"__triton_gemm"}}',
         "  %l = f32[8,8]{1,0} fusion(f32[8,8]{1,0} %x), kind=kLoop, calls=%g",
+        "  %k = (f32[8,8]{1,0}, s32[]) conditional(pred[] %q, (f32[8,8]{1,0}) %t1, (f32[8,8]{1,0}) %t2), "
+        "branch_computations={%b1, %b2}",
         "  ROOT %v = f16[4,4]{1,0} convert(f32[4,4]{1,0} %p)",
         "}",
     ])
@@ -143,8 +145,8 @@ def test_xla_dump_summary_counts_what_xla_compiled(tmp_path):
     (tmp_path / "module_0001.a_inference_amp_rewrite_step_1.before_optimizations.txt").write_text(theirs)
     summary = xs.summarize_dir(str(tmp_path))
     assert [r["amp_rewrite"] for r in summary] == [True, False]  # before-optimization files skipped
-    assert summary[0]["counts"] == {"conv": {"f16": 1}, "convert": {"f16": 1}, "fusion": {"f32": 1},
-                                    "matmul": {"f16": 2}}
+    assert summary[0]["counts"] == {"conditional": {"f32": 1}, "conv": {"f16": 1}, "convert": {"f16": 1},
+                                    "fusion": {"f32": 1}, "matmul": {"f16": 2}}
     assert summary[1]["counts"] == {"matmul": {"f32": 1}}
     out = tmp_path / "summary.json"
     assert xs.main([str(tmp_path), "--json", str(out)]) == 0
