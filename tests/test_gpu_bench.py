@@ -257,3 +257,49 @@ def test_gpu_dense_calibration_runs_here_on_tiny_shapes(tmp_path):
         assert all(math.isfinite(r[k]) and r[k] > 0 for k in ("tf32_ms", "fp32_ms", "low_ms", "estimate_ms", "flops"))
     assert {s["op"] for s in data["summary"]} == ops and data["class"] == "gpu-hopper"
     assert data["device"] == "/CPU:0" and data["gpus"] == []  # said, not passed off as a GPU's
+
+
+def test_gpu_profile_reads_device_busy_time_kernels_and_ops_from_a_trace():
+    """``bench/gpu_profile.py`` reads the profiler's ``XSpace``: on each GPU plane the stream
+    lines' events (derived lines such as "XLA Ops" repeat them and are skipped); busy time is
+    the union of their intervals per step, events are grouped by their ``hlo_op``/``tf_op``
+    stat (a reference to a stat name, as the profiler stores them) else the kernel's name."""
+    import gpu_profile
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    host = space.planes.add(name="/host:CPU")
+    host.lines.add(name="python").events.add(metadata_id=1, offset_ps=0, duration_ps=10**9)
+    gpu = space.planes.add(name="/device:GPU:0")
+    gpu.stat_metadata[1].name = "hlo_op"
+    gpu.stat_metadata[2].name = "fusion.7"  # a string kept once, referenced by events
+    gpu.event_metadata[10].name = "loop_fusion_kernel"
+    gpu.event_metadata[11].name = "sm90_xmma_gemm"
+    stream = gpu.lines.add(name="Stream #7(Compute)", timestamp_ns=1000)
+    # Two steps: [0, 2) and [1, 3) us overlap (one busy interval of 3 us); then [5, 6) us.
+    ev = stream.events.add(metadata_id=10, offset_ps=0, duration_ps=2_000_000)
+    ev.stats.add(metadata_id=1, ref_value=2)
+    stream.events.add(metadata_id=11, offset_ps=1_000_000, duration_ps=2_000_000)
+    stream.events.add(metadata_id=11, offset_ps=5_000_000, duration_ps=1_000_000)
+    derived = gpu.lines.add(name="XLA Ops", timestamp_ns=1000)
+    derived.events.add(metadata_id=10, offset_ps=0, duration_ps=50_000_000)
+    s = gpu_profile.summarize_space(space, steps=2)
+    assert s["device_busy_ms"] == pytest.approx(4e-3 / 2)  # 3 us + 1 us over two steps, in ms
+    assert s["kernels"] == 1.5 and s["first_to_last_ms"] == pytest.approx(6e-3 / 2)
+    assert [(o["op"], o["events"]) for o in s["ops"]] == [("sm90_xmma_gemm", 1.0), ("fusion.7", 0.5)]
+    assert s["ops"][0]["ms"] == pytest.approx(3e-3 / 2)
+    # A CPU run's trace has no GPU plane: no device figures, not zeros.
+    del space.planes[1]
+    assert gpu_profile.summarize_space(space, steps=2)["device_busy_ms"] is None
+
+
+def test_gpu_profile_smoke_runs_a_variant_on_the_cpu(tmp_path):
+    """The profiler run end to end on the CPU (the tiny CNN, one profiled step): wall time
+    measured, no device figures, the JSON written."""
+    import gpu_profile
+
+    out = tmp_path / "p.json"
+    assert gpu_profile.main(["--reduced", "--steps", "1", "--warmup", "0", "--variants", "float32",
+                             "--out", str(out)]) == 0
+    rec = json.loads(out.read_text())["workloads"]["small_cnn-train-b8"]["float32"]
+    assert rec["wall_ms"] > 0 and rec["device_busy_ms"] is None and rec["xla"] is False
