@@ -16,6 +16,15 @@ mixed precision, split by element type:
 Usage::
 
     python bench/xla_dump_summary.py DIR [--json OUT]
+    python bench/xla_dump_summary.py DIR --compare KERAS_MODULE OURS_MODULE
+
+``--compare`` (each a substring of one module's name) weighs two modules' memory traffic:
+what every instruction of the entry computation (a kernel: a fusion, a library call, a copy,
+a conditional) reads and writes, from the shapes of its operands and result, summed per kind
+and per TensorFlow op (the ``op_type`` and ``op_name`` XLA keeps in each instruction's
+metadata, with layer numbers folded so that the twelve layers of an encoder add up), with the
+largest differences first.  It is how bench/GPU_RESULTS.md weighed our BERT step against
+Keras's: a byte difference explains at most its time at the GPU's bandwidth.
 
 Our rewritten steps are the modules whose name holds ``amp_rewrite_`` (the runner's function
 name, see ``amp_rewrite/training/tf_function.py``); Keras's own steps hold ``train_function`` or
@@ -105,14 +114,147 @@ def summarize_dir(path: str) -> list[dict[str, Any]]:
     return out
 
 
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f16": 2, "bf16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
+          "f64": 8, "s64": 8, "u64": 8}
+_SHAPE = re.compile(r"\b(pred|[fsu]\d+|bf16)\[([0-9,]*)\]")
+_DEF = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=\s*(?P<type>.*?)\s(?P<op>[a-z\-]+)\((?P<rest>.*)$")
+#: Entry instructions that launch nothing: they name, regroup or reinterpret buffers.
+_NO_KERNEL = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitcast"})
+
+
+def shape_bytes(type_text: str, scratch: bool = True) -> int:
+    """Bytes of every array in an HLO type (``f16[32,128]{1,0}`` or a tuple of them).
+    ``scratch=False`` leaves out byte arrays (``s8``/``u8``): a library call's workspace.
+    Pure."""
+    total = 0
+    for et, dims in _SHAPE.findall(type_text):
+        if not scratch and et in ("s8", "u8"):
+            continue
+        n = 1
+        for d in dims.split(","):
+            if d:
+                n *= int(d)
+        total += n * _BYTES.get(et, 4)
+    return total
+
+
+def _operands(rest: str) -> list[str]:
+    """The operand names of an instruction, from the text after its opcode's ``(``.  Pure."""
+    depth = 0
+    for i, ch in enumerate(rest):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            if depth == 0:
+                return re.findall(r"%([\w.\-]+)", rest[:i])
+            depth -= 1
+    return []
+
+
+def entry_traffic(text: str) -> list[dict[str, Any]]:
+    """Every kernel-launching instruction of a module's entry computation with the bytes it
+    reads (its operands' shapes) and writes (its result, without a library call's workspace),
+    its kind (``classify``'s, else the opcode) and the TensorFlow op it came from.  Pure."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("ENTRY")), None)
+    if start is None:
+        return []
+    sizes: dict[str, int] = {}
+    out = []
+    for line in lines[start + 1:]:
+        if line.startswith("}"):
+            break
+        m = _DEF.match(line)
+        if not m:
+            continue
+        op = m.group("op")
+        written = shape_bytes(m.group("type"), scratch=op != "custom-call")
+        sizes[m.group("name")] = written
+        if op in _NO_KERNEL:
+            continue
+        c = classify(line)
+        kind = c[0] if c else op
+        if kind == "fusion":
+            k = re.search(r"kind=(k\w+)", line)
+            kind = f"fusion.{k.group(1) if k else '?'}"
+        op_type = re.search(r'op_type="([^"]+)"', line)
+        op_name = re.search(r'op_name="([^"]+)"', line)
+        out.append({"kind": kind, "op_type": op_type.group(1) if op_type else "?",
+                    "op_name": op_name.group(1) if op_name else "?", "written": written,
+                    "read": sum(sizes.get(o, 0) for o in _operands(m.group("rest")))})
+    return out
+
+
+def _op_key(rec: dict[str, Any]) -> str:
+    """``op_type op_name`` with layer numbers and a leading ``amp_rewrite/`` scope folded, so
+    that the same op of every layer, in Keras's graph and in ours, shares one key.  Pure."""
+    name = re.sub(r"^amp_rewrite/", "", rec["op_name"])
+    name = re.sub(r"_\d+(?=/|$)", "", name)
+    return f"{rec['op_type']} {re.sub(r'[0-9]+', 'N', name)}"
+
+
+def traffic_by(records: list[dict[str, Any]], key: Any) -> dict[str, dict[str, int]]:
+    """Kernels and bytes summed per ``key(record)``.  Pure."""
+    out: dict[str, dict[str, int]] = collections.defaultdict(lambda: {"kernels": 0, "read": 0, "written": 0})
+    for r in records:
+        agg = out[key(r)]
+        agg["kernels"] += 1
+        agg["read"] += r["read"]
+        agg["written"] += r["written"]
+    return dict(out)
+
+
+def compare(a_text: str, b_text: str, top: int = 20) -> str:
+    """A table of two modules' traffic: totals and kinds, then the ``top`` TensorFlow ops whose
+    bytes differ most (``b`` minus ``a``).  Pure."""
+    a, b = entry_traffic(a_text), entry_traffic(b_text)
+    lines = ["| | kernels A | GB A | kernels B | GB B |", "|---|---|---|---|---|"]
+
+    def row(label: str, x: dict[str, int] | None, y: dict[str, int] | None) -> str:
+        x = x or {"kernels": 0, "read": 0, "written": 0}
+        y = y or {"kernels": 0, "read": 0, "written": 0}
+        return (f"| {label} | {x['kernels']} | {(x['read'] + x['written']) / 1e9:.3f} | {y['kernels']} | "
+                f"{(y['read'] + y['written']) / 1e9:.3f} |")
+
+    lines.append(row("**all**", traffic_by(a, lambda r: "")[""] if a else None,
+                     traffic_by(b, lambda r: "")[""] if b else None))
+    ka, kb = traffic_by(a, lambda r: r["kind"]), traffic_by(b, lambda r: r["kind"])
+    lines += [row(k, ka.get(k), kb.get(k)) for k in sorted(set(ka) | set(kb))]
+    oa, ob = traffic_by(a, _op_key), traffic_by(b, _op_key)
+
+    def moved(d: dict[str, int] | None) -> int:
+        return (d["read"] + d["written"]) if d else 0
+
+    keys = sorted(set(oa) | set(ob), key=lambda k: (-abs(moved(ob.get(k)) - moved(oa.get(k))), k))
+    lines += ["", "| TensorFlow op | GB A | GB B | B - A |", "|---|---|---|---|"]
+    lines += [f"| {k} | {moved(oa.get(k)) / 1e9:.3f} | {moved(ob.get(k)) / 1e9:.3f} | "
+              f"{(moved(ob.get(k)) - moved(oa.get(k))) / 1e9:+.3f} |" for k in keys[:top]]
+    return "\n".join(lines) + "\n"
+
+
+def _module_text(path: str, part: str) -> str:
+    """The after-optimizations text of the one module of the dump ``path`` whose name holds
+    ``part``."""
+    found = [f for f in sorted(os.listdir(path)) if _FILE.match(f) and part in f]
+    if len(found) != 1:
+        raise SystemExit(f"{len(found)} modules in {path} match {part!r}; name one")
+    with open(os.path.join(path, found[0]), errors="replace") as f:
+        return f.read()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("dump_dir")
     p.add_argument("--json", help="write the summary here (default: stdout)")
+    p.add_argument("--compare", nargs=2, metavar=("A", "B"),
+                   help="weigh two modules' memory traffic (substrings of their names) and exit")
     args = p.parse_args(argv)
     if not os.path.isdir(args.dump_dir):
         print(f"no XLA dump at {args.dump_dir}: nothing was compiled with XLA", file=sys.stderr)
         return 2
+    if args.compare:
+        print(compare(*(_module_text(args.dump_dir, part) for part in args.compare)), end="")
+        return 0
     summary = summarize_dir(args.dump_dir)
     text = json.dumps(summary, indent=1)
     if args.json:

@@ -303,3 +303,43 @@ def test_gpu_profile_smoke_runs_a_variant_on_the_cpu(tmp_path):
                              "--out", str(out)]) == 0
     rec = json.loads(out.read_text())["workloads"]["small_cnn-train-b8"]["float32"]
     assert rec["wall_ms"] > 0 and rec["device_busy_ms"] is None and rec["xla"] is False
+
+
+def test_xla_dump_summary_weighs_two_modules_memory_traffic():
+    """``--compare``: each entry instruction that launches a kernel reads its operands' bytes
+    and writes its result's (a library call's ``s8`` workspace left out; parameters, tuples
+    and bitcasts launch nothing); bytes are summed per kind and per TensorFlow op, the op
+    names' layer numbers and our ``amp_rewrite/`` scope folded, largest difference first."""
+    import xla_dump_summary as xs
+
+    def module(cast_type: str, scope: str) -> str:
+        return "\n".join([
+            "HloModule m",
+            "%fused_computation (p: f32[8]) -> f16[8] {",
+            "  %p = f32[8]{0} parameter(0)",  # a fusion's body: not an entry instruction
+            "}",
+            "ENTRY %main (a: f32[1024], w: f16[32,32]) -> f16[1024] {",
+            "  %a = f32[1024]{0} parameter(0)",
+            "  %w = f16[32,32]{1,0} parameter(1)",
+            "  %b = f32[32,32]{1,0} bitcast(f32[1024]{0} %a)",
+            f'  %c = {cast_type}[32,32]{{1,0}} fusion(%b), kind=kLoop, calls=%fused_computation, '
+            f'metadata={{op_type="Cast" op_name="{scope}model/layer_3/Cast"}}',
+            '  %g = (f16[32,32]{1,0}, s8[4096]{0}) custom-call(%c, %w), custom_call_target="__cublas$gemm", '
+            f'metadata={{op_type="MatMul" op_name="{scope}model/layer_3/MatMul"}}',
+            "  ROOT %t = f16[32,32]{1,0} get-tuple-element(%g), index=0",
+            "}",
+        ])
+
+    keras, ours = module("f16", ""), module("f32", "amp_rewrite/")
+    rows = xs.entry_traffic(keras)
+    assert [(r["kind"], r["read"], r["written"]) for r in rows] == [
+        ("fusion.kLoop", 4096, 2048),          # reads f32[32,32] through the bitcast, writes f16
+        ("matmul", 2048 + 2048, 2048)]         # the workspace is not traffic
+    table = xs.compare(keras, ours)
+    assert "| **all** | 2 | 0.000 | 2 | 0.000 |" in table
+    op_rows = table.split("| TensorFlow op |")[1].splitlines()[2:]
+    # Same op keys in both modules (scope and layer number folded); the Cast differs first.
+    assert op_rows[0].startswith("| Cast model/layer/Cast | 0.000 | 0.000 | +0.000 |")
+    assert xs.entry_traffic("HloModule m\n") == []
+    diff = {r["op_type"]: r for r in xs.entry_traffic(ours)}
+    assert diff["Cast"]["written"] == 4096 and diff["MatMul"]["read"] == 4096 + 2048
