@@ -597,8 +597,9 @@ def variant_graph_def(workload: str, variant: str, *, target: str, precision: st
     module's run builds it on a GPU, traced here (no step runs, no GPU needed; Keras's
     GPU-only paths are taken, :func:`keras_as_on_a_gpu`): the float32 model's Keras step for
     the float32 variants, the ``mixed_<precision>`` model's for Keras's, our traced step
-    rewritten with the variant's lists and ``compiled`` for ours, and the float32 step
-    rewritten with the ``tensorflow`` lists (the parity of TensorFlow's pass) for ``tf_amp``.
+    rewritten with the variant's lists and ``compiled`` for ours, and the float32 step with
+    Keras's loss-scale optimizer (float16) rewritten with the ``tensorflow`` lists (the parity of
+    TensorFlow's pass) for ``tf_amp``.
     ``float32_strict`` is float32's graph: only its device class differs.  Ours is the graph
     our step's runner would run (:func:`ours_step`).  ``compiled`` is
     what the variant's ``jit_compile`` comes to on a GPU: ``True`` and ``"auto"`` are XLA
@@ -613,7 +614,10 @@ def variant_graph_def(workload: str, variant: str, *, target: str, precision: st
         if spec.ours:
             return ours_step(workload, lists=spec.lists or "default", target=target, precision=precision,
                              jit_compile=spec.jit_compile)
-        graph, supports_xla = trace_keras_step(workload, mixed=spec.policy == "mixed", precision=precision)
+        # TensorFlow's pass runs on the float32 model's step with the loss scale VariantRun
+        # gives it (float16 only: bfloat16 needs none).
+        graph, supports_xla = trace_keras_step(workload, mixed=spec.policy == "mixed", precision=precision,
+                                               loss_scaled=spec.tf_amp and precision == "float16")
         xla = spec.jit_compile is not False and supports_xla
         shapes = captured_variable_shapes(graph)
         if not spec.tf_amp:
@@ -683,11 +687,14 @@ def _supports_xla(model: Any) -> bool:
     return bool(model_supports_jit(model))
 
 
-def trace_keras_step(workload: str, *, mixed: bool, precision: str = "float16") -> tuple[Any, bool]:
+def trace_keras_step(workload: str, *, mixed: bool, precision: str = "float16",
+                     loss_scaled: bool = False) -> tuple[Any, bool]:
     """The traced (not run) Keras step of a workload's model without our rewrite, as on a GPU
     (:func:`keras_as_on_a_gpu`): float32, or built under Keras's ``mixed_<precision>`` policy
-    (Keras wraps its optimizer in a loss scale for float16).  ``(tf.Graph, whether Keras would
-    compile it under "auto")``; no step runs."""
+    (Keras wraps its optimizer in a loss scale for float16).  ``loss_scaled``: the optimizer
+    wrapped in ``keras.optimizers.LossScaleOptimizer`` as :class:`VariantRun` wraps it for
+    ``tf_amp`` (the float32 model whose graph TensorFlow's pass rewrites).  ``(tf.Graph, whether
+    Keras would compile it under "auto")``; no step runs."""
     import keras
     import tensorflow as tf
 
@@ -699,8 +706,10 @@ def trace_keras_step(workload: str, *, mixed: bool, precision: str = "float16") 
             model = w.build()
         finally:
             keras.mixed_precision.set_dtype_policy("float32")
-        model.compile(optimizer=_optimizer(w.optimizer),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        opt = _optimizer(w.optimizer)
+        if loss_scaled:
+            opt = keras.optimizers.LossScaleOptimizer(opt)
+        model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         x, y = make_batch(w)
         if w.train:
             model.optimizer.build(model.trainable_variables)
