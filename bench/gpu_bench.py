@@ -80,6 +80,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -129,14 +130,49 @@ class VariantSpec:
     #: Ours exactly as a user enables it: ``enable_mixed_precision_graph_rewrite(opt)`` with no
     #: option and ``compile()`` with Keras's default ``jit_compile="auto"``.
     user_defaults: bool = False
+    #: More rewrite options of an ``--extra-variant`` (ours only), as sorted JSON: e.g.
+    #: ``{"remove": {"deny": ["Exp"]}}`` to measure what one list entry costs.
+    options_json: str = ""
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return json.loads(self.options_json) if self.options_json else {}
 
     @property
     def ours(self) -> bool:
         return self.lists is not None or self.user_defaults
 
 
+#: Variants defined on the command line (``--extra-variant``): name -> (base variant, options).
+EXTRA_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {}
+
+
+def define_extra_variant(text: str) -> str:
+    """Register ``NAME=BASE`` or ``NAME=BASE:JSON`` (``--extra-variant``): our variant ``BASE``
+    with the JSON object's rewrite options added (``add``, ``remove``, ``lists``, ``exclude``,
+    ... as ``enable_mixed_precision_graph_rewrite`` takes them).  A hypothesis about a list
+    entry is then measured side by side with the variants it is compared with.  Returns the
+    name; raises ``ValueError`` on a malformed definition or a base that is not ours."""
+    name, sep, rest = text.partition("=")
+    base, _, options = rest.partition(":")
+    if not sep or not name or not base or name in VARIANTS or not re.fullmatch(r"[A-Za-z0-9_.+-]+", name):
+        raise ValueError(f"--extra-variant {text!r}: expected NAME=BASE[:JSON], NAME new and plain")
+    if not variant_spec(base).ours:
+        raise ValueError(f"--extra-variant {text!r}: {base} is not one of our variants")
+    parsed = json.loads(options) if options else {}
+    if not isinstance(parsed, dict):
+        raise ValueError(f"--extra-variant {text!r}: the options must be a JSON object")
+    EXTRA_VARIANTS[name] = (base, parsed)
+    return name
+
+
 def variant_spec(name: str) -> VariantSpec:
-    """The :class:`VariantSpec` of a variant name from :data:`VARIANTS`.  Pure."""
+    """The :class:`VariantSpec` of a variant name from :data:`VARIANTS` or
+    :data:`EXTRA_VARIANTS`.  Pure (reads the registry)."""
+    if name in EXTRA_VARIANTS:
+        base, options = EXTRA_VARIANTS[name]
+        return dataclasses.replace(variant_spec(base), name=name,
+                                   options_json=json.dumps(options, sort_keys=True))
     xla = name.endswith("_xla")
     if name in ("float32", "float32_again", "float32_xla"):
         return VariantSpec(name, jit_compile=xla)
@@ -478,10 +514,10 @@ class VariantRun:
         self.model.set_weights(weights)
         opt = _optimizer(w.optimizer)
         if spec.user_defaults:
-            opt = amp_rewrite.enable_mixed_precision_graph_rewrite(opt)
+            opt = amp_rewrite.enable_mixed_precision_graph_rewrite(opt, **spec.options)
         elif spec.lists is not None:
             opt = amp_rewrite.enable_mixed_precision_graph_rewrite(
-                opt, lists=spec.lists, target=cfg.target, precision=cfg.precision)
+                opt, **{"lists": spec.lists, "target": cfg.target, "precision": cfg.precision, **spec.options})
         elif spec.tf_amp and cfg.precision == "float16":
             opt = keras.optimizers.LossScaleOptimizer(opt)
         self.model.compile(optimizer=opt, jit_compile=spec.jit_compile,
@@ -613,7 +649,7 @@ def variant_graph_def(workload: str, variant: str, *, target: str, precision: st
     try:
         if spec.ours:
             return ours_step(workload, lists=spec.lists or "default", target=target, precision=precision,
-                             jit_compile=spec.jit_compile)
+                             jit_compile=spec.jit_compile, options_json=spec.options_json)
         # TensorFlow's pass runs on the float32 model's step with the loss scale VariantRun
         # gives it (float16 only: bfloat16 needs none).
         graph, supports_xla = trace_keras_step(workload, mixed=spec.policy == "mixed", precision=precision,
@@ -721,7 +757,7 @@ def trace_keras_step(workload: str, *, mixed: bool, precision: str = "float16",
 
 
 def _our_step_function(workload: str, *, lists: str, target: str, precision: str,
-                       jit_compile: bool | str) -> tuple[Any, tuple[Any, ...], bool]:
+                       jit_compile: bool | str, options_json: str = "") -> tuple[Any, tuple[Any, ...], bool]:
     """A fresh model of ``workload`` with its optimizer wrapped by
     ``enable_mixed_precision_graph_rewrite``, compiled with what ``jit_compile`` comes to on a
     GPU, as ``fit`` builds it: ``(its rewritten step, an amp_rewrite Function; the step's
@@ -734,8 +770,9 @@ def _our_step_function(workload: str, *, lists: str, target: str, precision: str
     w = workload_named(workload)
     keras.utils.set_random_seed(SEED)
     model = w.build()
-    opt = amp_rewrite.enable_mixed_precision_graph_rewrite(
-        _optimizer(w.optimizer), lists=lists, target=target, precision=precision)
+    options = {"lists": lists, "target": target, "precision": precision,
+               **(json.loads(options_json) if options_json else {})}
+    opt = amp_rewrite.enable_mixed_precision_graph_rewrite(_optimizer(w.optimizer), **options)
     # Traced here on a CPU, "auto" would resolve to no XLA: trace with what it comes to on a
     # GPU (Keras turns True down too where a layer does not support XLA).
     xla = jit_compile is not False and _supports_xla(model)
@@ -763,7 +800,7 @@ def trace_step(workload: str, *, lists: str, target: str, precision: str,
 
 
 def ours_step(workload: str, *, lists: str, target: str, precision: str,
-              jit_compile: bool | str) -> tuple[Any, Any, bool]:
+              jit_compile: bool | str, options_json: str = "") -> tuple[Any, Any, bool]:
     """``(GraphDef, variable shapes, compiled)`` of the step our rewritten Keras step would run
     on a GPU (:func:`keras_as_on_a_gpu`), built as its first call builds it, without running
     it: the traced step rewritten with the optimizer's options, or, where that converts
@@ -773,7 +810,8 @@ def ours_step(workload: str, *, lists: str, target: str, precision: str,
 
     with keras_as_on_a_gpu():
         function, args, supports_xla = _our_step_function(workload, lists=lists, target=target,
-                                                          precision=precision, jit_compile=jit_compile)
+                                                          precision=precision, jit_compile=jit_compile,
+                                                          options_json=options_json)
         runner = function._runner(function.get_concrete_function(*args))  # noqa: SLF001  (the first call's)
     xla = jit_compile is not False and supports_xla
     return runner.result.graph_def, captured_variable_shapes(runner.concrete.graph), xla
@@ -938,6 +976,8 @@ def render_markdown(results: dict[str, Any]) -> str:
         "priced whole (`amp_rewrite.estimate_step_time`), and the measured step time over `float32` "
         "(over `float32_xla` for XLA variants)",
         "- `--autotune` is an offline SavedModel tool; a Keras fit step has none, so it is no variant here",
+        *[f"- `{n}` (extra variant): `{e['base']}` with the rewrite options `{json.dumps(e['options'], sort_keys=True)}`"
+          for n, e in sorted((cfg.get("extra_variants") or {}).items())],
         "",
     ]
     if results.get("skipped_workloads"):
@@ -951,7 +991,7 @@ def render_markdown(results: dict[str, Any]) -> str:
                      "converted / total | casts | predicted | measured |")
         lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
         f32 = rec["variants"].get("float32", {}).get("step_ms")
-        for name in VARIANTS:
+        for name in (*VARIANTS, *sorted(cfg.get("extra_variants") or {})):
             v = rec["variants"].get(name)
             if v is None:
                 if name in rec.get("failed", {}):
@@ -1029,7 +1069,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", help="markdown file (default bench/GPU_RESULTS.md; a temp dir with --reduced)")
     p.add_argument("--json", help="JSON file (default: --out with .json)")
     p.add_argument("--workloads", help="comma-separated subset, in the order to run")
-    p.add_argument("--variants", help="comma-separated subset of the variants")
+    p.add_argument("--variants", help="comma-separated subset of the variants (extra ones included)")
+    p.add_argument("--extra-variant", action="append", default=[], metavar="NAME=BASE[:JSON]",
+                   help="one of our variants with more rewrite options, e.g. "
+                        "'ours_user_exp=ours_user:{\"remove\": {\"deny\": [\"Exp\"]}}' (repeatable)")
     p.add_argument("--repeats", type=int)
     p.add_argument("--steps", type=int)
     p.add_argument("--warmup", type=int)
@@ -1070,7 +1113,9 @@ def main(argv: list[str] | None = None) -> int:
     target = args.target or ("cpu" if args.reduced else "auto")
     workloads = _select(args.workloads or (",".join(REDUCED_DEFAULT) if args.reduced else None),
                         REDUCED_WORKLOADS if args.reduced else FULL_WORKLOADS, "workload")
-    variants = [v.name for v in _select(args.variants, tuple(VariantSpec(n) for n in VARIANTS), "variant")]
+    extras = [define_extra_variant(text) for text in args.extra_variant]
+    known = tuple(VariantSpec(n) for n in (*VARIANTS, *extras))
+    variants = [v.name for v in _select(args.variants or ",".join((*VARIANTS, *extras)), known, "variant")]
     cfg = Config(
         precision=precision, target=target,
         repeats=args.repeats or (2 if args.reduced else 5),
@@ -1083,6 +1128,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_info(),
         "config": {**{k: v for k, v in dataclasses.asdict(cfg).items() if k != "deadline"},
                    "reduced": args.reduced, "variants": variants,
+                   "extra_variants": {n: {"base": b, "options": o} for n, (b, o) in EXTRA_VARIANTS.items()},
                    "workloads": [w.name for w in workloads], "time_budget_s": args.time_budget},
         "workloads": [],
         "skipped_workloads": [],

@@ -68,6 +68,15 @@ def device_costs(machine: dict[str, Any], target: str) -> Any:
     return dataclasses.replace(costs_for(gpu, "float16"), bandwidth=bandwidth)
 
 
+def register_extra_variants(data: dict[str, Any]) -> None:
+    """Define the run's ``--extra-variant``s (kept in its JSON config) again, so that they are
+    priced with the options they were measured with."""
+    import gpu_bench
+
+    for name, extra in (data.get("config", {}).get("extra_variants") or {}).items():
+        gpu_bench.EXTRA_VARIANTS[name] = (extra["base"], extra["options"])
+
+
 def baseline_of(variant: str) -> str | None:
     """The float32 variant a variant's ratio is measured against: XLA against XLA.  Pure."""
     import gpu_bench
@@ -157,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.results:
         with open(path) as f:
             data = json.load(f)
+        register_extra_variants(data)
         text += table(rows_of(data, args.capability, wanted), os.path.basename(path))
     if args.out:
         with open(args.out, "w") as f:

@@ -220,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workloads", help="comma-separated gpu_bench workloads")
     p.add_argument("--variants", help="comma-separated gpu_bench variants (default: float32,float32_xla)")
+    p.add_argument("--extra-variant", action="append", default=[], metavar="NAME=BASE[:JSON]",
+                   help="as gpu_bench's: one of our variants with more rewrite options (repeatable)")
     p.add_argument("--steps", type=int, default=5, help="profiled steps per variant")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--precision", choices=("float16", "bfloat16"))
@@ -236,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     pool = gpu_bench.REDUCED_WORKLOADS if args.reduced else gpu_bench.FULL_WORKLOADS
     default_wl = gpu_bench.REDUCED_DEFAULT[0] if args.reduced else "resnet50-train-b64"
     workloads = gpu_bench._select(args.workloads or default_wl, pool, "workload")
+    for text in args.extra_variant:
+        gpu_bench.define_extra_variant(text)
     variants = (args.variants or "float32,float32_xla").split(",")
     for v in variants:
         gpu_bench.variant_spec(v)  # an unknown name fails here, before any model is built
