@@ -343,3 +343,20 @@ def test_xla_dump_summary_weighs_two_modules_memory_traffic():
     assert xs.entry_traffic("HloModule m\n") == []
     diff = {r["op_type"]: r for r in xs.entry_traffic(ours)}
     assert diff["Cast"]["written"] == 4096 and diff["MatMul"]["read"] == 4096 + 2048
+
+
+def test_extra_variants_are_our_variants_with_more_rewrite_options(monkeypatch):
+    """``--extra-variant NAME=BASE:JSON`` defines one of our variants with more options (a
+    hypothesis measured side by side); its spec keeps the base's mode and lists and carries the
+    options; malformed definitions and bases that are not ours are refused."""
+    monkeypatch.setattr(gpu_bench, "EXTRA_VARIANTS", {})
+    name = gpu_bench.define_extra_variant('ours_noexp_xla=ours_default_xla:{"remove": {"deny": ["Exp"]}}')
+    spec = gpu_bench.variant_spec(name)
+    assert (spec.name, spec.jit_compile, spec.lists, spec.ours) == ("ours_noexp_xla", True, "default", True)
+    assert spec.options == {"remove": {"deny": ["Exp"]}}
+    assert gpu_bench.variant_spec("ours_default_xla").options == {}  # the base is unchanged
+    user = gpu_bench.variant_spec(gpu_bench.define_extra_variant("ours_user_again=ours_user"))
+    assert user.user_defaults and user.options == {}
+    for bad in ("float32_x=float32", "ours_user=ours_default", "no_base", "x=ours_user:[1]", "a b=ours_user"):
+        with pytest.raises(ValueError):
+            gpu_bench.define_extra_variant(bad)
