@@ -35,7 +35,7 @@ from .graph.op_registry import OpRegistry, default_registry
 from .report.build import build_report
 from .rewrite import RewriteStats, apply_plan
 from .step_check import checked_plan, device_costs
-from .graph.shapes import check_variable_shapes, function_shapes, graph_shapes
+from .graph.shapes import call_arguments, check_variable_shapes, function_shapes, graph_shapes, merge_call_arguments
 from .option_types import (check_bool, check_list_edits, check_names, check_optional_str, check_path,
                            check_str)
 from .plan.cost_model import DeviceCosts
@@ -555,10 +555,57 @@ def _import(graph_def: Any, registry: OpRegistry, functions: str, optimal: bool,
         g.graph["shapes"] = graph_shapes(graph_def, known_variables, registry)
         fdefs = {f.signature.name: f for f in graph_def.library.function}
         bodies = loop_functions(graph_def)
+        _function_shapes_from_callers(imported, fdefs, known_variables, registry)
         for fname, fg in imported.functions.items():
-            fg.graph["shapes"] = function_shapes(fdefs[fname], registry) if fname in fdefs else {}
             fg.graph["loop_body"] = fname in bodies
     return imported
+
+
+def _function_shapes_from_callers(imported: Any, fdefs: Mapping[str, Any], known_variables: Mapping[str, Any],
+                                  registry: OpRegistry) -> None:
+    """Set every imported function's ``shapes``, callers before callees: a body whose
+    FunctionDef declares no argument shapes (a ``tf.cond`` branch) takes those its call
+    sites agree on, and the variable shapes behind its resource arguments (the loss-scale
+    conditional around a training step's update).  Mutates ``imported``'s function graphs'
+    ``graph`` dicts only; assumes the call graph is acyclic (checked on import)."""
+    functions = imported.functions
+    calls: dict[str, list[Any]] = {f: [] for f in functions}
+    callers_left = {f: 0 for f in functions}
+    for caller in [imported.graph, *functions.values()]:
+        for node in caller.nodes:
+            for f in set(caller.nodes[node].get("funcs") or ()) | ({caller.nodes[node]["op"]} & set(functions)):
+                if f in callers_left:
+                    callers_left[f] += 1
+
+    def visit(caller: nx.MultiDiGraph, variables: Mapping[str, Any], ready: list[str]) -> None:
+        found = call_arguments(caller, caller.graph.get("shapes") or {}, variables, functions)
+        for f, args in found.items():
+            calls[f].extend(args)
+        for node in caller.nodes:
+            for f in set(caller.nodes[node].get("funcs") or ()) | ({caller.nodes[node]["op"]} & set(functions)):
+                if f in callers_left:
+                    callers_left[f] -= 1
+                    if callers_left[f] == 0:
+                        ready.append(f)
+
+    ready: list[str] = []
+    visit(imported.graph, known_variables, ready)
+    done: set[str] = set()
+    while ready:
+        fname = ready.pop()
+        if fname in done:
+            continue
+        done.add(fname)
+        fg = functions[fname]
+        fdef = fdefs.get(fname)
+        merged = merge_call_arguments(calls[fname], len(fdef.signature.input_arg)) if fdef is not None else None
+        fg.graph["shapes"] = function_shapes(fdef, registry, merged) if fdef is not None else {}
+        arg_variables = ({a.name: v for a, (_, v) in zip(fdef.signature.input_arg, merged) if v is not None}
+                         if fdef is not None and merged else {})
+        visit(fg, arg_variables, ready)
+    for fname in functions.keys() - done:  # not reached from the main graph: no call site to use
+        fdef = fdefs.get(fname)
+        functions[fname].graph["shapes"] = function_shapes(fdef, registry) if fdef is not None else {}
 
 
 def estimate_step_time(

@@ -248,3 +248,48 @@ def test_cudnn_rnn_is_priced_as_its_gemms_and_its_time_steps():
     # Unknown weights: an LSTM's four gates.
     assert _rnn_work([(seq, batch, width), (1, batch, units), (1, batch, units), None])[0] == (
         2.0 * seq * batch * 4 * units * (width + units))
+
+
+def test_a_conditional_branch_takes_its_shapes_and_variable_shapes_from_its_call_site():
+    """A ``tf.cond`` branch declares no argument shapes, and its resource arguments no value
+    shapes: its body's shapes come from what the call site passes -- the tensor's shape, and
+    the shape of the variable behind a captured resource (a training step's update inside
+    the loss-scale conditional).  Without them its MatMul was priced at the cost model's
+    default sizes."""
+    from amp_rewrite import api
+    from amp_rewrite.graph.op_registry import default_registry
+    from amp_rewrite.graph.shapes import function_shapes
+    from amp_rewrite.training.tf_function import captured_variable_shapes
+
+    v = tf.Variable(tf.zeros([64, 32]))
+
+    @tf.function
+    def step(x, pred):
+        return tf.cond(pred, lambda: tf.matmul(x, v), lambda: tf.zeros([8, 32]))
+
+    graph = step.get_concrete_function(tf.TensorSpec([8, 64]), tf.TensorSpec([], tf.bool)).graph
+    gd = graph.as_graph_def()
+    branch = next(f for f in gd.library.function if any(n.op == "MatMul" for n in f.node_def))
+    matmul = next(n.name for n in branch.node_def if n.op == "MatMul")
+    read = next(n.name for n in branch.node_def if n.op == "ReadVariableOp")
+    alone = function_shapes(branch)  # no call site: what the FunctionDef itself declares
+    assert alone.get(read, (None,))[0] is None and alone[matmul][0] != (8, 32)
+    imported = api._import(gd, default_registry(), "reachable", True, captured_variable_shapes(graph))
+    shapes = imported.functions[branch.signature.name].graph["shapes"]
+    assert shapes[read] == ((64, 32),) and shapes[matmul] == ((8, 32),)
+    # Priced whole, the branch's MatMul is now the 8x64x32 product it is.
+    est = amp_rewrite.estimate_step_time(gd, target="gpu:8.0", variable_shapes=captured_variable_shapes(graph))
+    assert est.dense_ns == pytest.approx(node_cost("MatMul", [(8, 64), (64, 32)], [(8, 32)], 2,
+                                                   DEVICE_COSTS["gpu-ampere"], constant_weights=False).high)
+
+
+def test_call_sites_that_disagree_leave_an_argument_unknown():
+    """A function called from two places takes only what both pass: a shape they agree on,
+    ``None`` where they differ (or where a call passes another number of arguments)."""
+    from amp_rewrite.graph.shapes import merge_call_arguments
+
+    a = [((8, 64), None), ((), (64, 32))]
+    b = [((4, 64), None), ((), (64, 32))]
+    assert merge_call_arguments([a], 2) == a
+    assert merge_call_arguments([a, b], 2) == [(None, None), ((), (64, 32))]
+    assert merge_call_arguments([a, a[:1]], 2) is None and merge_call_arguments([], 2) is None

@@ -23,7 +23,7 @@ then maps each such placeholder to a variable handle of that shape.
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 from . import dtypes as dt
 from ..errors import AmpRewriteError, InvalidGraphError
@@ -31,7 +31,8 @@ from .inert import inert_graph_def, placeholder_sources
 from .op_registry import OpRegistry, default_registry
 from .tensor_names import node_name
 
-__all__ = ["Shape", "check_variable_shapes", "graph_shapes", "function_shapes", "numel"]
+__all__ = ["CallArguments", "Shape", "call_arguments", "check_variable_shapes", "graph_shapes", "function_shapes",
+           "numel"]
 
 log = logging.getLogger(__name__)
 
@@ -278,6 +279,66 @@ def graph_shapes(graph_def: Any, variable_shapes: Mapping[str, Shape] | None = N
     return _forward_loop_shapes(graph_def.node, shapes)
 
 
+#: What the call sites of a function tell about its arguments: per argument, the shape of the
+#: tensor passed (``None``: unknown, or the call sites disagree) and, for a resource argument,
+#: the shape of the variable behind it (``None`` when not known).  ``None`` as a whole: no
+#: call site that passes arguments by position (a loop's body, whose arguments change shape
+#: from one iteration to the next as far as a call site can tell).
+CallArguments = list[tuple[Shape, Shape]]
+
+#: Ops that call a function with their data inputs as its arguments, from the input at this
+#: offset (a conditional's first input is its predicate or branch index).  A While's body and
+#: condition take the loop variables, whose shapes a call site cannot vouch for.
+_CALL_OFFSET = {"If": 1, "StatelessIf": 1, "_If": 1, "Case": 1, "StatelessCase": 1, "_Case": 1,
+                "PartitionedCall": 0, "StatefulPartitionedCall": 0}
+_LOOPS = frozenset({"While", "StatelessWhile", "_While"})
+
+
+def call_arguments(caller: Any, shapes: Mapping[str, tuple[Shape, ...]], variables: Mapping[str, Shape],
+                   functions: Collection[str]) -> dict[str, list[CallArguments]]:
+    """The arguments each call in the imported graph ``caller`` (a networkx graph of
+    :mod:`amp_rewrite.graph.ir`) passes to a function of ``functions``: per call, the shape
+    of every argument (from ``shapes``, the caller's) and, where the argument is a resource
+    placeholder or argument with a variable of known shape (``variables``: its name -> the
+    value's shape), that shape.  Calls are the conditionals and function-call ops of
+    ``_CALL_OFFSET`` and ops named after a function; loops are left out.  Pure."""
+    from .ir import data_inputs
+
+    out: dict[str, list[CallArguments]] = {}
+    for name in caller.nodes:
+        node = caller.nodes[name]
+        op = node["op"]
+        if op in _LOOPS:
+            continue
+        offset = _CALL_OFFSET.get(op, 0)
+        called = [f for f in (node.get("funcs") or ()) if f in functions and (op in _CALL_OFFSET or op == f)]
+        if op in functions and op not in called:
+            called.append(op)
+        if not called:
+            continue
+        args: CallArguments = []
+        for src, port in data_inputs(caller, name)[offset:]:
+            outs = shapes.get(src)
+            args.append((outs[port] if outs is not None and port < len(outs) else None, variables.get(src)))
+        for f in called:
+            out.setdefault(f, []).append(args)
+    return out
+
+
+def merge_call_arguments(calls: list[CallArguments], n_args: int) -> CallArguments | None:
+    """One argument list that holds at every call site: a shape (or variable shape) where all
+    calls agree on it, ``None`` where they differ or pass another number of arguments.
+    Pure."""
+    if not calls or any(len(c) != n_args for c in calls):
+        return None
+    merged: CallArguments = []
+    for i in range(n_args):
+        shapes = {c[i][0] for c in calls}
+        variables = {c[i][1] for c in calls}
+        merged.append((shapes.pop() if len(shapes) == 1 else None, variables.pop() if len(variables) == 1 else None))
+    return merged
+
+
 def _function_input_shapes(fdef: Any) -> list[Any] | None:
     """The argument shapes TensorFlow's ``function_def_to_graph`` would use: the
     ``_input_shapes`` attribute, with none for a resource argument that has handle data."""
@@ -290,12 +351,32 @@ def _function_input_shapes(fdef: Any) -> list[Any] | None:
             for shape, arg in zip(attr.list.shape, fdef.signature.input_arg)]
 
 
-def function_shapes(fdef: Any, registry: OpRegistry | None = None) -> dict[str, tuple[Shape, ...]]:
-    """Static output shapes of the nodes of one FunctionDef body (argument shapes from its
-    ``_input_shapes`` attribute or argument attributes).  Like :func:`graph_shapes`, the
-    body TensorFlow imports is an inert copy: nothing of it runs, and no call is entered.
-    Pure; never raises: a body TensorFlow cannot build gets its ``_output_shapes``
-    attributes or nothing.
+def _with_call_shapes(fdef: Any, declared: list[Any] | None, call: CallArguments | None) -> list[Any] | None:
+    """The argument shapes to build ``fdef``'s body with: those it declares (``declared``,
+    from its attributes), else what its call sites agree on (``call``), for non-resource
+    arguments.  Pure."""
+    if call is None or len(call) != len(fdef.signature.input_arg):
+        return declared
+    import tensorflow as tf
+    from tensorflow.core.framework import types_pb2
+
+    shapes = list(declared) if declared is not None else [None] * len(call)
+    for i, (arg, (shape, _)) in enumerate(zip(fdef.signature.input_arg, call)):
+        if shapes[i] is None and shape is not None and arg.type != types_pb2.DT_RESOURCE:
+            shapes[i] = tf.TensorShape(list(shape))
+    return shapes
+
+
+def function_shapes(fdef: Any, registry: OpRegistry | None = None,
+                    call: CallArguments | None = None) -> dict[str, tuple[Shape, ...]]:
+    """Static output shapes of the nodes of one FunctionDef body.  Argument shapes come from
+    its ``_input_shapes`` attribute or argument attributes, else from ``call`` (what its call
+    sites pass, :func:`merge_call_arguments`), whose variable shapes also give each resource
+    argument a variable handle of that shape, so that what the body reads from a variable --
+    a training step's optimizer update inside a loss-scale conditional -- has a size.  Like
+    :func:`graph_shapes`, the body TensorFlow imports is an inert copy: nothing of it runs,
+    and no call is entered.  Pure; never raises: a body TensorFlow cannot build gets its
+    ``_output_shapes`` attributes or nothing.
     """
     from tensorflow.python.framework import importer
     from tensorflow.python.framework.func_graph import FuncGraph
@@ -304,6 +385,15 @@ def function_shapes(fdef: Any, registry: OpRegistry | None = None) -> dict[str, 
     import tensorflow as tf
 
     registry = registry or default_registry()
+    variables = {a.name: v for a, (_, v) in zip(fdef.signature.input_arg, call or ()) if v is not None}
+
+    def import_body(message: Any, graph_def: Any) -> None:
+        # Into the current (scratch) FuncGraph; resource arguments with a known variable
+        # shape read from a handle of that shape (as graph_shapes does for placeholders).
+        input_map = _variable_handles(graph_def, variables) if variables else {}
+        importer._import_graph_def_internal(  # noqa: SLF001 - import_graph_def_for_function, with an input map
+            message, input_map=input_map or None, validate_colocation_constraints=False, name="")
+
     recorded = _attr_shapes(fdef.node_def)
     # An empty graph around the body: in eager mode TensorFlow would resolve an op named after
     # a function from every function this process ever traced, so shapes would depend on
@@ -319,18 +409,19 @@ def function_shapes(fdef: Any, registry: OpRegistry | None = None) -> dict[str, 
                 # protobuf map inserts the key, which would change the caller's FunctionDef.
                 local = type(fdef)()
                 local.CopyFrom(fdef)
-                graph_def, _ = function_def_to_graph_def(local, _function_input_shapes(local))
+                graph_def, _ = function_def_to_graph_def(
+                    local, _with_call_shapes(local, _function_input_shapes(local), call))
                 inert = inert_graph_def(graph_def, registry)
                 if inert is None:
                     return recorded
                 copy, cut = inert
-                importer.import_graph_def_for_function(copy, name="")
+                import_body(copy, graph_def)
             hints = _placeholder_hints(scratch, copy)
             if hints and (again := inert_graph_def(graph_def, registry, hints)) is not None:
                 second = FuncGraph(fdef.signature.name)
                 try:
                     with second.as_default():
-                        importer.import_graph_def_for_function(again[0], name="")
+                        import_body(again[0], graph_def)
                     scratch = second
                 except Exception as exc:  # noqa: BLE001 - the first import's shapes stand
                     log.debug("second shape import of %s failed (%s); keeping the first",
