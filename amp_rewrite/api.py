@@ -566,44 +566,51 @@ def _function_shapes_from_callers(imported: Any, fdefs: Mapping[str, Any], known
     """Set every imported function's ``shapes``, callers before callees: a body whose
     FunctionDef declares no argument shapes (a ``tf.cond`` branch) takes those its call
     sites agree on, and the variable shapes behind its resource arguments (the loss-scale
-    conditional around a training step's update).  Mutates ``imported``'s function graphs'
-    ``graph`` dicts only; assumes the call graph is acyclic (checked on import)."""
+    conditional around a training step's update).  Only callers reachable from the main graph
+    count (a library function nothing calls says nothing about its callees).  Mutates
+    ``imported``'s function graphs' ``graph`` dicts only; assumes the call graph is acyclic
+    (checked on import)."""
     functions = imported.functions
-    calls: dict[str, list[Any]] = {f: [] for f in functions}
-    callers_left = {f: 0 for f in functions}
-    for caller in [imported.graph, *functions.values()]:
-        for node in caller.nodes:
-            for f in set(caller.nodes[node].get("funcs") or ()) | ({caller.nodes[node]["op"]} & set(functions)):
-                if f in callers_left:
-                    callers_left[f] += 1
+
+    def callees(g: nx.MultiDiGraph) -> Iterator[str]:
+        for node in g.nodes:
+            attrs = g.nodes[node]
+            called = set(attrs.get("funcs") or ())
+            if attrs["op"] in functions:
+                called.add(attrs["op"])
+            yield from (f for f in called if f in functions)
+
+    reachable, todo = set(), list(callees(imported.graph))
+    while todo:
+        f = todo.pop()
+        if f not in reachable:
+            reachable.add(f)
+            todo.extend(callees(functions[f]))
+    callers_left = dict.fromkeys(reachable, 0)
+    for caller in [imported.graph, *(functions[f] for f in reachable)]:
+        for f in callees(caller):
+            callers_left[f] += 1
+    calls: dict[str, list[Any]] = {f: [] for f in reachable}
 
     def visit(caller: nx.MultiDiGraph, variables: Mapping[str, Any], ready: list[str]) -> None:
-        found = call_arguments(caller, caller.graph.get("shapes") or {}, variables, functions)
-        for f, args in found.items():
+        for f, args in call_arguments(caller, caller.graph.get("shapes") or {}, variables, reachable).items():
             calls[f].extend(args)
-        for node in caller.nodes:
-            for f in set(caller.nodes[node].get("funcs") or ()) | ({caller.nodes[node]["op"]} & set(functions)):
-                if f in callers_left:
-                    callers_left[f] -= 1
-                    if callers_left[f] == 0:
-                        ready.append(f)
+        for f in callees(caller):
+            callers_left[f] -= 1
+            if callers_left[f] == 0:
+                ready.append(f)
 
     ready: list[str] = []
     visit(imported.graph, known_variables, ready)
-    done: set[str] = set()
     while ready:
         fname = ready.pop()
-        if fname in done:
-            continue
-        done.add(fname)
-        fg = functions[fname]
-        fdef = fdefs.get(fname)
+        fg, fdef = functions[fname], fdefs.get(fname)
         merged = merge_call_arguments(calls[fname], len(fdef.signature.input_arg)) if fdef is not None else None
         fg.graph["shapes"] = function_shapes(fdef, registry, merged) if fdef is not None else {}
         arg_variables = ({a.name: v for a, (_, v) in zip(fdef.signature.input_arg, merged) if v is not None}
                          if fdef is not None and merged else {})
         visit(fg, arg_variables, ready)
-    for fname in functions.keys() - done:  # not reached from the main graph: no call site to use
+    for fname in functions.keys() - reachable:  # nothing reachable calls it: no call site to use
         fdef = fdefs.get(fname)
         functions[fname].graph["shapes"] = function_shapes(fdef, registry) if fdef is not None else {}
 

@@ -157,8 +157,8 @@ def define_extra_variant(text: str) -> str:
     base, _, options = rest.partition(":")
     if not sep or not name or not base or name in VARIANTS or not re.fullmatch(r"[A-Za-z0-9_.+-]+", name):
         raise ValueError(f"--extra-variant {text!r}: expected NAME=BASE[:JSON], NAME new and plain")
-    if not variant_spec(base).ours:
-        raise ValueError(f"--extra-variant {text!r}: {base} is not one of our variants")
+    if base not in VARIANTS or not variant_spec(base).ours:
+        raise ValueError(f"--extra-variant {text!r}: {base} is not one of our built-in variants")
     parsed = json.loads(options) if options else {}
     if not isinstance(parsed, dict):
         raise ValueError(f"--extra-variant {text!r}: the options must be a JSON object")
@@ -690,15 +690,18 @@ def predicted_step_ratio(workload: str, variant: str, baseline: str, *, target: 
     """The cost model's estimated step time of ``variant`` over ``baseline``'s on ``workload``
     (:func:`estimated_step_ns` of each).  ``costs``: a device class to price both with instead
     of the target's (a GPU whose measured bandwidth differs from its family's)."""
-    return (estimated_step_ns(workload, variant, target=target, precision=precision, costs=costs)
+    return (estimated_step_ns(workload, variant, target=target, precision=precision, costs=costs,
+                              options_json=variant_spec(variant).options_json)
             / estimated_step_ns(workload, baseline, target=target, precision=precision, costs=costs))
 
 
 @functools.lru_cache(maxsize=None)
-def estimated_step_ns(workload: str, variant: str, *, target: str, precision: str, costs: Any = None) -> float:
+def estimated_step_ns(workload: str, variant: str, *, target: str, precision: str, costs: Any = None,
+                      options_json: str = "") -> float:
     """:func:`amp_rewrite.estimate_step_time` of :func:`variant_graph_def`, ``float32_strict``
-    priced with TF32 off (with ``costs``' bandwidth where given).  Cached per process: a
-    baseline is priced once for all the variants measured against it."""
+    priced with TF32 off (with ``costs``' bandwidth where given).  Cached per process (per
+    variant and its extra options): a baseline is priced once for all the variants measured
+    against it."""
     import amp_rewrite
     from amp_rewrite.plan.cost_model import costs_for
 
@@ -1042,6 +1045,11 @@ def merge(paths: list[str]) -> dict[str, Any]:
     if merged is None:
         raise SystemExit("--merge needs at least one JSON file")
     merged["workloads"] = list(by_name.values())
+    # Every file's --extra-variant definitions (a later split of the run may add some).
+    extras: dict[str, Any] = {}
+    for entry in merged["merged_from"]:
+        extras.update(entry["config"].get("extra_variants") or {})
+    merged["config"] = {**merged["config"], "extra_variants": extras}
     done = set(by_name)
     merged["skipped_workloads"] = [n for n in merged.get("skipped_workloads", []) if n not in done]
     return merged

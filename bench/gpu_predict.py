@@ -100,8 +100,10 @@ def rows_of(data: dict[str, Any], capability: str | None = None,
     for rec in data["workloads"]:
         measured = {k: v["step_ms"] for k, v in rec["variants"].items() if v.get("step_ms")}
         for name, step in measured.items():
+            if variants and name not in variants:
+                continue
             base = baseline_of(name)
-            if base not in measured or (variants and name not in variants):
+            if base not in measured:
                 continue
             pred = gpu_bench.predicted_step_ratio(rec["workload"], name, base, target=target,
                                                   precision="float16", costs=costs)

@@ -47,11 +47,14 @@ from typing import Any, Iterable
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, ".."), HERE]
 
-#: Stats of a device event that name the op it ran for, most specific first.
-_OP_STATS = ("hlo_op", "tf_op")
-#: Device lines that are derived views, not streams (their events repeat the streams').
-_DERIVED_LINES = ("XLA Ops", "XLA Modules", "TensorFlow Ops", "TensorFlow Name Scope", "Steps",
-                  "Launch Stats", "Source code")
+#: Stats of a device event that name the op it ran for, most specific first (XLA's HLO op,
+#: TensorFlow's op, else the annotation the kernel was launched under).
+_OP_STATS = ("hlo_op", "tf_op", "kernel_annotation")
+#: Device lines that are derived views, not streams (their events repeat or span the
+#: streams'), in the names TensorFlow 2.21's profiler and earlier releases use.
+_DERIVED_LINES = ("XLA Ops", "Async XLA Ops", "XLA Modules", "Framework Ops", "Framework Name Scope",
+                  "TensorFlow Ops", "TensorFlow Name Scope", "Host Offload Ops", "Sparse Core Steps", "Steps",
+                  "Launch Stats", "Source code", "_counters_")
 
 
 def _stat_names(plane: Any) -> dict[int, str]:
@@ -62,8 +65,7 @@ def _stat_value(stat: Any, plane: Any) -> str:
     """A stat's value as text (a reference points at a stat metadata's name)."""
     kind = stat.WhichOneof("value")
     if kind == "ref_value":
-        meta = plane.stat_metadata.get(stat.ref_value)
-        return meta.name if meta is not None else ""
+        return plane.stat_metadata[stat.ref_value].name if stat.ref_value in plane.stat_metadata else ""
     return str(getattr(stat, kind)) if kind else ""
 
 
@@ -81,16 +83,18 @@ def _union_ps(intervals: list[tuple[int, int]]) -> int:
 
 
 def _op_of(event: Any, plane: Any, stat_names: dict[int, str]) -> str:
-    """The op a device event ran for: its ``hlo_op`` or ``tf_op`` stat, else the event's name."""
+    """The op a device event ran for: its ``hlo_op``, ``tf_op`` or ``kernel_annotation`` stat,
+    else the event's name.  Reads ``plane`` (without inserting into its maps)."""
+    meta = plane.event_metadata[event.metadata_id] if event.metadata_id in plane.event_metadata else None
     found = {}
-    for st in list(event.stats) + list(plane.event_metadata[event.metadata_id].stats):
+    for st in list(event.stats) + (list(meta.stats) if meta is not None else []):
         name = stat_names.get(st.metadata_id)
         if name in _OP_STATS:
             found[name] = _stat_value(st, plane)
     for name in _OP_STATS:
         if found.get(name):
             return found[name]
-    return plane.event_metadata[event.metadata_id].name
+    return meta.name if meta is not None else f"event {event.metadata_id}"
 
 
 def summarize_space(space: Any, steps: int, top: int = 25) -> dict[str, Any]:

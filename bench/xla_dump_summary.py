@@ -19,12 +19,13 @@ Usage::
     python bench/xla_dump_summary.py DIR --compare KERAS_MODULE OURS_MODULE
 
 ``--compare`` (each a substring of one module's name) weighs two modules' memory traffic:
-what every instruction of the entry computation (a kernel: a fusion, a library call, a copy,
-a conditional) reads and writes, from the shapes of its operands and result, summed per kind
+what every instruction of the entry computation that launches a kernel (a fusion, a library
+call, a copy) reads and writes, from the shapes of its operands and result, summed per kind
 and per TensorFlow op (the ``op_type`` and ``op_name`` XLA keeps in each instruction's
 metadata, with layer numbers folded so that the twelve layers of an encoder add up), with the
-largest differences first.  It is how bench/GPU_RESULTS.md weighed our BERT step against
-Keras's: a byte difference explains at most its time at the GPU's bandwidth.
+largest differences first; a conditional's or loop's bodies are counted apart, not weighed.
+It is how bench/GPU_RESULTS.md weighed our BERT step against Keras's: a byte difference
+explains at most its time at the GPU's bandwidth.
 
 Our rewritten steps are the modules whose name holds ``amp_rewrite_`` (the runner's function
 name, see ``amp_rewrite/training/tf_function.py``); Keras's own steps hold ``train_function`` or
@@ -114,12 +115,16 @@ def summarize_dir(path: str) -> list[dict[str, Any]]:
     return out
 
 
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f16": 2, "bf16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
-          "f64": 8, "s64": 8, "u64": 8}
-_SHAPE = re.compile(r"\b(pred|[fsu]\d+|bf16)\[([0-9,]*)\]")
+_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f16": 2, "bf16": 2, "s16": 2, "u16": 2, "f32": 4,
+          "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8, "c64": 8, "c128": 16}
+_SHAPE = re.compile(r"\b(pred|bf16|f8e\w+|c64|c128|[fsu]\d+)\[([0-9,]*)\]")
 _DEF = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=\s*(?P<type>.*?)\s(?P<op>[a-z\-]+)\((?P<rest>.*)$")
 #: Entry instructions that launch nothing: they name, regroup or reinterpret buffers.
 _NO_KERNEL = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitcast"})
+#: Entry instructions whose kernels are in other computations (a branch, a loop body): their
+#: own operands and results are buffers handed over, not traffic, and their bodies are not
+#: weighed here (``compare`` counts them apart).
+_CONTROL = frozenset({"conditional", "while", "call"})
 
 
 def shape_bytes(type_text: str, scratch: bool = True) -> int:
@@ -134,8 +139,8 @@ def shape_bytes(type_text: str, scratch: bool = True) -> int:
         for d in dims.split(","):
             if d:
                 n *= int(d)
-        total += n * _BYTES.get(et, 4)
-    return total
+        total += n * _BYTES.get(et, 1 if et.startswith("f8") else 4)
+    return int(total)
 
 
 def _operands(rest: str) -> list[str]:
@@ -170,7 +175,7 @@ def entry_traffic(text: str) -> list[dict[str, Any]]:
         op = m.group("op")
         written = shape_bytes(m.group("type"), scratch=op != "custom-call")
         sizes[m.group("name")] = written
-        if op in _NO_KERNEL:
+        if op in _NO_KERNEL or op in _CONTROL:
             continue
         c = classify(line)
         kind = c[0] if c else op
@@ -183,6 +188,19 @@ def entry_traffic(text: str) -> list[dict[str, Any]]:
                     "op_name": op_name.group(1) if op_name else "?", "written": written,
                     "read": sum(sizes.get(o, 0) for o in _operands(m.group("rest")))})
     return out
+
+
+def _control_count(text: str) -> int:
+    """Entry instructions that hand over to other computations (:data:`_CONTROL`).  Pure."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("ENTRY")), None)
+    n = 0
+    for line in lines[start + 1:] if start is not None else []:
+        if line.startswith("}"):
+            break
+        m = _DEF.match(line)
+        n += bool(m and m.group("op") in _CONTROL)
+    return n
 
 
 def _op_key(rec: dict[str, Any]) -> str:
@@ -216,10 +234,13 @@ def compare(a_text: str, b_text: str, top: int = 20) -> str:
         return (f"| {label} | {x['kernels']} | {(x['read'] + x['written']) / 1e9:.3f} | {y['kernels']} | "
                 f"{(y['read'] + y['written']) / 1e9:.3f} |")
 
-    lines.append(row("**all**", traffic_by(a, lambda r: "")[""] if a else None,
+    lines.append(row("**all** (entry computation)", traffic_by(a, lambda r: "")[""] if a else None,
                      traffic_by(b, lambda r: "")[""] if b else None))
     ka, kb = traffic_by(a, lambda r: r["kind"]), traffic_by(b, lambda r: r["kind"])
     lines += [row(k, ka.get(k), kb.get(k)) for k in sorted(set(ka) | set(kb))]
+    ca, cb = _control_count(a_text), _control_count(b_text)
+    if ca or cb:
+        lines.append(f"| conditional/while/call (their bodies' kernels not weighed) | {ca} | | {cb} | |")
     oa, ob = traffic_by(a, _op_key), traffic_by(b, _op_key)
 
     def moved(d: dict[str, int] | None) -> int:

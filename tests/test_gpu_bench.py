@@ -281,8 +281,9 @@ def test_gpu_profile_reads_device_busy_time_kernels_and_ops_from_a_trace():
     ev.stats.add(metadata_id=1, ref_value=2)
     stream.events.add(metadata_id=11, offset_ps=1_000_000, duration_ps=2_000_000)
     stream.events.add(metadata_id=11, offset_ps=5_000_000, duration_ps=1_000_000)
-    derived = gpu.lines.add(name="XLA Ops", timestamp_ns=1000)
-    derived.events.add(metadata_id=10, offset_ps=0, duration_ps=50_000_000)
+    for view in ("XLA Ops", "Framework Ops"):  # derived views (TF 2.21 names the second so)
+        derived = gpu.lines.add(name=view, timestamp_ns=1000)
+        derived.events.add(metadata_id=10, offset_ps=0, duration_ps=50_000_000)
     s = gpu_profile.summarize_space(space, steps=2)
     assert s["device_busy_ms"] == pytest.approx(4e-3 / 2)  # 3 us + 1 us over two steps, in ms
     assert s["kernels"] == 1.5 and s["first_to_last_ms"] == pytest.approx(6e-3 / 2)
@@ -336,13 +337,19 @@ def test_xla_dump_summary_weighs_two_modules_memory_traffic():
         ("fusion.kLoop", 4096, 2048),          # reads f32[32,32] through the bitcast, writes f16
         ("matmul", 2048 + 2048, 2048)]         # the workspace is not traffic
     table = xs.compare(keras, ours)
-    assert "| **all** | 2 | 0.000 | 2 | 0.000 |" in table
+    assert "| **all** (entry computation) | 2 | 0.000 | 2 | 0.000 |" in table
+    assert "conditional" not in table  # no control flow in these modules
     op_rows = table.split("| TensorFlow op |")[1].splitlines()[2:]
     # Same op keys in both modules (scope and layer number folded); the Cast differs first.
     assert op_rows[0].startswith("| Cast model/layer/Cast | 0.000 | 0.000 | +0.000 |")
     assert xs.entry_traffic("HloModule m\n") == []
     diff = {r["op_type"]: r for r in xs.entry_traffic(ours)}
     assert diff["Cast"]["written"] == 4096 and diff["MatMul"]["read"] == 4096 + 2048
+    # A conditional hands its operands to a branch: no traffic of its own, counted apart.
+    branching = ours.replace("  ROOT %t", "  %k = (f32[32,32]{1,0}) conditional(pred[] %a, (f32[32,32]{1,0}) %c), "
+                                          "true_computation=%x, false_computation=%y\n  ROOT %t")
+    assert xs.entry_traffic(branching) == xs.entry_traffic(ours)
+    assert "| conditional/while/call (their bodies' kernels not weighed) | 0 | | 1 | |" in xs.compare(keras, branching)
 
 
 def test_extra_variants_are_our_variants_with_more_rewrite_options(monkeypatch):

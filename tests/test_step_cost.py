@@ -269,11 +269,17 @@ def test_a_conditional_branch_takes_its_shapes_and_variable_shapes_from_its_call
 
     graph = step.get_concrete_function(tf.TensorSpec([8, 64]), tf.TensorSpec([], tf.bool)).graph
     gd = graph.as_graph_def()
+    # TensorFlow records the branch's tensor argument shapes as argument attributes; a graph
+    # rewritten and exported by other tools may not keep them (ours did not): without them,
+    # only the call site knows.
+    for f in gd.library.function:
+        for i in list(f.arg_attr):
+            del f.arg_attr[i]
     branch = next(f for f in gd.library.function if any(n.op == "MatMul" for n in f.node_def))
     matmul = next(n.name for n in branch.node_def if n.op == "MatMul")
     read = next(n.name for n in branch.node_def if n.op == "ReadVariableOp")
     alone = function_shapes(branch)  # no call site: what the FunctionDef itself declares
-    assert alone.get(read, (None,))[0] is None and alone[matmul][0] != (8, 32)
+    assert alone.get(read, (None,))[0] is None and alone[matmul][0] in (None, (None, None), (None, 32))
     imported = api._import(gd, default_registry(), "reachable", True, captured_variable_shapes(graph))
     shapes = imported.functions[branch.signature.name].graph["shapes"]
     assert shapes[read] == ((64, 32),) and shapes[matmul] == ((8, 32),)
@@ -285,7 +291,8 @@ def test_a_conditional_branch_takes_its_shapes_and_variable_shapes_from_its_call
 
 def test_call_sites_that_disagree_leave_an_argument_unknown():
     """A function called from two places takes only what both pass: a shape they agree on,
-    ``None`` where they differ (or where a call passes another number of arguments)."""
+    ``None`` where they differ; nothing where a call passes another number of arguments or
+    its arguments are unknown (a loop's body: ``None``)."""
     from amp_rewrite.graph.shapes import merge_call_arguments
 
     a = [((8, 64), None), ((), (64, 32))]
@@ -293,3 +300,36 @@ def test_call_sites_that_disagree_leave_an_argument_unknown():
     assert merge_call_arguments([a], 2) == a
     assert merge_call_arguments([a, b], 2) == [(None, None), ((), (64, 32))]
     assert merge_call_arguments([a, a[:1]], 2) is None and merge_call_arguments([], 2) is None
+    assert merge_call_arguments([a, None], 2) is None
+
+
+def test_a_library_function_nothing_calls_does_not_hide_call_sites_from_its_callees():
+    """Only callers reachable from the main graph count: a dead copy of a function in the
+    library (imported with ``functions="all"``, as SavedModels are) must not keep the
+    branch it calls from taking its variable's shape through the live caller (a nested
+    ``tf.function`` around a ``tf.cond``)."""
+    from amp_rewrite import api
+    from amp_rewrite.graph.op_registry import default_registry
+    from amp_rewrite.training.tf_function import captured_variable_shapes
+
+    v = tf.Variable(tf.zeros([64, 32]))
+
+    @tf.function
+    def inner(x, pred):
+        return tf.cond(pred, lambda: tf.matmul(x, v), lambda: tf.zeros([8, 32]))
+
+    @tf.function
+    def step(x, pred):
+        return inner(x, pred)
+
+    graph = step.get_concrete_function(tf.TensorSpec([8, 64]), tf.TensorSpec([], tf.bool)).graph
+    gd = graph.as_graph_def()
+    live = next(f for f in gd.library.function if "inner" in f.signature.name)
+    dead = gd.library.function.add()
+    dead.CopyFrom(live)
+    dead.signature.name = "dead_copy_of_inner"
+    branch = next(f for f in gd.library.function if any(n.op == "MatMul" for n in f.node_def))
+    read = next(n.name for n in branch.node_def if n.op == "ReadVariableOp")
+    for functions in ("reachable", "all"):
+        imported = api._import(gd, default_registry(), functions, True, captured_variable_shapes(graph))
+        assert imported.functions[branch.signature.name].graph["shapes"][read] == ((64, 32),), functions

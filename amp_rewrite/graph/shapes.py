@@ -281,8 +281,8 @@ def graph_shapes(graph_def: Any, variable_shapes: Mapping[str, Shape] | None = N
 
 #: What the call sites of a function tell about its arguments: per argument, the shape of the
 #: tensor passed (``None``: unknown, or the call sites disagree) and, for a resource argument,
-#: the shape of the variable behind it (``None`` when not known).  ``None`` as a whole: no
-#: call site that passes arguments by position (a loop's body, whose arguments change shape
+#: the shape of the variable behind it (``None`` when not known).  ``None`` as a whole: some
+#: call site does not pass arguments by position (a loop's body, whose arguments change shape
 #: from one iteration to the next as far as a call site can tell).
 CallArguments = list[tuple[Shape, Shape]]
 
@@ -295,41 +295,43 @@ _LOOPS = frozenset({"While", "StatelessWhile", "_While"})
 
 
 def call_arguments(caller: Any, shapes: Mapping[str, tuple[Shape, ...]], variables: Mapping[str, Shape],
-                   functions: Collection[str]) -> dict[str, list[CallArguments]]:
+                   functions: Collection[str]) -> dict[str, list[CallArguments | None]]:
     """The arguments each call in the imported graph ``caller`` (a networkx graph of
     :mod:`amp_rewrite.graph.ir`) passes to a function of ``functions``: per call, the shape
     of every argument (from ``shapes``, the caller's) and, where the argument is a resource
     placeholder or argument with a variable of known shape (``variables``: its name -> the
     value's shape), that shape.  Calls are the conditionals and function-call ops of
-    ``_CALL_OFFSET`` and ops named after a function; loops are left out.  Pure."""
+    ``_CALL_OFFSET`` and ops named after a function.  Any other reference to a function (a
+    loop's body or condition, a dataset op's function) is a call whose arguments are unknown:
+    ``None``, which :func:`merge_call_arguments` lets no shape through.  Pure."""
     from .ir import data_inputs
 
-    out: dict[str, list[CallArguments]] = {}
+    out: dict[str, list[CallArguments | None]] = {}
     for name in caller.nodes:
         node = caller.nodes[name]
         op = node["op"]
-        if op in _LOOPS:
+        referenced = {f for f in (node.get("funcs") or ()) if f in functions}
+        if op in functions:
+            referenced.add(op)
+        if not referenced:
             continue
-        offset = _CALL_OFFSET.get(op, 0)
-        called = [f for f in (node.get("funcs") or ()) if f in functions and (op in _CALL_OFFSET or op == f)]
-        if op in functions and op not in called:
-            called.append(op)
-        if not called:
-            continue
-        args: CallArguments = []
-        for src, port in data_inputs(caller, name)[offset:]:
-            outs = shapes.get(src)
-            args.append((outs[port] if outs is not None and port < len(outs) else None, variables.get(src)))
-        for f in called:
-            out.setdefault(f, []).append(args)
+        positional = op not in _LOOPS and (op in _CALL_OFFSET or op in functions)
+        args: CallArguments | None = None
+        if positional:
+            args = []
+            for src, port in data_inputs(caller, name)[_CALL_OFFSET.get(op, 0):]:
+                outs = shapes.get(src)
+                args.append((outs[port] if outs is not None and port < len(outs) else None, variables.get(src)))
+        for f in sorted(referenced):
+            out.setdefault(f, []).append(args if positional and (op in _CALL_OFFSET or op == f) else None)
     return out
 
 
-def merge_call_arguments(calls: list[CallArguments], n_args: int) -> CallArguments | None:
+def merge_call_arguments(calls: list[CallArguments | None], n_args: int) -> CallArguments | None:
     """One argument list that holds at every call site: a shape (or variable shape) where all
-    calls agree on it, ``None`` where they differ or pass another number of arguments.
-    Pure."""
-    if not calls or any(len(c) != n_args for c in calls):
+    calls agree on it, ``None`` where they differ; ``None`` as a whole where a call passes
+    another number of arguments or its arguments are unknown (``None``).  Pure."""
+    if not calls or any(c is None or len(c) != n_args for c in calls):
         return None
     merged: CallArguments = []
     for i in range(n_args):
