@@ -369,6 +369,41 @@ def _with_call_shapes(fdef: Any, declared: list[Any] | None, call: CallArguments
     return shapes
 
 
+def _blank_function_names(fdef: Any) -> dict[tuple[str, str], Any]:
+    """Blank the function names of every ``func``/``list(func)`` attribute of ``fdef``'s nodes
+    (a local copy: mutated), returning them per (node, attribute) to put back."""
+    named: dict[tuple[str, str], Any] = {}
+    for nd in fdef.node_def:
+        for key in list(nd.attr):
+            value = nd.attr[key]
+            kind = value.WhichOneof("value")
+            if kind == "func" and value.func.name:
+                named[(nd.name, key)] = value.func.name
+                value.func.name = ""
+            elif kind == "list" and value.list.func:
+                named[(nd.name, key)] = [f.name for f in value.list.func]
+                for f in value.list.func:
+                    f.name = ""
+    return named
+
+
+def _restore_function_names(graph_def: Any, named: Mapping[tuple[str, str], Any]) -> None:
+    """Put back the names :func:`_blank_function_names` took (``graph_def``: the converted
+    copy, mutated; its nodes keep the body's node names)."""
+    by_node: dict[str, list[tuple[str, Any]]] = {}
+    for (node, key), value in named.items():
+        by_node.setdefault(node, []).append((key, value))
+    for nd in graph_def.node:
+        for key, value in by_node.get(nd.name, ()):
+            if key not in nd.attr:
+                continue
+            if isinstance(value, str):
+                nd.attr[key].func.name = value
+            else:
+                for f, name in zip(nd.attr[key].list.func, value):
+                    f.name = name
+
+
 def function_shapes(fdef: Any, registry: OpRegistry | None = None,
                     call: CallArguments | None = None) -> dict[str, tuple[Shape, ...]]:
     """Static output shapes of the nodes of one FunctionDef body.  Argument shapes come from
@@ -411,8 +446,14 @@ def function_shapes(fdef: Any, registry: OpRegistry | None = None,
                 # protobuf map inserts the key, which would change the caller's FunctionDef.
                 local = type(fdef)()
                 local.CopyFrom(fdef)
+                # TensorFlow's conversion insists that every function a node names (an If's
+                # branches, a PartitionedCall's target) be registered in the graph; the inert
+                # copy cuts or keeps those nodes without entering any body, so the names are
+                # blanked for the conversion and put back after it.
+                named = _blank_function_names(local)
                 graph_def, _ = function_def_to_graph_def(
                     local, _with_call_shapes(local, _function_input_shapes(local), call))
+                _restore_function_names(graph_def, named)
                 inert = inert_graph_def(graph_def, registry)
                 if inert is None:
                     return recorded
