@@ -303,46 +303,9 @@ def test_call_sites_that_disagree_leave_an_argument_unknown():
     assert merge_call_arguments([a, None], 2) is None
 
 
-def test_a_library_function_nothing_calls_does_not_hide_call_sites_from_its_callees():
-    """Only callers reachable from the main graph count: a dead copy of a function in the
-    library (imported with ``functions="all"``, as SavedModels are) must not keep the
-    branch it calls from taking its variable's shape through the live caller (a nested
-    ``tf.function`` around a ``tf.cond``)."""
-    from amp_rewrite import api
-    from amp_rewrite.graph.op_registry import default_registry
-    from amp_rewrite.training.tf_function import captured_variable_shapes
-
-    v = tf.Variable(tf.zeros([64, 32]))
-
-    @tf.function
-    def inner(x, pred):
-        return tf.cond(pred, lambda: tf.matmul(x, v), lambda: tf.zeros([8, 32]))
-
-    @tf.function
-    def step(x, pred):
-        return inner(x, pred)
-
-    graph = step.get_concrete_function(tf.TensorSpec([8, 64]), tf.TensorSpec([], tf.bool)).graph
-    gd = graph.as_graph_def()
-    live = next(f for f in gd.library.function if "inner" in f.signature.name)
-    dead = gd.library.function.add()
-    dead.CopyFrom(live)
-    dead.signature.name = "dead_copy_of_inner"
-    branch = next(f for f in gd.library.function if any(n.op == "MatMul" for n in f.node_def))
-    read = next(n.name for n in branch.node_def if n.op == "ReadVariableOp")
-    for functions in ("reachable", "all"):
-        imported = api._import(gd, default_registry(), functions, True, captured_variable_shapes(graph))
-        assert imported.functions[branch.signature.name].graph["shapes"][read] == ((64, 32),), functions
-
-
-def test_shapes_reach_a_branch_through_a_function_that_calls_it():
-    """A function body that itself calls a function (here a ``tf.function`` whose body holds
-    a ``tf.cond``) has shapes too -- TensorFlow's conversion of a body wants every function it
-    names registered, which the inert copy never needs -- so the call site inside it passes
-    the tensor's shape on to the branch two levels down."""
-    from amp_rewrite import api
-    from amp_rewrite.graph.op_registry import default_registry
-    from amp_rewrite.graph.shapes import function_shapes
+def _nested_cond_step() -> tuple[tf.Graph, tf.compat.v1.GraphDef, dict]:
+    """A ``tf.function`` step calling another that holds a ``tf.cond`` whose true branch reads
+    a captured 64x32 variable: ``(graph, its GraphDef, the variables' shapes)``."""
     from amp_rewrite.training.tf_function import captured_variable_shapes
 
     v = tf.Variable(tf.zeros([64, 32]))
@@ -356,13 +319,49 @@ def test_shapes_reach_a_branch_through_a_function_that_calls_it():
         return inner(x, pred) + 1.0
 
     graph = step.get_concrete_function(tf.TensorSpec([8, 64]), tf.TensorSpec([], tf.bool)).graph
-    gd = graph.as_graph_def()
+    return graph, graph.as_graph_def(), captured_variable_shapes(graph)
+
+
+def _branch_node(gd: tf.compat.v1.GraphDef, op: str) -> tuple[str, str]:
+    """``(the branch function that holds a MatMul, the name of its node of ``op``)``."""
+    branch = next(f for f in gd.library.function if any(n.op == "MatMul" for n in f.node_def))
+    return branch.signature.name, next(n.name for n in branch.node_def if n.op == op)
+
+
+def test_a_library_function_nothing_calls_does_not_hide_call_sites_from_its_callees():
+    """Only callers reachable from the main graph count: a dead copy of a function in the
+    library (imported with ``functions="all"``, as SavedModels are) must not keep the
+    branch it calls from taking its variable's shape through the live caller (a nested
+    ``tf.function`` around a ``tf.cond``)."""
+    from amp_rewrite import api
+    from amp_rewrite.graph.op_registry import default_registry
+
+    _, gd, variables = _nested_cond_step()
+    live = next(f for f in gd.library.function if "inner" in f.signature.name)
+    dead = gd.library.function.add()
+    dead.CopyFrom(live)
+    dead.signature.name = "dead_copy_of_inner"
+    branch, read = _branch_node(gd, "ReadVariableOp")
+    for functions in ("reachable", "all"):
+        imported = api._import(gd, default_registry(), functions, True, variables)
+        assert imported.functions[branch].graph["shapes"][read] == ((64, 32),), functions
+
+
+def test_shapes_reach_a_branch_through_a_function_that_calls_it():
+    """A function body that itself calls a function (here a ``tf.function`` whose body holds
+    a ``tf.cond``) has shapes too -- TensorFlow's conversion of a body wants every function it
+    names registered, which the inert copy never needs -- so the call site inside it passes
+    the tensor's shape on to the branch two levels down."""
+    from amp_rewrite import api
+    from amp_rewrite.graph.op_registry import default_registry
+    from amp_rewrite.graph.shapes import function_shapes
+
+    _, gd, variables = _nested_cond_step()
     for f in gd.library.function:  # only call sites tell shapes (see the test above)
         for i in list(f.arg_attr):
             del f.arg_attr[i]
     outer = next(f for f in gd.library.function if "inner" in f.signature.name)
     assert function_shapes(outer), "a body with a call gets shapes of its own nodes"
-    branch = next(f for f in gd.library.function if any(n.op == "MatMul" for n in f.node_def))
-    matmul = next(n.name for n in branch.node_def if n.op == "MatMul")
-    imported = api._import(gd, default_registry(), "reachable", True, captured_variable_shapes(graph))
-    assert imported.functions[branch.signature.name].graph["shapes"][matmul] == ((8, 32),)
+    branch, matmul = _branch_node(gd, "MatMul")
+    imported = api._import(gd, default_registry(), "reachable", True, variables)
+    assert imported.functions[branch].graph["shapes"][matmul] == ((8, 32),)
