@@ -35,7 +35,7 @@ from .graph.op_registry import OpRegistry, default_registry
 from .report.build import build_report
 from .rewrite import RewriteStats, apply_plan
 from .step_check import checked_plan, device_costs
-from .graph.shapes import call_arguments, check_variable_shapes, function_shapes, graph_shapes, merge_call_arguments
+from .graph.shapes import assign_function_shapes, check_variable_shapes, graph_shapes
 from .option_types import (check_bool, check_list_edits, check_names, check_optional_str, check_path,
                            check_str)
 from .plan.cost_model import DeviceCosts
@@ -555,64 +555,10 @@ def _import(graph_def: Any, registry: OpRegistry, functions: str, optimal: bool,
         g.graph["shapes"] = graph_shapes(graph_def, known_variables, registry)
         fdefs = {f.signature.name: f for f in graph_def.library.function}
         bodies = loop_functions(graph_def)
-        _function_shapes_from_callers(imported, fdefs, known_variables, registry)
+        assign_function_shapes(imported.graph, imported.functions, fdefs, known_variables, registry)
         for fname, fg in imported.functions.items():
             fg.graph["loop_body"] = fname in bodies
     return imported
-
-
-def _function_shapes_from_callers(imported: Any, fdefs: Mapping[str, Any], known_variables: Mapping[str, Any],
-                                  registry: OpRegistry) -> None:
-    """Set every imported function's ``shapes``, callers before callees: a body whose
-    FunctionDef declares no argument shapes (a ``tf.cond`` branch) takes those its call
-    sites agree on, and the variable shapes behind its resource arguments (the loss-scale
-    conditional around a training step's update).  Only callers reachable from the main graph
-    count (a library function nothing calls says nothing about its callees).  Mutates
-    ``imported``'s function graphs' ``graph`` dicts only; assumes the call graph is acyclic
-    (checked on import)."""
-    functions = imported.functions
-
-    def callees(g: nx.MultiDiGraph) -> Iterator[str]:
-        for node in g.nodes:
-            attrs = g.nodes[node]
-            called = set(attrs.get("funcs") or ())
-            if attrs["op"] in functions:
-                called.add(attrs["op"])
-            yield from (f for f in called if f in functions)
-
-    reachable, todo = set(), list(callees(imported.graph))
-    while todo:
-        f = todo.pop()
-        if f not in reachable:
-            reachable.add(f)
-            todo.extend(callees(functions[f]))
-    callers_left = dict.fromkeys(reachable, 0)
-    for caller in [imported.graph, *(functions[f] for f in reachable)]:
-        for f in callees(caller):
-            callers_left[f] += 1
-    calls: dict[str, list[Any]] = {f: [] for f in reachable}
-
-    def visit(caller: nx.MultiDiGraph, variables: Mapping[str, Any], ready: list[str]) -> None:
-        for f, args in call_arguments(caller, caller.graph.get("shapes") or {}, variables, reachable).items():
-            calls[f].extend(args)
-        for f in callees(caller):
-            callers_left[f] -= 1
-            if callers_left[f] == 0:
-                ready.append(f)
-
-    ready: list[str] = []
-    visit(imported.graph, known_variables, ready)
-    while ready:
-        fname = ready.pop()
-        fg, fdef = functions[fname], fdefs.get(fname)
-        merged = merge_call_arguments(calls[fname], len(fdef.signature.input_arg)) if fdef is not None else None
-        fg.graph["shapes"] = function_shapes(fdef, registry, merged) if fdef is not None else {}
-        arg_variables = ({a.name: v for a, (_, v) in zip(fdef.signature.input_arg, merged) if v is not None}
-                         if fdef is not None and merged else {})
-        visit(fg, arg_variables, ready)
-    for fname in functions.keys() - reachable:  # nothing reachable calls it: no call site to use
-        fdef = fdefs.get(fname)
-        functions[fname].graph["shapes"] = function_shapes(fdef, registry) if fdef is not None else {}
 
 
 def estimate_step_time(

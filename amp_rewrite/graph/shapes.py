@@ -31,8 +31,8 @@ from .inert import inert_graph_def, placeholder_sources
 from .op_registry import OpRegistry, default_registry
 from .tensor_names import node_name
 
-__all__ = ["CallArguments", "Shape", "call_arguments", "check_variable_shapes", "graph_shapes", "function_shapes",
-           "numel"]
+__all__ = ["CallArguments", "Shape", "assign_function_shapes", "call_arguments", "check_variable_shapes",
+           "function_shapes", "graph_shapes", "merge_call_arguments", "numel"]
 
 log = logging.getLogger(__name__)
 
@@ -485,6 +485,56 @@ def function_shapes(fdef: Any, registry: OpRegistry | None = None,
         else:
             shapes[name] = outs
     return shapes
+
+
+def assign_function_shapes(main: Any, functions: Mapping[str, Any], fdefs: Mapping[str, Any],
+                           variables: Mapping[str, Shape], registry: OpRegistry) -> None:
+    """Set ``graph["shapes"]`` of every imported function graph of ``functions`` (networkx
+    graphs of :mod:`amp_rewrite.graph.ir`; ``main``: the imported main graph, its shapes
+    set), callers before callees: a body whose FunctionDef (``fdefs``) declares no argument
+    shapes (a ``tf.cond`` branch) takes those its call sites agree on, and the variable shapes
+    behind its resource arguments (``variables``, the main graph's resource placeholders: the
+    loss-scale conditional around a training step's update).  Only callers reachable from the
+    main graph count (a library function nothing calls says nothing about its callees).
+    Mutates the function graphs' ``graph`` dicts only; assumes the call graph is acyclic
+    (checked on import)."""
+
+    def callees(g: Any) -> list[str]:
+        # One entry per calling node and function, as call_arguments counts them in visit.
+        return [f for f, entries in call_arguments(g, {}, {}, functions).items() for _ in entries]
+
+    reachable, todo = set(), callees(main)
+    while todo:
+        f = todo.pop()
+        if f not in reachable:
+            reachable.add(f)
+            todo.extend(callees(functions[f]))
+    callers_left = dict.fromkeys(reachable, 0)
+    for caller in [main, *(functions[f] for f in reachable)]:
+        for f in callees(caller):
+            callers_left[f] += 1
+    calls: dict[str, list[CallArguments | None]] = {f: [] for f in reachable}
+
+    def visit(caller: Any, arg_variables: Mapping[str, Shape], ready: list[str]) -> None:
+        for f, entries in call_arguments(caller, caller.graph.get("shapes") or {}, arg_variables, reachable).items():
+            calls[f].extend(entries)
+            callers_left[f] -= len(entries)
+            if callers_left[f] == 0:
+                ready.append(f)
+
+    ready: list[str] = []
+    visit(main, variables, ready)
+    while ready:
+        fname = ready.pop()
+        fg, fdef = functions[fname], fdefs.get(fname)
+        merged = merge_call_arguments(calls[fname], len(fdef.signature.input_arg)) if fdef is not None else None
+        fg.graph["shapes"] = function_shapes(fdef, registry, merged) if fdef is not None else {}
+        known = ({a.name: v for a, (_, v) in zip(fdef.signature.input_arg, merged) if v is not None}
+                 if fdef is not None and merged else {})
+        visit(fg, known, ready)
+    for fname in functions.keys() - reachable:  # nothing reachable calls it: no call site to use
+        fdef = fdefs.get(fname)
+        functions[fname].graph["shapes"] = function_shapes(fdef, registry) if fdef is not None else {}
 
 
 def numel(shape: Shape, default: int) -> int:
