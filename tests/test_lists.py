@@ -786,3 +786,41 @@ def test_edits_from_environ_levels_and_empty_values(caplog):
     # clear has no legacy alias; the only legacy names are WHITE/GRAY/BLACK.
     assert edits_from_environ({f"{P}CLEARLIST_ADD": "Tanh", f"{P}REDLIST_ADD": "Exp"})[0] == [
         ListEdit("add", "clear", "Tanh", f"environment {P}CLEARLIST_ADD")]
+
+
+def test_bounded_entries_are_validated_inherited_and_can_be_turned_off(tmp_path):
+    """``[float16.bounded]``: a deny-list op inferred where its input is proven at most
+    ``input_max`` (amp_rewrite.plan.ranges).  The default profile has Exp and Expm1 in float16
+    only; TensorFlow's own lists have none; only ops left on the deny list keep an entry."""
+    default = load_lists("default", context=CUDA)
+    assert set(default.bounded) == {"Exp", "Expm1"} and default.bounded["Exp"][0] == 11.0
+    assert "Exp" in default.deny  # not an op move: unproven Exps stay denied
+    assert load_lists("optimal", context=CUDA).bounded == default.bounded
+    assert not load_lists("tensorflow", context=CUDA).bounded
+    assert not load_lists("default", context=BF16).bounded
+    assert not load_lists("default", context=CUDA, level="TREAT_INFER_AS_DENY").bounded
+    assert "Exp" not in load_lists("default", context=CUDA, edits=[ListEdit("remove", "deny", "Exp")]).bounded
+    for body, pattern in [
+        ('[float16.bounded]\nExp = "reason"\n', r"expected an inline table"),
+        ('[float16.bounded]\nExp = { reason = "r" }\n', r"input_max: expected a number .*\(missing\)"),
+        ('[float16.bounded]\nExp = { input_max = "11", reason = "r" }\n', r"input_max: expected a number"),
+        ('[float16.bounded]\nExp = { input_max = true, reason = "r" }\n', r"input_max: expected a number"),
+        ('[float16.bounded]\nExp = { input_max = inf, reason = "r" }\n', r"input_max: expected a number"),
+        ('[float16.bounded]\nExp = { input_max = nan, reason = "r" }\n', r"input_max: expected a number"),
+        ('[float16.bounded]\nExp = { input_max = 1.0 }\n', r"reason must be a non-empty string"),
+        ('[float16.bounded]\nExp = { input_max = 1.0, reason = "r", when = "gpu" }\n', r"when"),
+        ('[float16.bounded]\n"Exp!" = { input_max = 1.0, reason = "r" }\n', r"not a valid op name"),
+        ('[float16.bounded]\nNoSuchOpAnywhere = { input_max = 1.0, reason = "r" }\n', r"unknown op name"),
+        ('tf_version = "2.21"\n[versions."2.20".float16.bounded]\nExp = { input_max = 1.0, reason = "r" }\n',
+         r"not versioned"),
+    ]:
+        bad = tmp_path / "bad.toml"
+        bad.write_text("schema_version = 1\n" + body)
+        with pytest.raises(ListError, match=pattern):
+            load_lists(str(bad), context=CUDA)
+    # A user layer replaces an entry; -inf turns it off (nothing is proven below it).
+    off = tmp_path / "off.toml"
+    off.write_text('schema_version = 1\n[float16.bounded]\nExp = { input_max = -inf, reason = "always float32" }\n')
+    layered = load_lists("default", context=CUDA, user_file=off)
+    assert layered.bounded["Exp"] == (float("-inf"), "always float32")
+    assert layered.bounded["Expm1"] == default.bounded["Expm1"]

@@ -196,6 +196,9 @@ class Plan:
     placement: Any = None
     #: Normalization apply nodes exempted from deny propagation -> the reason.
     normalized: Mapping[str, str] = field(default_factory=dict)
+    #: Deny-list nodes inferred because their input is proven in range -> the proof
+    #: (:mod:`amp_rewrite.plan.ranges`).
+    bounded: Mapping[str, str] = field(default_factory=dict)
 
     def deny_path(self, node: str, ta: TypeAttr) -> list[tuple[str, TypeAttr]]:
         """The chain of attributes from the deny-list op to ``(node, ta)``, in data-flow order."""

@@ -37,6 +37,11 @@ Profile schema (version 1)
                                        # it is for (default both); per precision, the last
                                        # layer of the chain (or a user file) with it wins
 
+    [float16.bounded]                  # optional: a deny-list op inferred where its input 0
+    Exp = { input_max = 11.0, reason = "..." }   # is proven at most input_max
+                                       # (amp_rewrite.plan.ranges); -inf turns an entry off;
+                                       # not versioned; kept for ops left on deny only
+
     [float16.allow]                    # tables: {float16,bfloat16}.{allow,infer,deny,clear}
     MatMul = "one-line reason"         # plain form: just the reason
     BatchMatMul = { reason = "...", min_cuda = 9010 }    # gates, checked for backend cuda only
@@ -346,7 +351,7 @@ def load_lists(
     _check_conflicts(lists)
     if level == "TREAT_INFER_AS_DENY":
         _deny_infer(lists)
-    return _op_lists(lists, profile_label, layers, version, context.precision)
+    return _op_lists(lists, profile_label, layers, version, context.precision, level)
 
 
 def _profile_layers(

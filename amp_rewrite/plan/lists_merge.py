@@ -69,6 +69,10 @@ def _check_known_ops(layers: Sequence[_Layer], is_known_op: Callable[[str], bool
             for op, entry in sorted(layer.entries[precision].items()):
                 if entry.registered and not is_known_op(op):
                     unknown.append(f"{op} ({layer.location}, {precision}.{entry.category})")
+        for precision, table in layer.bounded.items():
+            for op in sorted(table):
+                if not is_known_op(op):
+                    unknown.append(f"{op} ({layer.location}, {precision}.bounded)")
     if unknown:
         raise ListError(
             "unknown op name(s), not in TensorFlow's op registry: "
@@ -122,14 +126,22 @@ def _op_lists(
     layers: Sequence[_Layer],
     version: str | None,
     precision: str,
+    level: str = "DEFAULT",
 ) -> OpLists:
     """The immutable :class:`OpLists` of the final ``lists``; the planner and the
     normalization policy (for ``precision``) are those of the last layer that sets each
-    (``"greedy"`` and ``"float32"`` when none does).  Pure."""
+    (``"greedy"`` and ``"float32"`` when none does); a ``bounded`` entry is the last layer's
+    for its op, kept only for ops on the final deny list, and none under level
+    ``TREAT_INFER_AS_DENY`` (which asks for more float32, not less).  Pure."""
     reasons = {op: reason for table in lists.values() for op, (reason, _) in table.items()}
     origins = {op: origin for table in lists.values() for op, (_, origin) in table.items()}
     apply, why = next((layer.normalization[:2] for layer in reversed(layers)
                        if layer.normalization and precision in layer.normalization[2]), ("float32", ""))
+    bounded: dict[str, tuple[float, str]] = {}
+    if level != "TREAT_INFER_AS_DENY":
+        for layer in layers:
+            bounded.update(layer.bounded.get(precision, {}))
+    bounded = {op: bounded[op] for op in sorted(bounded) if op in lists["deny"]}
     return OpLists(
         allow=frozenset(lists["allow"]),
         infer=frozenset(lists["infer"]),
@@ -141,6 +153,7 @@ def _op_lists(
         planner=next((layer.planner for layer in reversed(layers) if layer.planner), "greedy"),
         normalization_apply=apply,
         normalization_reason=why,
+        bounded=MappingProxyType(bounded),
         tf_version=version,
     )
 

@@ -9,6 +9,7 @@ use).  Pure: parses already-read TOML documents; reads no files.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,7 +32,8 @@ _VERSION_KEYS = frozenset({"note", *PRECISIONS})
 _TF_VERSION = re.compile(r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)")
 # What tf.__version__ may look like: "2.16.2", "2.21.0-rc1", "2.22.0-dev20260101", "2.16".
 _TF_VERSION_PREFIX = re.compile(r"\s*(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[-+.a-zA-Z][-+.a-zA-Z0-9]*)?\s*")
-_SECTION_KEYS = frozenset({*CATEGORIES, "remove"})
+_SECTION_KEYS = frozenset({*CATEGORIES, "remove", "bounded"})
+_BOUNDED_KEYS = frozenset({"input_max", "reason"})
 _ENTRY_KEYS = frozenset({"reason", "min_cuda", "min_cudnn", "backends", "registered"})
 
 
@@ -76,6 +78,8 @@ class _Layer:
     planner: str | None = None
     # [normalization]: (apply, its reason, the precisions it is for), or None.
     normalization: tuple[str, str, frozenset[str]] | None = None
+    # [<precision>.bounded]: precision -> op -> (input_max, reason).
+    bounded: dict[str, dict[str, tuple[float, str]]] = field(default_factory=dict)
     tf_version: str | None = None  # the release the tables above are; None: unversioned
     # Older releases: version -> (entries, removes) relative to the tables above.
     versions: dict[str, _VersionDelta] = field(default_factory=dict)
@@ -210,6 +214,7 @@ def _parse_layer(data: dict[str, Any], label: str, location: str, base_dir: Trav
                         path=location)
     normalization = _parse_normalization(data.get("normalization"), location)
     entries, removes = _parse_tables(data, "", label, location)
+    bounded = _parse_bounded(data, location)
     tf_version = data.get("tf_version")
     if tf_version is not None and (not isinstance(tf_version, str) or not _TF_VERSION.fullmatch(tf_version)):
         raise ListError(f"'tf_version' must be a TensorFlow release such as \"2.21\", got {tf_version!r}",
@@ -225,6 +230,7 @@ def _parse_layer(data: dict[str, Any], label: str, location: str, base_dir: Trav
         removes=removes,
         planner=data.get("planner"),
         normalization=normalization,
+        bounded=bounded,
         tf_version=tf_version,
         versions=versions,
     )
@@ -256,6 +262,34 @@ def _parse_normalization(table: Any, location: str) -> tuple[str, str, frozenset
     return apply, reason, frozenset(precisions)
 
 
+def _parse_bounded(data: Mapping[str, Any], location: str) -> dict[str, dict[str, tuple[float, str]]]:
+    """The ``[float16.bounded]`` and ``[bfloat16.bounded]`` tables: per precision, op ->
+    ``(input_max, reason)``, each entry ``Op = { input_max = 11.0, reason = "..." }`` with a
+    number (``-inf`` turns a parent's entry off) and a non-empty reason.  Pure."""
+    bounded: dict[str, dict[str, tuple[float, str]]] = {p: {} for p in PRECISIONS}
+    for precision in PRECISIONS:
+        section = data.get(precision, {})
+        table = section.get("bounded", {}) if isinstance(section, dict) else {}
+        where = f"[{precision}.bounded]"
+        if not isinstance(table, dict):
+            raise ListError(f"{where} must be a table, got {type(table).__name__}", path=location)
+        for op, value in table.items():
+            entry_where = f"{precision}.bounded.{op}"
+            if not _OP_NAME.fullmatch(op):
+                raise ListError(f"{entry_where}: {op!r} is not a valid op name", path=location, op=op)
+            if not isinstance(value, dict):
+                raise ListError(f"{entry_where}: expected an inline table {{ input_max = ..., reason = ... }}, "
+                                f"got {type(value).__name__}", path=location, op=op)
+            _check_keys(value, _BOUNDED_KEYS, entry_where, location)
+            limit = value.get("input_max")
+            # -inf is allowed: no input is ever proven below it, so it turns a parent's entry off.
+            if isinstance(limit, bool) or not isinstance(limit, (int, float)) or math.isnan(limit) or limit == math.inf:
+                raise ListError(f"{entry_where}.input_max: expected a number (or -inf: off), got {limit!r}"
+                                + (" (missing)" if "input_max" not in value else ""), path=location, op=op)
+            bounded[precision][op] = (float(limit), _reason(value.get("reason"), f"{entry_where}.reason", location))
+    return bounded
+
+
 def _parse_tables(
     data: Mapping[str, Any], prefix: str, label: str, location: str
 ) -> tuple[dict[str, dict[str, _Entry]], dict[str, dict[str, str]]]:
@@ -270,6 +304,11 @@ def _parse_tables(
         _check_keys(section, _SECTION_KEYS, f"[{prefix}{precision}]", location)
         for key, table in section.items():
             where = f"[{prefix}{precision}.{key}]"
+            if key == "bounded":
+                if prefix:
+                    raise ListError(f"{where}: bounded entries are not versioned; write them in the file's "
+                                    f"own [{precision}.bounded]", path=location)
+                continue  # _parse_bounded reads it
             if not isinstance(table, dict):
                 raise ListError(f"{where} must be a table, got {type(table).__name__}", path=location)
             for op, value in table.items():

@@ -117,6 +117,11 @@ class OpLists:
     normalization_apply: str = "float32"
     #: That layer's reason for it (empty when no layer sets it).
     normalization_reason: str = ""
+    #: Deny-list ops that are inferred where their input is proven at most a limit
+    #: (``[<precision>.bounded]``: op -> (input_max, reason)), e.g. ``Exp`` of a non-positive
+    #: number cannot overflow float16.  Only ops on the final deny list are kept; empty under
+    #: level ``TREAT_INFER_AS_DENY``.  See :mod:`amp_rewrite.plan.ranges`.
+    bounded: Mapping[str, tuple[float, str]] = field(default_factory=dict, hash=False)
     #: The TensorFlow release (``"2.16"``) the lists were loaded for (versioned files gave
     #: that release's lists; the painter reproduces that release's pass), or ``None`` when
     #: loaded without one (each file's own tables; the newest pass).

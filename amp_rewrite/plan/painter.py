@@ -223,6 +223,7 @@ def to_plan(state: PaintingState, graph_name: str) -> Plan:
         unknown_ops=dict(sorted(state.unknown_ops.items())),
         placement=state.placement,
         normalized=dict(sorted(state.normalized.items())),
+        bounded=dict(sorted(state.bounded.items())),
     )
 
 
@@ -240,6 +241,7 @@ def _decision_function(state: PaintingState) -> Callable[[int], tuple[str, int, 
     deny_parent = state.deny_parent
     reasons = state.reason
     normalized = state.normalized
+    bounded = state.bounded
     low = state.low
     FLOAT = dt.FLOAT
     unpainted = _unpainted_reason_function(state)
@@ -252,6 +254,8 @@ def _decision_function(state: PaintingState) -> Callable[[int], tuple[str, int, 
             reason = reasons.get(v, "allow")
             if normalized and name in normalized:
                 reason = f"{reason}; normalization-aware: {normalized[name]}"
+            if bounded and name in bounded:
+                reason = f"{reason}; range-proven: {bounded[name]}"
             return "allow", final, reason, None
         if v in deny:
             reason = reasons.get(v, "deny")
@@ -275,6 +279,8 @@ def _decision_function(state: PaintingState) -> Callable[[int], tuple[str, int, 
             reason = unpainted(v, name, dtype, cat)
         if normalized and name in normalized:
             reason = f"{reason}; normalization-aware: {normalized[name]}"
+        if bounded and name in bounded:
+            reason = f"{reason}; range-proven: {bounded[name]}"
         return color, dtype, reason, None
 
     return fields

@@ -27,6 +27,7 @@ from ..graph.type_attrs import NodeTypes, TypeAttr, get_dtype, node_types, opaqu
 from ..graph.type_graph import build_type_graph_from_lists
 from .decisions import DecideOptions, Precision
 from .normalization import NormalizationInfo
+from .ranges import RangeProver
 from .targets import Target, parse_device_name
 
 __all__ = ["PaintingState", "Placement"]
@@ -48,6 +49,8 @@ class _Lists:
         self.infer = frozenset(getattr(lists, "infer"))
         self.deny = frozenset(getattr(lists, "deny"))
         self.clear = frozenset(getattr(lists, "clear"))
+        #: Deny-list ops inferred where their input is proven at most a limit (OpLists.bounded).
+        self.bounded: Mapping[str, tuple[float, str]] = dict(getattr(lists, "bounded", None) or {})
         # op -> its category, the first list (in this order) that holds it: one dict lookup
         # per node instead of up to four set lookups through getattr.
         self._category: dict[str, str] = {}
@@ -196,6 +199,8 @@ class PaintingState:
         #: :class:`amp_rewrite.plan.painter.Painting`), which restores the paint before each.
         self.placement_memo: dict[Any, Any] = {}
         self.normalized: dict[str, str] = {}
+        #: Deny-list nodes inferred because their input is proven in range (node -> why).
+        self.bounded: dict[str, str] = {}
         #: What :func:`find_normalizations` found (pass 2), for the optimal planner.
         self.norm_info: NormalizationInfo | None = None
         self.had_allow = False  # pass 1 painted something (the planner may undo it all)
@@ -240,6 +245,7 @@ class PaintingState:
         unknown = self._node_facts()
         self._node_types(unknown)
         self._vertex_facts()
+        self._infer_bounded()
 
     def _node_facts(self) -> list[int]:
         """Fill the per-node lists (``ops_l``, ``proc_l``, ``ins_l``, ``device_l``,
@@ -361,6 +367,30 @@ class PaintingState:
         self.v_dtype = list(chain.from_iterable(map(dtypes_of.__getitem__, map(id, self.types_l))))
         #: id(NodeTypes) -> whether one of its attrs is quantized (pass 6 drops such nodes)
         self.quantized = {k: any(d in dt.QUANTIZED for d in ds) for k, ds in dtypes_of.items()}
+
+    def _infer_bounded(self) -> None:
+        """Move to infer the deny-list nodes whose op has a ``bounded`` entry and whose input 0
+        is proven at most its limit (:class:`~amp_rewrite.plan.ranges.RangeProver`), recording
+        the proof in :attr:`bounded`.  Only their ``cats_l``/``v_cat`` change; nothing is
+        painted here.  Not under ``UNSAFE_FORCE_ALL`` (nothing is denied there)."""
+        bounded = self.lists.bounded
+        if not bounded or self.options.force_all or not (self.op_set & bounded.keys()):
+            return
+        prover = RangeProver(self.g)
+        for i, op in enumerate(self.ops_l):
+            if op not in bounded or self.cats_l[i] != "deny" or not self.proc_l[i] or not self.ins_l[i]:
+                continue
+            limit, why = bounded[op]
+            proof = prover.bound(*self.ins_l[i][0])
+            if proof.hi > limit:
+                continue
+            self.cats_l[i] = "infer"
+            for v in range(self.bases[i], self.bases[i + 1]):
+                self.v_cat[v] = "infer"
+            # A derivation through many ops is cut: the reason stays one readable line.
+            how = proof.why if len(proof.why) <= 100 else proof.why[:97] + "..."
+            self.bounded[self.order[i]] = (f"{op}'s input is at most {proof.hi:g} ({how}), "
+                                           f"within its limit {limit:g}: {why}")
 
     def _describe_unknown(self, unknown: list[str]) -> None:
         """Give each node of ``unknown`` (ops missing from the registry) an opaque

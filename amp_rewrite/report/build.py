@@ -16,6 +16,7 @@ Layout::
       "placement": {...},          # optimal planner only: estimated cost of float32, greedy
                                    # and optimal colourings, and what the min cut changed
       "normalized": {name: reason},  # normalization-aware apply nodes (optimal planner)
+      "bounded": {name: proof},    # deny-list nodes inferred: input proven in range
       "functions": {fname: {"total_nodes", ..., "nodes", "casts"}},
       "precision_reason": "requested",  # added by rewrite_graph_def
       "excluded": {pattern: 3}     # only with exclude=: nodes each pattern matched
@@ -72,6 +73,7 @@ def _graph_section(plan: Plan, stats: RewriteStats, total: int) -> dict[str, Any
         "casts": casts,
         **({"placement": plan.placement.as_dict()} if plan.placement is not None else {}),
         **({"normalized": dict(plan.normalized)} if plan.normalized else {}),
+        **({"bounded": dict(plan.bounded)} if plan.bounded else {}),
     }
 
 
@@ -236,6 +238,6 @@ def build_report(
         "skipped_functions": dict(sorted(skipped_functions.items())),
         "nodes": main["nodes"],
         "casts": main["casts"],
-        **{k: main[k] for k in ("placement", "normalized") if k in main},
+        **{k: main[k] for k in ("placement", "normalized", "bounded") if k in main},
         "functions": functions,
     }

@@ -76,7 +76,8 @@ def check_allow_deny(
     planner: str | None = None,
 ) -> None:
     """**allow/deny**: every allow op on an eligible device with a low-precision kernel is low
-    precision; no deny op is; no op on an ineligible device (or preserved) changed.
+    precision; no deny op is (but one the report's ``bounded`` section names: its input was
+    proven within the list's limit); no op on an ineligible device (or preserved) changed.
 
     Under the ``optimal`` planner an allow op may stay float32, but only where the report
     says the cost model kept it (so the report is then required).
@@ -118,6 +119,15 @@ def check_allow_deny(
                                          f"{dtype_name(now)} although {why}", node=name, scope=scope.name)
                 continue
             category = op_lists.category_of(node.op)
+            if category == "deny" and not force and node.op in op_lists.bounded and changed:
+                # A deny-list op with a bounded entry may run in low precision where its input
+                # is proven within the limit: the report must say so, with the proof.
+                section = report if report is None or scope.name == "" else report.get("functions", {}).get(scope.name, {})
+                if section is None:
+                    raise InvariantError("allow/deny", f"deny-list op {node.op} was converted; pass the report "
+                                         "to check its range proof", node=name, scope=scope.name)
+                if name in section.get("bounded", {}):
+                    category = "infer"
             if category == "deny" and not force:
                 for k, (old, now) in sorted(changed.items()):
                     if old == DT_FLOAT:
