@@ -18,7 +18,8 @@ targets in :mod:`~amp_rewrite.plan.targets`.
 from __future__ import annotations
 
 from . import _moved
-from .api import RewriteResult, estimate_step_time, resolve_lists, resolve_target, rewrite_graph_def
+from .api import (RewriteResult, estimate_node_times, estimate_step_time, resolve_lists, resolve_target,
+                  rewrite_graph_def)
 from .autotune import AutotuneOptions, AutotuneResult, autotune, autotune_model
 from .errors import (
     AmpRewriteError,
@@ -69,6 +70,7 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "rewrite_graph_def",
     "estimate_step_time",
+    "estimate_node_times",
     "autotune",
     "autotune_model",
     "AutotuneOptions",

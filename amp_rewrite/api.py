@@ -39,7 +39,7 @@ from .graph.shapes import assign_function_shapes, check_variable_shapes, graph_s
 from .option_types import (check_bool, check_list_edits, check_names, check_optional_str, check_path,
                            check_str)
 from .plan.cost_model import DeviceCosts
-from .plan.step_cost import StepEstimate, estimate_graphs
+from .plan.step_cost import NodeTime, StepEstimate, estimate_graphs
 from .plan.targets import Target, detect_target, parse_target, resolve_precision
 from .graph.validate import check_cycles
 
@@ -590,6 +590,33 @@ def estimate_step_time(
     imported = _import(graph_def, registry, "reachable", True, variable_shapes)
     return estimate_graphs(imported.graph, imported.functions, device_costs(tgt, resolved, costs), registry,
                            compiled=compiled)
+
+
+def estimate_node_times(
+    graph_def: Any,
+    *,
+    target: str | Target,
+    precision: Precision | str = "float16",
+    compiled: bool = False,
+    variable_shapes: Mapping[str, Sequence[int | None] | None] | None = None,
+    registry: OpRegistry | None = None,
+    costs: DeviceCosts | None = None,
+) -> dict[str, dict[str, NodeTime]]:
+    """:func:`estimate_step_time`, node by node: per graph (``""`` for the main graph, else a
+    function's name) every priced node's :class:`~amp_rewrite.plan.step_cost.NodeTime` (op,
+    kind, precision, estimated ns without the per-kernel fixed time, output elements), for
+    one run of that graph.  What a per-node calibration sets measured times against
+    (``bench/calibrate_gpu_in_place.py``).  Same arguments and errors; reads ``graph_def``,
+    changes nothing; never runs it."""
+    graph_def, _ = _checked_arguments(graph_def, compiled, False, False, "reachable", None, None, registry)
+    registry = registry or default_registry()
+    tgt = resolve_target(target)
+    resolved, _ = resolve_precision(precision, tgt)
+    imported = _import(graph_def, registry, "reachable", True, variable_shapes)
+    per_node: dict[str, dict[str, NodeTime]] = {}
+    estimate_graphs(imported.graph, imported.functions, device_costs(tgt, resolved, costs), registry,
+                    compiled=compiled, per_node=per_node)
+    return per_node
 
 
 @dataclass

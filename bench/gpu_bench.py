@@ -706,16 +706,29 @@ def estimated_step_ns(workload: str, variant: str, *, target: str, precision: st
     from amp_rewrite.plan.cost_model import costs_for
 
     gd, shapes, compiled = variant_graph_def(workload, variant, target=target, precision=precision)
-    tgt = amp_rewrite.resolve_target(target)
-    if variant == "float32_strict":
-        tgt = dataclasses.replace(tgt, devices=tuple(
-            dataclasses.replace(d, features=d.features | {"tf32_off"}) if d.type == "GPU" else d
-            for d in tgt.devices))
-        if costs is not None:
-            strict = costs_for(next(d for d in tgt.devices if d.type == "GPU"), precision)
-            costs = dataclasses.replace(strict, bandwidth=costs.bandwidth)
+    tgt, costs = variant_target_and_costs(variant, target, precision, costs)
     return amp_rewrite.estimate_step_time(gd, target=tgt, precision=precision, compiled=compiled,
                                           variable_shapes=shapes, costs=costs).total_ns
+
+
+def variant_target_and_costs(variant: str, target: str, precision: str, costs: Any = None) -> tuple[Any, Any]:
+    """The target (a :class:`amp_rewrite.Target`) and device class to price ``variant``'s
+    graph with: ``target`` as it is, but for ``float32_strict``, whose GPUs have TF32 off (and,
+    where ``costs`` is given, that class's strict-FP32 sibling with ``costs``' bandwidth).
+    Pure."""
+    import amp_rewrite
+    from amp_rewrite.plan.cost_model import costs_for
+
+    tgt = amp_rewrite.resolve_target(target)
+    if variant != "float32_strict" or not any(d.type == "GPU" for d in tgt.devices):
+        return tgt, costs
+    tgt = dataclasses.replace(tgt, devices=tuple(
+        dataclasses.replace(d, features=d.features | {"tf32_off"}) if d.type == "GPU" else d
+        for d in tgt.devices))
+    if costs is not None:
+        strict = costs_for(next(d for d in tgt.devices if d.type == "GPU"), precision)
+        costs = dataclasses.replace(strict, bandwidth=costs.bandwidth)
+    return tgt, costs
 
 
 def _supports_xla(model: Any) -> bool:

@@ -23,10 +23,15 @@ Usage (on the lent GPU; see CONTRIBUTING.md)::
 
     python bench/gpu_profile.py --workloads bert_base-train-b32 \\
         --variants keras_mixed_xla,ours_user --steps 5 --out $OUT/profile.json
+    python bench/gpu_profile.py --workloads resnet50-train-b64 \
+        --variants float32,float32_strict,ours_default --nodes --out $OUT/nodes.json
     python bench/gpu_profile.py --reduced        # CPU smoke run (host times only; no device)
 
 Writes JSON (``--out``) and prints a short table.  Without a GPU the device columns are empty:
-the parser (:func:`summarize_space`) is what the CPU tests check.
+the parser (:func:`summarize_space`) is what the CPU tests check.  ``--nodes`` adds every
+TensorFlow node's time per step (:func:`node_times`: its kernels' time on the GPU, or, without
+one, its kernel's time on the host), which ``bench/calibrate_gpu_in_place.py`` sets against
+the cost model's estimate of the same node: the per-node calibration issue 22 asks for.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import glob
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -97,6 +103,55 @@ def _op_of(event: Any, plane: Any, stat_names: dict[int, str]) -> str:
     return meta.name if meta is not None else f"event {event.metadata_id}"
 
 
+_OP_TYPE = re.compile(r"[A-Z_][A-Za-z0-9_]*")
+
+
+def parse_tf_op(text: str) -> tuple[str, str] | None:
+    """``(node name, op type)`` of a TensorFlow op as the profiler names it (``"name:Type"``,
+    possibly the last of an annotation stack joined by ``"::"``, with ``#key=value,...#``
+    metadata), or ``None`` for anything else (an XLA instruction, a kernel's symbol, a
+    runtime event such as ``ExecutorState::Process``).  Pure."""
+    last = re.sub(r"#[^#]*#", "", text.split("::")[-1]).strip()
+    name, sep, op = last.rpartition(":")
+    if not sep or not name or not _OP_TYPE.fullmatch(op) or " " in name:
+        return None
+    return name, op
+
+
+def node_times(space: Any, steps: int) -> tuple[dict[str, dict[str, Any]], str]:
+    """Per TensorFlow node, its time per step and its events per step, from a profiled
+    ``XSpace`` of ``steps`` steps, and where the times come from: ``"device"`` (every kernel
+    the GPU ran for the node, on its streams) or, without a GPU plane, ``"host"`` (the op
+    kernels' own events on the host's executor threads: what a CPU computes, the CPU smoke
+    run's stand-in).  Only events that name a TensorFlow op (:func:`parse_tf_op`) count.
+    Pure: reads ``space``."""
+    times: collections.Counter[str] = collections.Counter()
+    counts: collections.Counter[str] = collections.Counter()
+    types: dict[str, str] = {}
+    gpu_planes = [p for p in space.planes if p.name.startswith("/device:GPU:")]
+    source = "device" if gpu_planes else "host"
+    planes = gpu_planes or [p for p in space.planes if p.name.startswith("/host:")]
+    for plane in planes:
+        stat_names = _stat_names(plane)
+        for line in plane.lines:
+            if any(line.name.startswith(d) or line.display_name.startswith(d) for d in _DERIVED_LINES):
+                continue
+            if source == "host" and line.name == "python":
+                continue  # the caller's thread: function calls, not op kernels
+            for ev in line.events:
+                text = (_op_of(ev, plane, stat_names) if source == "device"
+                        else plane.event_metadata[ev.metadata_id].name if ev.metadata_id in plane.event_metadata else "")
+                parsed = parse_tf_op(text)
+                if parsed is None:
+                    continue
+                name, op = parsed
+                times[name] += ev.duration_ps
+                counts[name] += 1
+                types.setdefault(name, op)
+    return ({name: {"op": types[name], "ms": ps / 1e9 / steps, "events": counts[name] / steps}
+             for name, ps in sorted(times.items())}, source)
+
+
 def summarize_space(space: Any, steps: int, top: int = 25) -> dict[str, Any]:
     """Per-step device figures of one profiled ``XSpace`` holding ``steps`` steps: busy time
     (union of the GPU streams' events), kernel count, and time per op (top ``top``).  Every
@@ -145,10 +200,10 @@ def read_space(logdir: str) -> Any:
     return space
 
 
-def profile_variant(run: Any, steps: int, warmup: int, logdir: str) -> dict[str, Any]:
+def profile_variant(run: Any, steps: int, warmup: int, logdir: str, nodes: bool = False) -> dict[str, Any]:
     """Profile ``steps`` steps of a built ``gpu_bench.VariantRun`` (its first step done) after
     ``warmup`` unprofiled ones; wall times are taken around each call.  Writes the trace under
-    ``logdir``."""
+    ``logdir``.  ``nodes``: also every TensorFlow node's time per step (:func:`node_times`)."""
     import tensorflow as tf
 
     run.switches.enter(run.spec)
@@ -168,14 +223,17 @@ def profile_variant(run: Any, steps: int, warmup: int, logdir: str) -> dict[str,
     finally:
         run.switches.leave(run.spec)
     rec = {"wall_ms": 1e3 * statistics.median(walls), "wall_ms_each": [1e3 * w for w in walls]}
-    rec.update(summarize_space(read_space(logdir), steps))
+    space = read_space(logdir)
+    rec.update(summarize_space(space, steps))
+    if nodes:
+        rec["nodes"], rec["node_source"] = node_times(space, steps)
     if rec["device_busy_ms"] is not None:
         rec["device_idle_share"] = max(0.0, 1.0 - rec["device_busy_ms"] / rec["wall_ms"])
     return rec
 
 
 def run(workloads: Iterable[Any], variants: list[str], steps: int, warmup: int, precision: str,
-        target: str) -> dict[str, Any]:
+        target: str, nodes: bool = False) -> dict[str, Any]:
     """Every variant of every workload, built as ``gpu_bench`` builds them, profiled."""
     import gpu_bench
     import tensorflow as tf
@@ -185,7 +243,9 @@ def run(workloads: Iterable[Any], variants: list[str], steps: int, warmup: int, 
                            predict=False, deadline=math.inf)
     switches = gpu_bench.Switches(precision)
     out: dict[str, Any] = {"machine": gpu_bench.machine_info(), "steps": steps, "warmup": warmup,
-                           "precision": precision, "workloads": {}}
+                           "precision": precision, "target": target, "workloads": {},
+                           "extra_variants": {n: {"base": b, "options": o}
+                                              for n, (b, o) in gpu_bench.EXTRA_VARIANTS.items()}}
     for w in workloads:
         keras.utils.set_random_seed(gpu_bench.SEED)
         weights = w.build().get_weights()
@@ -198,7 +258,7 @@ def run(workloads: Iterable[Any], variants: list[str], steps: int, warmup: int, 
             try:
                 vr = gpu_bench.VariantRun(gpu_bench.variant_spec(name), w, weights, cfg, switches, x, y)
                 vr.first_step()
-                recs[name] = profile_variant(vr, steps, warmup, logdir)
+                recs[name] = profile_variant(vr, steps, warmup, logdir, nodes)
                 recs[name]["xla"] = vr.xla
             except Exception as exc:  # one variant's failure is reported; the others go on
                 recs[name] = {"failed": f"{type(exc).__name__}: {exc}"[:400]}
@@ -230,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--precision", choices=("float16", "bfloat16"))
     p.add_argument("--reduced", action="store_true", help="CPU smoke run: the tiny CNN, bfloat16, target cpu")
+    p.add_argument("--nodes", action="store_true",
+                   help="also record every TensorFlow node's time per step (for bench/calibrate_gpu_in_place.py)")
     p.add_argument("--out", help="JSON file (default: stdout only)")
     args = p.parse_args(argv)
     import tensorflow as tf
@@ -248,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     for v in variants:
         gpu_bench.variant_spec(v)  # an unknown name fails here, before any model is built
     precision = args.precision or ("bfloat16" if args.reduced or not gpu else "float16")
-    result = run(workloads, variants, args.steps, args.warmup, precision, "cpu" if args.reduced else "auto")
+    result = run(workloads, variants, args.steps, args.warmup, precision, "cpu" if args.reduced else "auto",
+                 nodes=args.nodes)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

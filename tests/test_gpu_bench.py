@@ -294,16 +294,101 @@ def test_gpu_profile_reads_device_busy_time_kernels_and_ops_from_a_trace():
     assert gpu_profile.summarize_space(space, steps=2)["device_busy_ms"] is None
 
 
-def test_gpu_profile_smoke_runs_a_variant_on_the_cpu(tmp_path):
-    """The profiler run end to end on the CPU (the tiny CNN, one profiled step): wall time
-    measured, no device figures, the JSON written."""
+def test_gpu_profile_smoke_runs_a_variant_on_the_cpu_and_calibrates_per_node(tmp_path):
+    """The profiler run end to end on the CPU (the tiny CNN, one profiled step, float32 and our
+    bfloat16 rewrite): wall time measured, no device figures, every node's time (from the
+    host's op kernels: a CPU has no device plane), and the per-node calibration reading that
+    JSON: nodes matched to the traced graphs by name (ours behind its ``amp_rewrite/``
+    prefix), the float32 convolutions set against their estimates and the rewrite's low
+    nodes against float32's."""
+    import calibrate_gpu_in_place as cal
     import gpu_profile
 
     out = tmp_path / "p.json"
-    assert gpu_profile.main(["--reduced", "--steps", "1", "--warmup", "0", "--variants", "float32",
-                             "--out", str(out)]) == 0
-    rec = json.loads(out.read_text())["workloads"]["small_cnn-train-b8"]["float32"]
+    assert gpu_profile.main(["--reduced", "--steps", "1", "--warmup", "0", "--variants", "float32,ours_default",
+                             "--nodes", "--out", str(out)]) == 0
+    profile = json.loads(out.read_text())
+    recs = profile["workloads"]["small_cnn-train-b8"]
+    rec = recs["float32"]
     assert rec["wall_ms"] > 0 and rec["device_busy_ms"] is None and rec["xla"] is False
+    assert rec["node_source"] == "host" and len(rec["nodes"]) > 50
+    assert any(n.startswith("amp_rewrite/") for n in recs["ours_default"]["nodes"])
+    result = cal.calibrate(profile, target="cpu", precision="bfloat16", low_variants=("ours_default",))
+    r = result["workloads"]["small_cnn-train-b8"]
+    for variant in ("float32", "ours_default"):
+        c = r["coverage"][variant]
+        assert c["matched_nodes"] > 50 and c["matched_ms"] > 0.8 * c["measured_ms"]
+    assert any(t["op"].startswith("Conv2D ") and t["estimated_ms"] > 0 for t in r["scale"]["float32"])
+    low = {t["op"].split()[0] for t in r["low_over_float32"]["ours_default"]}
+    assert {"Conv2D", "Conv2DBackpropFilter"} <= low  # the rewrite's bfloat16 convolutions
+    assert "| Conv2D" in cal.markdown(result)
+
+
+def test_profile_names_and_node_times_from_a_trace():
+    """A TensorFlow op's profiler name is ``name:Type`` (maybe the last of an annotation stack,
+    with ``#...#`` metadata); runtime events and kernel symbols are not ops.  On a GPU plane a
+    node's time is its kernels' on the streams (derived lines skipped); without one, its op
+    events on the host's executor threads (not the Python thread's)."""
+    import gpu_profile
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    parse = gpu_profile.parse_tf_op
+    assert parse("model/conv/Conv2D:Conv2D") == ("model/conv/Conv2D", "Conv2D")
+    assert parse("__inference_step_9::amp_rewrite/dense/MatMul:MatMul#id=3,step=1#") == (
+        "amp_rewrite/dense/MatMul", "MatMul")
+    for other in ("ExecutorState::Process", "fusion.7", "sm90_xmma_gemm", "a:b c", "x:lower", ":Conv2D"):
+        assert parse(other) is None, other
+
+    space = xplane_pb2.XSpace()
+    host = space.planes.add(name="/host:CPU")
+    host.event_metadata[1].name = "step_fn:MatMul"
+    host.lines.add(name="python").events.add(metadata_id=1, offset_ps=0, duration_ps=10**9)
+    gpu = space.planes.add(name="/device:GPU:0")
+    gpu.stat_metadata[1].name = "tf_op"
+    gpu.stat_metadata[2].name = "dense/MatMul:MatMul"
+    gpu.event_metadata[10].name = "sm90_xmma_gemm"
+    stream = gpu.lines.add(name="Stream #7(Compute)", timestamp_ns=0)
+    for offset in (0, 5_000_000):  # two kernels of one node, 2 us each, over two steps
+        stream.events.add(metadata_id=10, offset_ps=offset, duration_ps=2_000_000).stats.add(metadata_id=1, ref_value=2)
+    gpu.lines.add(name="Framework Ops").events.add(metadata_id=10, offset_ps=0, duration_ps=10**8)
+    nodes, source = gpu_profile.node_times(space, steps=2)
+    assert source == "device" and nodes == {"dense/MatMul": {"op": "MatMul", "ms": pytest.approx(2e-3), "events": 1.0}}
+    del space.planes[1]
+    executor = space.planes[0].lines.add(name="tf_Compute/1")
+    host.event_metadata[2].name = "conv/Conv2D:Conv2D"
+    executor.events.add(metadata_id=2, offset_ps=0, duration_ps=3_000_000)
+    nodes, source = gpu_profile.node_times(space, steps=1)
+    assert source == "host" and set(nodes) == {"conv/Conv2D"}  # the Python thread's event is no op kernel
+
+
+def test_per_node_calibration_arithmetic():
+    """The calibration's sums: measured over estimated per op (dense per size band), low over
+    float32 only over nodes float32 in one run and low in the other, a least-squares Cast line,
+    and the small kernels' median."""
+    import calibrate_gpu_in_place as cal
+
+    M = cal.Matched
+    f32 = [M("float32", "c1", "Conv2D", "dense", "float32", 1.0, 2.0, 100, 1e6),
+           M("float32", "c2", "Conv2D", "dense", "float32", 3.0, 2.0, 100, 3e8),
+           M("float32", "r", "Relu", "elementwise", "float32", 0.5, 1.0, 10**6, 0),
+           M("float32", "tiny", "AddV2", "elementwise", "float32", 0.001, 0.004, 10, 0)]
+    low = [M("low", "c1", "Conv2D", "dense", "low", 0.5, 1.0, 100, 1e6),
+           M("low", "r", "Relu", "elementwise", "float32", 0.5, 1.0, 10**6, 0),  # not converted: left out
+           M("low", "k1", "Cast", "cast", "low", 0.0, 0.003, 1000, 0),
+           M("low", "k2", "Cast", "cast", "low", 0.0, 0.005, 3000, 0)]
+    scale = {t["op"]: t for t in cal.per_op_scale(f32)}
+    assert scale["Conv2D <5M"]["measured_over_estimate"] == 2.0
+    assert scale["Conv2D >=200M"]["measured_over_estimate"] == pytest.approx(2 / 3)
+    ratios = {t["op"]: t["low_over_float32"] for t in cal.low_over_float32(f32, low)}
+    assert ratios == {"Conv2D <5M": 0.5}
+    line = cal.cast_line(low)
+    assert line["fixed_us"] == pytest.approx(2.0) and line["ns_per_element"] == pytest.approx(1.0)
+    assert cal.small_kernel_floor(f32) == {"nodes": 1, "median_us": pytest.approx(4.0)}
+    assert cal.cast_line(low[:3]) is None  # one Cast: no line
+    matched, unmatched = cal.match({"amp_rewrite/c1": {"ms": 1.0}, "gone": {"ms": 0.5}},
+                                   {"": {"c1": __import__("amp_rewrite").plan.step_cost.NodeTime(
+                                       "Conv2D", "dense", "low", 5e5, 100)}}, "low", {"c1": 1e6})
+    assert [(m.name, m.estimated_ms, m.flops) for m in matched] == [("c1", 0.5, 1e6)] and unmatched == 0.5
 
 
 def test_xla_dump_summary_weighs_two_modules_memory_traffic():

@@ -365,3 +365,22 @@ def test_shapes_reach_a_branch_through_a_function_that_calls_it():
     branch, matmul = _branch_node(gd, "MatMul")
     imported = api._import(gd, default_registry(), "reachable", True, variables)
     assert imported.functions[branch].graph["shapes"][matmul] == ((8, 32),)
+
+
+def test_node_times_add_up_to_the_step_estimate():
+    """``estimate_node_times`` is ``estimate_step_time`` node by node: the nodes' times plus the
+    fixed time of every kernel are the step's total, float32 and rewritten alike, and a
+    rewritten graph's Casts and low-precision nodes are marked so."""
+    costs = DEVICE_COSTS["gpu-hopper"]
+    float32 = _mlp()
+    rewritten = amp_rewrite.rewrite_graph_def(float32, target="gpu:9.0", precision="float16", use_env=False,
+                                              fetches=["y"]).graph_def
+    for gd in (float32, rewritten):
+        step = amp_rewrite.estimate_step_time(gd, target="gpu:9.0")
+        nodes = amp_rewrite.estimate_node_times(gd, target="gpu:9.0")
+        main = nodes[""]
+        assert sum(t.ns for t in main.values()) + step.kernels * costs.kernel_overhead - sum(
+            costs.kernel_overhead for t in main.values() if t.kind == "cast") == pytest.approx(step.total_ns)
+        assert sum(t.kind == "cast" for t in main.values()) == step.casts
+    kinds = {(t.op, t.kind, t.precision) for t in amp_rewrite.estimate_node_times(rewritten, target="gpu:9.0")[""].values()}
+    assert ("MatMul", "dense", "low") in kinds and ("Cast", "cast", "low") in kinds

@@ -55,7 +55,7 @@ from . import grappler_folds
 from .cost_model import (ALIAS_OPS, DENSE_OPS, METADATA_OPS, UNKNOWN_DIM, DeviceCosts, cast_cost, constant_nodes,
                          elements, node_cost)
 
-__all__ = ["BUFFER_OPS", "KERNEL_BOUNDARY_OPS", "LOOP_OPS", "StepCheck", "StepEstimate", "call_counts",
+__all__ = ["BUFFER_OPS", "KERNEL_BOUNDARY_OPS", "LOOP_OPS", "NodeTime", "StepCheck", "StepEstimate", "call_counts",
            "estimate_graph", "estimate_graphs", "loop_trips", "node_precision"]
 
 #: Ops that hold, read or write a buffer without a kernel computing anything a precision
@@ -103,6 +103,19 @@ class StepEstimate:
                 "elementwise_us": round(self.elementwise_ns / 1e3, 1), "cast_us": round(self.cast_ns / 1e3, 1),
                 "overhead_us": round(self.overhead_ns / 1e3, 1), "kernels": self.kernels,
                 "low_nodes": self.low_nodes, "casts": self.casts}
+
+
+@dataclass(frozen=True)
+class NodeTime:
+    """One priced node of a step estimate: its op, kind (``"dense"``, ``"elementwise"`` or
+    ``"cast"``), the precision it runs in (``"float32"`` or ``"low"``), its estimated time
+    without the per-kernel fixed time (ns), and its output elements."""
+
+    op: str
+    kind: str
+    precision: str
+    ns: float
+    elements: int
 
 
 @dataclass(frozen=True)
@@ -254,12 +267,13 @@ def _fused_ns(g: nx.MultiDiGraph, name: str, op: str, outs: list[Shape], out_byt
 
 
 def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], registry: OpRegistry, *,
-                   compiled: bool) -> StepEstimate:
+                   compiled: bool, per_node: dict[str, NodeTime] | None = None) -> StepEstimate:
     """Price every node of ``g`` in the type it has (module docstring).  ``costs_of`` maps a
     node's device string to its class; ``registry`` says which ops are stateful (never folded).
     Needs ``g.graph["shapes"]`` (unknown shapes count as the cost model's defaults); function
     calls are priced as free here -- their bodies are separate graphs (:func:`estimate_graphs`).
-    Pure."""
+    ``per_node``, when given, receives every priced node's :class:`NodeTime` (to set against
+    measured per-node times: ``bench/calibrate_gpu_in_place.py``); the only thing mutated."""
     order = ordered_nodes(g)
     shapes = _with_inserted_casts(g, order, g.graph.get("shapes") or {})
     signatures = g.graph.get("signatures") or {}
@@ -284,8 +298,11 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
         low_nodes += kind != "cast" and precision == "low"
         if kind == "cast" and not compiled:
             # A Cast's price includes its fixed time (``op_overhead``): not charged again.
-            ns["cast"] += cast_cost(outs[0] if outs else None, 2, costs)
+            t = cast_cost(outs[0] if outs else None, 2, costs)
+            ns["cast"] += t
             kernels += 1
+            if per_node is not None:
+                per_node[name] = NodeTime(op, kind, "low", t, elements(outs[0] if outs else None))
             continue
         priced_op = grappler_folds.FUSED_SWISH if name in swishes else op
         if kind == "dense" or not compiled:
@@ -302,6 +319,9 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
         if launches:
             ns["overhead"] += costs.kernel_overhead
             kernels += 1
+        if per_node is not None:
+            per_node[name] = NodeTime(op, kind, "low" if kind == "cast" else precision or "float32", t,
+                                      sum(elements(s) for s in outs))
     return StepEstimate(ns["dense"], ns["elementwise"], ns["cast"], ns["overhead"], kernels, low_nodes, casts)
 
 
@@ -393,11 +413,20 @@ def call_counts(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph])
 
 def estimate_graphs(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph],
                     costs_of: Callable[[str], DeviceCosts], registry: OpRegistry, *,
-                    compiled: bool) -> StepEstimate:
+                    compiled: bool, per_node: dict[str, dict[str, NodeTime]] | None = None) -> StepEstimate:
     """:func:`estimate_graph` of ``main`` plus each function's times the number of times it
-    runs per run of ``main`` (:func:`call_counts`: a loop body once per iteration).  Pure."""
-    total = estimate_graph(main, costs_of, registry, compiled=compiled)
+    runs per run of ``main`` (:func:`call_counts`: a loop body once per iteration).
+    ``per_node``, when given, receives per graph (``""`` for ``main``, else the function's name)
+    its nodes' :class:`NodeTime`, once per run of the graph; the only thing mutated."""
+    nodes: dict[str, NodeTime] | None = {} if per_node is not None else None
+    total = estimate_graph(main, costs_of, registry, compiled=compiled, per_node=nodes)
+    if per_node is not None and nodes is not None:
+        per_node[""] = nodes
     for name, times in call_counts(main, functions).items():
         if times:
-            total = total + estimate_graph(functions[name], costs_of, registry, compiled=compiled).scaled(times)
+            nodes = {} if per_node is not None else None
+            total = total + estimate_graph(functions[name], costs_of, registry, compiled=compiled,
+                                           per_node=nodes).scaled(times)
+            if per_node is not None and nodes is not None:
+                per_node[name] = nodes
     return total

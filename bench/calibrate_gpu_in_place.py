@@ -1,0 +1,298 @@
+"""Calibrate the GPU cost classes in place: every node's own time inside real steps, set against
+the cost model's estimate of the same node.
+
+Issue 22 asks for the GPU classes what ``bench/calibrate_in_place.py`` did for this
+repository's CPU: each node's time inside real models, float32 (TF32 on and off) against
+float16, at the sizes people train at.  ``bench/gpu_profile.py --nodes`` records those times
+on the GPU (every kernel the GPU ran for a TensorFlow node, from the profiler's trace); this
+script needs no GPU.  It traces each profiled variant's step here as the benchmark builds it
+(:func:`gpu_bench.variant_graph_def`), prices every node with the variant's device class
+(:func:`amp_rewrite.estimate_node_times`: Hopper with TF32 for ``float32``, without for
+``float32_strict``, the low-precision run's nodes in the type they run in), matches the
+measured nodes by name, and prints:
+
+* **coverage**: per variant, the step's wall time, the GPU's busy time, the measured time of
+  all nodes and of those matched to the graph, and the model's estimate of the matched ones;
+* **float32 time / estimate** per op (dense ops per size band): the ``scale`` a class's
+  ``dense`` bands keep, and the compute factor of ``elementwise``;
+* **low / float32 time** per op, over the nodes that ran in float32 in the float32 variant and
+  in low precision in the low one (same name): the ratio ``elementwise`` and the dense bands
+  keep;
+* **Casts**: a least-squares line through the low variant's Casts, time = fixed + per element
+  (``cast_in_place``), next to the class's own price;
+* **small kernels**: the median time of element-wise nodes below 4096 elements, the floor
+  every kernel pays (``kernel_overhead``).
+
+Usage (the profile from the lent GPU; see CONTRIBUTING.md)::
+
+    python bench/calibrate_gpu_in_place.py nodes.json [--capability 9.0] [--out table.md] [--json out.json]
+    python bench/calibrate_gpu_in_place.py cpu_nodes.json --target cpu --precision bfloat16   # CPU smoke
+
+Only variants without XLA count (under XLA a node has no kernel of its own).  Sums, not medians
+of per-node ratios, because the planner adds node times: the large nodes are what matter.
+Pure reading of the profile; writes only ``--out``/``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import math
+import os
+import statistics
+import sys
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, ".."), HERE]
+
+#: Prefixes the runtime puts before a node's name: our rewritten step is imported under
+#: ``amp_rewrite/`` (``amp_rewrite.training.tf_function``).
+NAME_PREFIXES = ("amp_rewrite/",)
+#: Upper ends of the dense size bands (multiply-add flops), as the CPU class's.
+BAND_EDGES = (5e6, 2e7, 2e8)
+#: Element-wise nodes at most this large time the per-kernel floor, not bandwidth.
+SMALL_ELEMENTS = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class Matched:
+    """One measured node matched to its priced node."""
+
+    variant: str
+    name: str
+    op: str
+    kind: str
+    precision: str
+    estimated_ms: float
+    measured_ms: float
+    elements: int
+    flops: float
+
+
+def _band(flops: float) -> str:
+    for edge in BAND_EDGES:
+        if flops < edge:
+            return f"<{edge / 1e6:g}M"
+    return f">={BAND_EDGES[-1] / 1e6:g}M"
+
+
+def strip_prefix(name: str) -> str:
+    """A measured node's name as the traced graph has it.  Pure."""
+    for prefix in NAME_PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
+
+
+def dense_flops(graph_def: Any, shapes: Any, target: str, precision: str) -> dict[str, float]:
+    """Multiply-add flops of every dense node of the main graph (for the size bands)."""
+    import amp_rewrite
+    from amp_rewrite.plan.cost_model import DENSE_OPS
+
+    per = amp_rewrite.estimate_node_times(graph_def, target=target, precision=precision,
+                                          variable_shapes=shapes, costs=_flop_counter())
+    # The counter class prices a dense op at exactly its flops (1 flop/ns, nothing else).
+    return {name: t.ns for name, t in per.get("", {}).items() if t.op in DENSE_OPS}
+
+
+def _flop_counter() -> Any:
+    """A device class under which a dense op's estimate is its flops in ns."""
+    from amp_rewrite.plan.cost_model import DeviceCosts
+
+    return DeviceCosts("flops", 1.0, 1.0, math.inf, 0.5, 1.0, 0.0, 1, 1.0)
+
+
+def match(profile_nodes: dict[str, dict[str, Any]], priced: dict[str, dict[str, Any]], variant: str,
+          flops: dict[str, float]) -> tuple[list[Matched], float]:
+    """The measured nodes of one variant matched by name to the priced nodes of its graph
+    (any function of it), and the measured ms that matched nothing.  Pure."""
+    by_name: dict[str, Any] = {}
+    for graph in sorted(priced, key=lambda g: g != ""):  # the main graph's node wins a name clash
+        for name, t in priced[graph].items():
+            by_name.setdefault(name, t)
+    out: list[Matched] = []
+    unmatched = 0.0
+    for raw, rec in profile_nodes.items():
+        name = strip_prefix(raw)
+        t = by_name.get(name)
+        if t is None:
+            unmatched += rec["ms"]
+            continue
+        out.append(Matched(variant, name, t.op, t.kind, t.precision, t.ns / 1e6, rec["ms"], t.elements,
+                           flops.get(name, 0.0)))
+    return out, unmatched
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den > 0 else math.nan
+
+
+def per_op_scale(rows: list[Matched]) -> list[dict[str, Any]]:
+    """Per op (dense ops per band): nodes, measured ms, estimated ms, measured / estimated."""
+    groups: dict[str, list[Matched]] = collections.defaultdict(list)
+    for r in rows:
+        key = f"{r.op} {_band(r.flops)}" if r.kind == "dense" else r.op
+        groups[key].append(r)
+    table = [{"op": k, "nodes": len(v), "measured_ms": sum(r.measured_ms for r in v),
+              "estimated_ms": sum(r.estimated_ms for r in v)} for k, v in groups.items()]
+    for row in table:
+        row["measured_over_estimate"] = _ratio(row["measured_ms"], row["estimated_ms"])
+    return sorted(table, key=lambda r: -r["measured_ms"])
+
+
+def low_over_float32(f32: list[Matched], low: list[Matched]) -> list[dict[str, Any]]:
+    """Per op (dense ops per band), over nodes float32 in ``f32`` and low precision in ``low``
+    (same name): summed low time over summed float32 time.  Pure."""
+    base = {r.name: r for r in f32 if r.precision == "float32"}
+    groups: dict[str, list[tuple[Matched, Matched]]] = collections.defaultdict(list)
+    for r in low:
+        b = base.get(r.name)
+        if b is None or r.precision != "low" or r.kind == "cast":
+            continue
+        key = f"{r.op} {_band(b.flops)}" if r.kind == "dense" else r.op
+        groups[key].append((b, r))
+    table = [{"op": k, "nodes": len(v), "float32_ms": sum(b.measured_ms for b, _ in v),
+              "low_ms": sum(r.measured_ms for _, r in v)} for k, v in groups.items()]
+    for row in table:
+        row["low_over_float32"] = _ratio(row["low_ms"], row["float32_ms"])
+    return sorted(table, key=lambda r: -r["float32_ms"])
+
+
+def cast_line(rows: list[Matched]) -> dict[str, Any] | None:
+    """Least-squares ``measured ms = fixed + per_element * elements`` over the Casts of
+    ``rows`` (in us and ns), with the model's own estimate summed beside.  ``None`` with fewer
+    than two Casts of different sizes.  Pure."""
+    casts = [r for r in rows if r.kind == "cast"]
+    sizes = {r.elements for r in casts}
+    if len(casts) < 2 or len(sizes) < 2:
+        return None
+    n = len(casts)
+    mx = sum(r.elements for r in casts) / n
+    my = sum(r.measured_ms for r in casts) / n
+    sxx = sum((r.elements - mx) ** 2 for r in casts)
+    slope = sum((r.elements - mx) * (r.measured_ms - my) for r in casts) / sxx
+    return {"casts": n, "fixed_us": 1e3 * (my - slope * mx), "ns_per_element": 1e6 * slope,
+            "measured_ms": sum(r.measured_ms for r in casts), "estimated_ms": sum(r.estimated_ms for r in casts)}
+
+
+def small_kernel_floor(rows: list[Matched]) -> dict[str, Any] | None:
+    """The median measured time (us) of element-wise nodes of at most :data:`SMALL_ELEMENTS`
+    elements: what a kernel costs whatever it does.  Pure."""
+    small = [r.measured_ms for r in rows if r.kind == "elementwise" and 0 < r.elements <= SMALL_ELEMENTS]
+    return {"nodes": len(small), "median_us": 1e3 * statistics.median(small)} if small else None
+
+
+def calibrate(profile: dict[str, Any], *, target: str, precision: str,
+              low_variants: tuple[str, ...]) -> dict[str, Any]:
+    """Every workload of ``profile`` (``gpu_profile.py --nodes`` JSON): the tables of the module
+    docstring.  Traces the variants' graphs here."""
+    import amp_rewrite
+    import gpu_bench
+
+    for name, extra in (profile.get("extra_variants") or {}).items():
+        if name not in gpu_bench.EXTRA_VARIANTS:
+            gpu_bench.define_extra_variant(f"{name}={extra['base']}:{json.dumps(extra['options'])}")
+    out: dict[str, Any] = {"target": target, "precision": precision, "workloads": {}}
+    for workload, recs in profile["workloads"].items():
+        rows: dict[str, list[Matched]] = {}
+        coverage = {}
+        for variant, rec in recs.items():
+            if "nodes" not in rec or rec.get("xla"):
+                continue
+            gd, shapes, compiled = gpu_bench.variant_graph_def(workload, variant, target=target, precision=precision)
+            if compiled:
+                continue
+            tgt, costs = gpu_bench.variant_target_and_costs(variant, target, precision)
+            priced = amp_rewrite.estimate_node_times(gd, target=tgt, precision=precision, variable_shapes=shapes,
+                                                     costs=costs)
+            flops = dense_flops(gd, shapes, target, precision)
+            matched, unmatched = match(rec["nodes"], priced, variant, flops)
+            rows[variant] = matched
+            coverage[variant] = {
+                "wall_ms": rec.get("wall_ms"), "device_busy_ms": rec.get("device_busy_ms"),
+                "node_source": rec.get("node_source"),
+                "measured_ms": sum(v["ms"] for v in rec["nodes"].values()),
+                "matched_ms": sum(r.measured_ms for r in matched), "unmatched_ms": unmatched,
+                "estimated_matched_ms": sum(r.estimated_ms for r in matched), "matched_nodes": len(matched),
+            }
+        result: dict[str, Any] = {"coverage": coverage, "scale": {}, "low_over_float32": {}, "casts": {},
+                                  "small_kernels": {}}
+        for variant, matched in rows.items():
+            result["scale"][variant] = per_op_scale([r for r in matched if r.kind != "cast"])
+            result["small_kernels"][variant] = small_kernel_floor(matched)
+        for variant in low_variants:
+            if variant in rows and "float32" in rows:
+                result["low_over_float32"][variant] = low_over_float32(rows["float32"], rows[variant])
+                result["casts"][variant] = cast_line(rows[variant])
+        out["workloads"][workload] = result
+    return out
+
+
+def _f(x: Any, fmt: str = ".3f") -> str:
+    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, fmt)
+
+
+def markdown(result: dict[str, Any], top: int = 20) -> str:
+    """The tables of :func:`calibrate`'s result.  Pure."""
+    lines = [f"# Per-node calibration ({result['target']}, {result['precision']})", ""]
+    for workload, r in result["workloads"].items():
+        lines += [f"## {workload}", "", "| variant | wall ms | busy ms | nodes measured ms | matched ms | "
+                  "unmatched ms | estimated (matched) ms | matched nodes | source |", "|---|---|---|---|---|---|---|---|---|"]
+        for v, c in r["coverage"].items():
+            lines.append(f"| {v} | {_f(c['wall_ms'], '.2f')} | {_f(c['device_busy_ms'], '.2f')} | "
+                         f"{c['measured_ms']:.2f} | {c['matched_ms']:.2f} | {c['unmatched_ms']:.2f} | "
+                         f"{c['estimated_matched_ms']:.2f} | {c['matched_nodes']} | {c['node_source']} |")
+        for v, table in r["scale"].items():
+            lines += ["", f"**{v}: measured / estimated, per op** (largest first)", "",
+                      "| op | nodes | measured ms | estimated ms | ratio |", "|---|---|---|---|---|"]
+            lines += [f"| {t['op']} | {t['nodes']} | {t['measured_ms']:.3f} | {t['estimated_ms']:.3f} | "
+                      f"{_f(t['measured_over_estimate'], '.2f')} |" for t in table[:top]]
+            floor = r["small_kernels"].get(v)
+            if floor:
+                lines += ["", f"small element-wise kernels: median {floor['median_us']:.1f} us over {floor['nodes']} nodes"]
+        for v, table in r["low_over_float32"].items():
+            lines += ["", f"**{v}: low / float32 time, per op** (nodes float32 in `float32`, low here)", "",
+                      "| op | nodes | float32 ms | low ms | low / float32 |", "|---|---|---|---|---|"]
+            lines += [f"| {t['op']} | {t['nodes']} | {t['float32_ms']:.3f} | {t['low_ms']:.3f} | "
+                      f"{_f(t['low_over_float32'], '.2f')} |" for t in table[:top]]
+            c = r["casts"].get(v)
+            if c:
+                lines += ["", f"Casts ({c['casts']}): {c['fixed_us']:.1f} us + {c['ns_per_element']:.4f} ns/element "
+                              f"(measured {c['measured_ms']:.2f} ms, estimated {c['estimated_ms']:.2f} ms)"]
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("profile", help="gpu_profile.py --nodes JSON")
+    p.add_argument("--capability", default="9.0", help="compute capability of the profiled GPU (default 9.0)")
+    p.add_argument("--target", help="price with this target instead of gpu:<capability> (cpu for the smoke run)")
+    p.add_argument("--precision", default=None, help="default: the profile's")
+    p.add_argument("--low-variants", default="ours_default,ours_tensorflow,ours_optimal,tf_amp",
+                   help="variants whose low-precision nodes are set against float32's")
+    p.add_argument("--out", help="markdown file")
+    p.add_argument("--json", help="JSON file")
+    args = p.parse_args(argv)
+    with open(args.profile) as f:
+        profile = json.load(f)
+    target = args.target or f"gpu:{args.capability}"
+    precision = args.precision or profile.get("precision", "float16")
+    result = calibrate(profile, target=target, precision=precision, low_variants=tuple(args.low_variants.split(",")))
+    text = markdown(result)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
