@@ -604,8 +604,8 @@ def estimate_node_times(
 ) -> dict[str, dict[str, NodeTime]]:
     """:func:`estimate_step_time`, node by node: per graph (``""`` for the main graph, else a
     function's name) every priced node's :class:`~amp_rewrite.plan.step_cost.NodeTime` (op,
-    kind, precision, estimated ns without the per-kernel fixed time, output elements), for
-    one run of that graph.  What a per-node calibration sets measured times against
+    kind, precision, estimated ns and the per-kernel fixed ns apart, output elements), per
+    run of the step (a loop body's nodes times its iterations).  What a per-node calibration sets measured times against
     (``bench/calibrate_gpu_in_place.py``).  Same arguments and errors; reads ``graph_def``,
     changes nothing; never runs it."""
     graph_def, _ = _checked_arguments(graph_def, compiled, False, False, "reachable", None, None, registry)

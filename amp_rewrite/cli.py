@@ -362,6 +362,10 @@ def _cmd_lists(args: argparse.Namespace) -> int:
         print(f"\n[{cat}]  ({len(ops)} ops)")
         for op in ops:
             print(f"{op:40s} {lists.reasons.get(op, '')}")
+    if lists.bounded:
+        print(f"\n[bounded]  ({len(lists.bounded)} deny-list ops inferred where their input is proven at most the limit)")
+        for op, (limit, why) in lists.bounded.items():
+            print(f"{op:40s} input <= {limit:g}: {why}")
     return 0
 
 

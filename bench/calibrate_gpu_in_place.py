@@ -67,9 +67,9 @@ class Matched:
     op: str
     kind: str
     precision: str
-    estimated_ms: float
+    estimated_ms: float  #: the node's price in the step estimate, its kernel's fixed time included
     measured_ms: float
-    elements: int
+    elements: int  #: output elements, 0 where a shape was unknown
     flops: float
 
 
@@ -95,8 +95,14 @@ def dense_flops(graph_def: Any, shapes: Any, target: str, precision: str) -> dic
 
     per = amp_rewrite.estimate_node_times(graph_def, target=target, precision=precision,
                                           variable_shapes=shapes, costs=_flop_counter())
-    # The counter class prices a dense op at exactly its flops (1 flop/ns, nothing else).
-    return {name: t.ns for name, t in per.get("", {}).items() if t.op in DENSE_OPS}
+    # The counter class prices a dense op at exactly its flops (1 flop/ns, nothing else); a
+    # function's node counts once per run of it, as its measured time does.
+    out: dict[str, float] = {}
+    for graph in sorted(per, key=lambda g: g != ""):
+        for name, t in per[graph].items():
+            if t.op in DENSE_OPS:
+                out.setdefault(name, t.ns)
+    return out
 
 
 def _flop_counter() -> Any:
@@ -119,11 +125,15 @@ def match(profile_nodes: dict[str, dict[str, Any]], priced: dict[str, dict[str, 
     for raw, rec in profile_nodes.items():
         name = strip_prefix(raw)
         t = by_name.get(name)
+        if t is None and raw.endswith(":" + str(rec.get("op"))):  # "name:Type" (a name two ops had)
+            name = strip_prefix(raw[: -len(str(rec["op"])) - 1])
+            t = by_name.get(name)
         if t is None:
             unmatched += rec["ms"]
             continue
-        out.append(Matched(variant, name, t.op, t.kind, t.precision, t.ns / 1e6, rec["ms"], t.elements,
-                           flops.get(name, 0.0)))
+        # The estimate as the step prices the node: its time and its kernel's fixed time.
+        out.append(Matched(variant, name, t.op, t.kind, t.precision, (t.ns + t.fixed_ns) / 1e6, rec["ms"],
+                           t.elements if t.known_shape else 0, flops.get(name, 0.0)))
     return out, unmatched
 
 
@@ -164,9 +174,9 @@ def low_over_float32(f32: list[Matched], low: list[Matched]) -> list[dict[str, A
 
 def cast_line(rows: list[Matched]) -> dict[str, Any] | None:
     """Least-squares ``measured ms = fixed + per_element * elements`` over the Casts of
-    ``rows`` (in us and ns), with the model's own estimate summed beside.  ``None`` with fewer
+    ``rows`` whose shape is known (in us and ns), with the model's own estimate summed beside.  ``None`` with fewer
     than two Casts of different sizes.  Pure."""
-    casts = [r for r in rows if r.kind == "cast"]
+    casts = [r for r in rows if r.kind == "cast" and r.elements > 0]  # 0: shape unknown
     sizes = {r.elements for r in casts}
     if len(casts) < 2 or len(sizes) < 2:
         return None

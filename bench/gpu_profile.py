@@ -123,11 +123,11 @@ def node_times(space: Any, steps: int) -> tuple[dict[str, dict[str, Any]], str]:
     ``XSpace`` of ``steps`` steps, and where the times come from: ``"device"`` (every kernel
     the GPU ran for the node, on its streams) or, without a GPU plane, ``"host"`` (the op
     kernels' own events on the host's executor threads: what a CPU computes, the CPU smoke
-    run's stand-in).  Only events that name a TensorFlow op (:func:`parse_tf_op`) count.
+    run's stand-in).  Only events that name a TensorFlow op (:func:`parse_tf_op`) count.  Keyed
+    by node name (``name:Type`` where one name ran as two op types: nodes of two functions).
     Pure: reads ``space``."""
-    times: collections.Counter[str] = collections.Counter()
-    counts: collections.Counter[str] = collections.Counter()
-    types: dict[str, str] = {}
+    times: collections.Counter[tuple[str, str]] = collections.Counter()
+    counts: collections.Counter[tuple[str, str]] = collections.Counter()
     gpu_planes = [p for p in space.planes if p.name.startswith("/device:GPU:")]
     source = "device" if gpu_planes else "host"
     planes = gpu_planes or [p for p in space.planes if p.name.startswith("/host:")]
@@ -144,12 +144,15 @@ def node_times(space: Any, steps: int) -> tuple[dict[str, dict[str, Any]], str]:
                 parsed = parse_tf_op(text)
                 if parsed is None:
                     continue
-                name, op = parsed
-                times[name] += ev.duration_ps
-                counts[name] += 1
-                types.setdefault(name, op)
-    return ({name: {"op": types[name], "ms": ps / 1e9 / steps, "events": counts[name] / steps}
-             for name, ps in sorted(times.items())}, source)
+                times[parsed] += ev.duration_ps
+                counts[parsed] += 1
+    # Keyed by name; a name that ran as two op types (two functions' nodes) by "name:Type".
+    types_of: dict[str, set[str]] = collections.defaultdict(set)
+    for name, op in times:
+        types_of[name].add(op)
+    return ({(name if len(types_of[name]) == 1 else f"{name}:{op}"):
+             {"op": op, "ms": ps / 1e9 / steps, "events": counts[(name, op)] / steps}
+             for (name, op), ps in sorted(times.items())}, source)
 
 
 def summarize_space(space: Any, steps: int, top: int = 25) -> dict[str, Any]:

@@ -793,7 +793,7 @@ def test_bounded_entries_are_validated_inherited_and_can_be_turned_off(tmp_path)
     ``input_max`` (amp_rewrite.plan.ranges).  The default profile has Exp and Expm1 in float16
     only; TensorFlow's own lists have none; only ops left on the deny list keep an entry."""
     default = load_lists("default", context=CUDA)
-    assert set(default.bounded) == {"Exp", "Expm1"} and default.bounded["Exp"][0] == 11.0
+    assert set(default.bounded) == {"Exp", "Expm1"} and default.bounded["Exp"][0] == 0.0
     assert "Exp" in default.deny  # not an op move: unproven Exps stay denied
     assert load_lists("optimal", context=CUDA).bounded == default.bounded
     assert not load_lists("tensorflow", context=CUDA).bounded
@@ -818,9 +818,16 @@ def test_bounded_entries_are_validated_inherited_and_can_be_turned_off(tmp_path)
         bad.write_text("schema_version = 1\n" + body)
         with pytest.raises(ListError, match=pattern):
             load_lists(str(bad), context=CUDA)
-    # A user layer replaces an entry; -inf turns it off (nothing is proven below it).
+    # -inf turns an entry off, and so does any later statement about the op: a user file that
+    # lists it (on deny again: it means it), or an edit naming it.
     off = tmp_path / "off.toml"
     off.write_text('schema_version = 1\n[float16.bounded]\nExp = { input_max = -inf, reason = "always float32" }\n')
     layered = load_lists("default", context=CUDA, user_file=off)
-    assert layered.bounded["Exp"] == (float("-inf"), "always float32")
-    assert layered.bounded["Expm1"] == default.bounded["Expm1"]
+    assert "Exp" not in layered.bounded and layered.bounded["Expm1"] == default.bounded["Expm1"]
+    restated = tmp_path / "restated.toml"
+    restated.write_text('schema_version = 1\n[float16.deny]\nExp = "mine: always float32"\n')
+    assert set(load_lists("default", context=CUDA, user_file=restated).bounded) == {"Expm1"}
+    assert set(load_lists("default", context=CUDA, edits=[ListEdit("add", "deny", "Exp")]).bounded) == {"Expm1"}
+    mine = tmp_path / "mine.toml"
+    mine.write_text('schema_version = 1\n[float16.bounded]\nExp = { input_max = -1.0, reason = "mine" }\n')
+    assert load_lists("default", context=CUDA, user_file=mine).bounded["Exp"] == (-1.0, "mine")

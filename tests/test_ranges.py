@@ -89,6 +89,43 @@ def test_a_loop_is_unbounded_not_an_error():
                 assert prover.bound(src, port).hi == 0.0
 
 
+def test_answers_do_not_depend_on_the_order_of_questions_or_the_depth():
+    """Every tensor is derived once, producers first, whatever Exp is asked about first; a
+    proof runs as far back as the graph goes (a chain of a thousand ops, beyond Python's
+    recursion limit)."""
+
+    def fn(x):
+        h = -tf.square(x)
+        for _ in range(40):
+            h = h + 0.0
+        near = tf.exp(h, name="near")
+        for _ in range(1200):
+            h = h + 0.0
+        return near, tf.exp(h, name="far")
+
+    g = _graph(fn, [3])
+    inputs = {e: [(u, d["src_port"]) for u, _, d in g.in_edges(e, data=True) if d["dst_port"] == 0][0]
+              for e in ("near", "far")}
+    answers = []
+    for order in (("far", "near"), ("near", "far")):
+        prover = RangeProver(g)
+        answers.append({e: prover.bound(*inputs[e]).hi for e in order})
+    assert answers[0] == answers[1] == {"near": 0.0, "far": 0.0}
+
+
+def test_large_constants_prove_nothing():
+    # In float16 a constant this large rounds by more than 1: a cancellation of two of them
+    # proven <= 0 in exact arithmetic could come out positive.
+    assert _exp_input_bound(lambda x: tf.exp(tf.sigmoid(x) * 10005.0 - 10005.0), [4, 8]).hi == math.inf
+    assert _exp_input_bound(lambda x: tf.exp(tf.sigmoid(x) * 1000.0 - 1000.0), [4, 8]).hi == 0.0
+
+
+def test_a_gather_may_add_a_zero():
+    # An index out of range reads 0 on a GPU: a table of values in [-3, -1] gathers into [-3, 0].
+    bound = _exp_input_bound(lambda x: tf.exp(tf.gather(-1.0 - tf.sigmoid(x) * 2.0, [0, 2])), [4])
+    assert (bound.lo, bound.hi) == (-3.0, 0.0)
+
+
 def test_an_inserted_node_or_a_missing_one_is_unbounded():
     g = _graph(lambda x: tf.exp(x), [2])
     prover = RangeProver(g)

@@ -38,8 +38,9 @@ Profile schema (version 1)
                                        # layer of the chain (or a user file) with it wins
 
     [float16.bounded]                  # optional: a deny-list op inferred where its input 0
-    Exp = { input_max = 11.0, reason = "..." }   # is proven at most input_max
-                                       # (amp_rewrite.plan.ranges); -inf turns an entry off;
+    Exp = { input_max = 0.0, reason = "..." }    # is proven at most input_max
+                                       # (amp_rewrite.plan.ranges); -inf turns an entry off,
+                                       # and so does a later layer or an edit naming the op;
                                        # not versioned; kept for ops left on deny only
 
     [float16.allow]                    # tables: {float16,bfloat16}.{allow,infer,deny,clear}
@@ -351,7 +352,8 @@ def load_lists(
     _check_conflicts(lists)
     if level == "TREAT_INFER_AS_DENY":
         _deny_infer(lists)
-    return _op_lists(lists, profile_label, layers, version, context.precision, level)
+    return _op_lists(lists, profile_label, layers, version, context.precision, level,
+                     frozenset(e.op for e in edits))
 
 
 def _profile_layers(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 
@@ -127,12 +128,16 @@ def _op_lists(
     version: str | None,
     precision: str,
     level: str = "DEFAULT",
+    edited: frozenset[str] = frozenset(),
 ) -> OpLists:
     """The immutable :class:`OpLists` of the final ``lists``; the planner and the
     normalization policy (for ``precision``) are those of the last layer that sets each
-    (``"greedy"`` and ``"float32"`` when none does); a ``bounded`` entry is the last layer's
-    for its op, kept only for ops on the final deny list, and none under level
-    ``TREAT_INFER_AS_DENY`` (which asks for more float32, not less).  Pure."""
+    (``"greedy"`` and ``"float32"`` when none does).  A ``bounded`` entry is the last layer's
+    for its op, and is dropped where a later statement about the op overrides it: a later
+    layer listing or removing the op (a user file that puts ``Exp`` on deny means it), an
+    edit naming it (``edited``), an ``input_max`` of ``-inf``, the op not being on the final
+    deny list, or level ``TREAT_INFER_AS_DENY`` (which asks for more float32, not less).
+    Pure."""
     reasons = {op: reason for table in lists.values() for op, (reason, _) in table.items()}
     origins = {op: origin for table in lists.values() for op, (_, origin) in table.items()}
     apply, why = next((layer.normalization[:2] for layer in reversed(layers)
@@ -140,8 +145,11 @@ def _op_lists(
     bounded: dict[str, tuple[float, str]] = {}
     if level != "TREAT_INFER_AS_DENY":
         for layer in layers:
+            for op in (*layer.entries[precision], *layer.removes[precision]):
+                bounded.pop(op, None)
             bounded.update(layer.bounded.get(precision, {}))
-    bounded = {op: bounded[op] for op in sorted(bounded) if op in lists["deny"]}
+    bounded = {op: bounded[op] for op in sorted(bounded)
+               if op in lists["deny"] and op not in edited and bounded[op][0] > -math.inf}
     return OpLists(
         allow=frozenset(lists["allow"]),
         infer=frozenset(lists["infer"]),

@@ -18,12 +18,15 @@ Anything else -- a function argument, a loop, an op without a rule -- is unbound
 bound is only ever claimed when every step of its derivation holds; the derivation is kept as
 text (:attr:`Bound.why`) for the plan's reason.
 
-Bounds are computed in float64 on exact values; a low-precision op rounds its result by at
-most half a unit in the last place, which a list's limit absorbs by staying below the true
-threshold (``Exp``'s ``input_max`` is 11.0, not 11.09).
+Bounds are computed in float64 on exact values.  In low precision every op rounds, but
+round-to-nearest is monotone, so a bound of 0 reached through monotone steps without constants
+(``-x^2``, ``x - max(x)``) holds exactly, and constants are only used up to
+:data:`MAX_CONSTANT`, whose float16 rounding is at most 1.  A list's limit keeps more margin
+than that: ``Exp``'s ``input_max`` is 0 (an output at most 1, which its consumers may run in
+float16 like any other; a limit near 11.09 would leave them an input of up to 65504).
 
-Pure: the graph is only read.  Work is demand-driven (only the inputs asked about, and what
-feeds them, up to :data:`MAX_DEPTH` ops back) and memoized per prover.
+Pure: the graph is only read.  Work is demand-driven (only the tensors asked about and what
+feeds them through ops with a rule) and memoized per prover: each tensor is derived once.
 """
 
 from __future__ import annotations
@@ -38,11 +41,18 @@ from ..graph import dtypes as dt
 from ..graph import ir
 from ..graph.node_values import bool_attr, float_const_range
 
-__all__ = ["Bound", "UNBOUNDED", "RangeProver", "MAX_DEPTH"]
+__all__ = ["Bound", "UNBOUNDED", "RangeProver", "MAX_CONSTANT"]
 
 INF = math.inf
-#: Most ops a derivation walks back from the tensor asked about; beyond, unbounded.
-MAX_DEPTH = 48
+_WHY_CHARS = 120
+#: Most nodes the even-product walk (``x * x``, ``-0.5 * x * x``) visits in one product tree.
+MAX_PRODUCT_NODES = 48
+#: Largest constant magnitude a derivation uses.  In float16 a constant rounds by up to
+#: ``|c| * 2**-11``; up to this size that is at most 1, so a bound proven in exact arithmetic
+#: holds in float16 up to a rounding far below any limit that matters (round-to-nearest is
+#: monotone, so a bound of 0 reached without constants holds exactly).  A larger constant
+#: proves nothing.
+MAX_CONSTANT = 2048.0
 
 
 @dataclass(frozen=True)
@@ -54,8 +64,15 @@ class Bound:
     hi: float
     why: str = ""
 
+    def __post_init__(self) -> None:
+        # Derivations nest their inputs' text: kept short, so a deep one stays one line (and
+        # a wide DAG cannot grow it without bound).
+        if len(self.why) > _WHY_CHARS:
+            object.__setattr__(self, "why", self.why[:_WHY_CHARS - 3] + "...")
+
     @property
     def known(self) -> bool:
+        """Whether either end is finite: something is proven."""
         return self.lo > -INF or self.hi < INF
 
 
@@ -71,13 +88,15 @@ _FIXED: dict[str, tuple[float, float]] = {
     "ZerosLike": (0.0, 0.0), "OnesLike": (1.0, 1.0),
 }
 _FLOATS = frozenset({dt.FLOAT, dt.DOUBLE, dt.HALF, dt.BFLOAT16})
-#: Ops that pass their input 0's values through unchanged (a subset of them, or rearranged):
-#: the output lies in the input's range.  (``Cast`` has a rule of its own.)
+#: Ops whose output values are among their input 0's values (a subset, rearranged or
+#: repeated) or, for ``AvgPool``, averages of them (a window is never empty): the output lies
+#: in the input's range.  (``Cast`` and ``Gather`` have rules of their own.)  Reductions are
+#: not here: over an empty axis ``Max``/``Min`` give -inf/+inf and ``Mean`` NaN.
 _SAME_VALUES = frozenset({
     "Identity", "Snapshot", "StopGradient", "PreventGradient", "EnsureShape", "CheckNumerics",
     "Reshape", "Squeeze", "ExpandDims", "Transpose", "Tile", "BroadcastTo", "Slice",
-    "StridedSlice", "GatherV2", "Gather", "Reverse", "ReverseV2", "MirrorPad", "Max", "Min",
-    "Mean", "MaxPool", "MaxPoolV2", "AvgPool", "Copy", "CopyHost",
+    "StridedSlice", "Reverse", "ReverseV2", "MirrorPad", "MaxPool", "MaxPoolV2", "AvgPool",
+    "Copy", "CopyHost",
 })
 #: Ops whose data inputs all pass through: the output lies in their union.
 _UNION_OF_INPUTS = frozenset({"Pack", "AddN"})
@@ -87,7 +106,7 @@ def _nan_to(value: float, fallback: float) -> float:
     return fallback if math.isnan(value) else value
 
 
-def _mul(a: Bound, b: Bound) -> tuple[float, float]:
+def _interval_mul(a: Bound, b: Bound) -> tuple[float, float]:
     """The interval product (``0 * inf`` taken as 0: an infinite end is never attained)."""
     products = [_nan_to(x * y, 0.0) for x in (a.lo, a.hi) for y in (b.lo, b.hi)]
     return min(products), max(products)
@@ -100,49 +119,70 @@ class RangeProver:
     only; caches per ``(name, port)``.
     """
 
-    def __init__(self, g: nx.MultiDiGraph, max_depth: int = MAX_DEPTH) -> None:
+    def __init__(self, g: nx.MultiDiGraph) -> None:
         self._g = g
         self._nodes = g._node
-        self._max_depth = max_depth
         self._memo: dict[tuple[str, int], Bound] = {}
-        self._active: set[tuple[str, int]] = set()
 
     def bound(self, name: str, port: int = 0) -> Bound:
-        """The proven interval of tensor ``name:port`` (:data:`UNBOUNDED` when nothing is)."""
-        return self._bound(name, port, 0)
+        """The proven interval of tensor ``name:port`` (:data:`UNBOUNDED` when nothing is).
 
-    # ------------------------------------------------------------------ the walk
-
-    def _bound(self, name: str, port: int, depth: int) -> Bound:
+        Every tensor the answer depends on is bounded first, producers before consumers, with
+        an explicit stack (no recursion limit, no depth limit), and remembered: each tensor is
+        derived once per prover whatever the order of the questions, so an answer never
+        depends on which was asked first.  A cycle (a valid graph closes one only through a
+        loop's ``Merge``, an op without a rule, so it is never walked) would leave the tensor
+        that closes it unbounded."""
         key = (name, port)
-        hit = self._memo.get(key)
-        if hit is not None:
-            return hit
-        if depth > self._max_depth or key in self._active or name not in self._nodes:
-            # Too far back, or a cycle (a loop's back edge): nothing is proven.  Not cached:
-            # a shorter walk from elsewhere may still prove it.
-            return UNBOUNDED
-        self._active.add(key)
-        try:
-            result = self._derive(name, port, depth)
-        finally:
-            self._active.discard(key)
-        self._memo[key] = result
-        return result
+        memo = self._memo
+        if key in memo:
+            return memo[key]
+        active: set[tuple[str, int]] = set()
+        stack: list[tuple[tuple[str, int], bool]] = [(key, False)]
+        while stack:
+            k, ready = stack.pop()
+            if k in memo:
+                continue
+            if ready:
+                active.discard(k)
+                memo[k] = self._derive(*k)
+                continue
+            if k in active:
+                continue
+            active.add(k)
+            stack.append((k, True))
+            stack.extend((dep, False) for dep in reversed(self._needs(*k)) if dep not in memo and dep not in active)
+        return memo[key]
+
+    def _needs(self, name: str, port: int) -> list[tuple[str, int]]:
+        """The tensors :meth:`_derive` reads the bounds of for ``name:port``: a ruled op's
+        data inputs, none for anything else."""
+        data = self._nodes.get(name)
+        if data is None or port != 0:
+            return []
+        op = data["op"]
+        if op in _FIXED or op in _SAME_VALUES or op in _RULES or op in _UNION_OF_INPUTS or op in ("ConcatV2", "Concat"):
+            return self._inputs(name)
+        return []
 
     def _inputs(self, name: str) -> list[tuple[str, int]]:
         return ir.data_inputs(self._g, name)
 
-    def _derive(self, name: str, port: int, depth: int) -> Bound:
-        data = self._nodes[name]
-        op = data["op"]
-        if port != 0:
+    def _derive(self, name: str, port: int) -> Bound:
+        """The bound of ``name:port`` from its op's rule, its inputs' bounds already derived
+        (:meth:`bound`; an input not derived counts as unbounded)."""
+        data = self._nodes.get(name)
+        if data is None or port != 0:
             return UNBOUNDED  # every rule below is about output 0
+        op = data["op"]
         ins = self._inputs(name)
-        sub = lambda i: self._bound(*ins[i], depth + 1) if i < len(ins) else UNBOUNDED  # noqa: E731
+        memo = self._memo
+        sub = lambda i: memo.get(ins[i], UNBOUNDED) if i < len(ins) else UNBOUNDED  # noqa: E731
         if op == "Const":
             values = float_const_range(data)
-            return Bound(values[0], values[1], _number(values)) if values else UNBOUNDED
+            if values is None or max(abs(values[0]), abs(values[1])) > MAX_CONSTANT:
+                return UNBOUNDED
+            return Bound(values[0], values[1], _number(values))
         if op in _FIXED:
             return self._fixed(op, ins, sub)
         if op in _SAME_VALUES:
@@ -202,12 +242,12 @@ class RangeProver:
         if even is not None:
             # A product in which every tensor appears an even number of times (x * x,
             # -0.5 * x * x) is its constant factor times a non-negative number.
-            lo, hi = _mul(even, Bound(0.0, INF))
+            lo, hi = _interval_mul(even, Bound(0.0, INF))
             return _made(lo, hi, f"({even.why}) * x^2")
         a, b = sub(0), sub(1)
         if not (a.known and b.known):
             return UNBOUNDED
-        lo, hi = _mul(a, b)
+        lo, hi = _interval_mul(a, b)
         return _made(lo, hi, f"({a.why}) * ({b.why})")
 
     def _even_product(self, name: str) -> Bound | None:
@@ -220,7 +260,7 @@ class RangeProver:
         steps = 0
         while stack:
             steps += 1
-            if steps > self._max_depth:
+            if steps > MAX_PRODUCT_NODES:
                 return None
             tensor = self._alias_source(stack.pop())
             data = self._nodes.get(tensor[0])
@@ -231,8 +271,10 @@ class RangeProver:
                 stack.extend(self._inputs(tensor[0]))
                 continue
             constant = float_const_range(data) if op == "Const" else None
+            if constant is not None and max(abs(constant[0]), abs(constant[1])) > MAX_CONSTANT:
+                return None
             if constant is not None:
-                lo, hi = _mul(factor, Bound(*constant))
+                lo, hi = _interval_mul(factor, Bound(*constant))
                 factor = Bound(lo, hi, _number((lo, hi)))
             else:
                 counts[tensor] = counts.get(tensor, 0) + 1
@@ -244,7 +286,7 @@ class RangeProver:
         a, b = sub(0), sub(1)
         if not (a.known and b.known) or b.lo <= 0.0 <= b.hi:
             return UNBOUNDED  # a divisor that may be 0 (or of unknown sign) bounds nothing
-        lo, hi = _mul(a, Bound(1.0 / b.hi, 1.0 / b.lo))
+        lo, hi = _interval_mul(a, Bound(1.0 / b.hi, 1.0 / b.lo))
         return _made(lo, hi, f"({a.why}) / ({b.why})")
 
     def _maximum(self, name: str, ins: Sequence[tuple[str, int]], sub: Callable[[int], Bound]) -> Bound:
@@ -284,6 +326,13 @@ class RangeProver:
         inner = sub(0)
         return Bound(inner.lo, inner.hi, inner.why) if inner.known else UNBOUNDED
 
+    def _gather(self, name: str, ins: Sequence[tuple[str, int]], sub: Callable[[int], Bound]) -> Bound:
+        # An index out of range gives 0 on a GPU (an error on a CPU): the params' values or 0.
+        inner = sub(0)
+        if not inner.known:
+            return UNBOUNDED
+        return _made(min(inner.lo, 0.0), max(inner.hi, 0.0), f"gather of ({inner.why})")
+
     def _fill(self, name: str, ins: Sequence[tuple[str, int]], sub: Callable[[int], Bound]) -> Bound:
         inner = sub(1)  # Fill(dims, value)
         return Bound(inner.lo, inner.hi, inner.why) if inner.known else UNBOUNDED
@@ -315,7 +364,7 @@ class RangeProver:
         """``tensor`` with value-preserving single-input ops (Identity, StopGradient ...)
         stripped: the tensor it is a copy of."""
         seen = 0
-        while seen < self._max_depth:
+        while seen < MAX_PRODUCT_NODES:
             name, port = tensor
             data = self._nodes.get(name)
             if data is None or port != 0 or data["op"] not in ("Identity", "Snapshot", "StopGradient",
@@ -407,5 +456,6 @@ _RULES: dict[str, Callable[[RangeProver, str, Sequence[tuple[str, int]], Callabl
     "Select": RangeProver._select, "SelectV2": RangeProver._select,
     "Pad": RangeProver._pad, "PadV2": RangeProver._pad,
     "Cast": RangeProver._cast, "Fill": RangeProver._fill,
+    "GatherV2": RangeProver._gather, "Gather": RangeProver._gather,
     "Sum": RangeProver._sum,
 }

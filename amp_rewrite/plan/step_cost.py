@@ -41,7 +41,7 @@ Pure: reads the graphs (their ``shapes``), changes nothing.  Imports nothing of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 
 import networkx as nx
@@ -109,13 +109,23 @@ class StepEstimate:
 class NodeTime:
     """One priced node of a step estimate: its op, kind (``"dense"``, ``"elementwise"`` or
     ``"cast"``), the precision it runs in (``"float32"`` or ``"low"``), its estimated time
-    without the per-kernel fixed time (ns), and its output elements."""
+    (ns) and, apart, the fixed time per kernel the step charges it (``kernel_overhead`` for a
+    node that launches a kernel; a Cast's price already holds its own fixed time, so 0), its
+    output elements and whether all its output shapes were known (else ``elements`` counts
+    the cost model's defaults).  Times are per run of the step: a function's nodes times the
+    function's runs per step."""
 
     op: str
     kind: str
     precision: str
     ns: float
     elements: int
+    fixed_ns: float = 0.0
+    known_shape: bool = True
+
+    def scaled(self, times: int) -> "NodeTime":
+        """This node run ``times`` times."""
+        return replace(self, ns=self.ns * times, fixed_ns=self.fixed_ns * times)
 
 
 @dataclass(frozen=True)
@@ -302,7 +312,8 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
             ns["cast"] += t
             kernels += 1
             if per_node is not None:
-                per_node[name] = NodeTime(op, kind, "low", t, elements(outs[0] if outs else None))
+                per_node[name] = NodeTime(op, kind, "low", t, elements(outs[0] if outs else None),
+                                          known_shape=_known(outs[:1]))
             continue
         priced_op = grappler_folds.FUSED_SWISH if name in swishes else op
         if kind == "dense" or not compiled:
@@ -321,8 +332,14 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
             kernels += 1
         if per_node is not None:
             per_node[name] = NodeTime(op, kind, "low" if kind == "cast" else precision or "float32", t,
-                                      sum(elements(s) for s in outs))
+                                      sum(elements(s) for s in outs),
+                                      costs.kernel_overhead if launches else 0.0, _known(outs))
     return StepEstimate(ns["dense"], ns["elementwise"], ns["cast"], ns["overhead"], kernels, low_nodes, casts)
+
+
+def _known(shapes: list[Shape]) -> bool:
+    """Whether every shape of ``shapes`` is fully known.  Pure."""
+    return bool(shapes) and all(s is not None and all(d is not None for d in s) for s in shapes)
 
 
 def _with_inserted_casts(g: nx.MultiDiGraph, order: list[str],
@@ -417,7 +434,8 @@ def estimate_graphs(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGra
     """:func:`estimate_graph` of ``main`` plus each function's times the number of times it
     runs per run of ``main`` (:func:`call_counts`: a loop body once per iteration).
     ``per_node``, when given, receives per graph (``""`` for ``main``, else the function's name)
-    its nodes' :class:`NodeTime`, once per run of the graph; the only thing mutated."""
+    its nodes' :class:`NodeTime`, per run of ``main`` (a loop body's times its iterations);
+    the only thing mutated."""
     nodes: dict[str, NodeTime] | None = {} if per_node is not None else None
     total = estimate_graph(main, costs_of, registry, compiled=compiled, per_node=nodes)
     if per_node is not None and nodes is not None:
@@ -428,5 +446,5 @@ def estimate_graphs(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGra
             total = total + estimate_graph(functions[name], costs_of, registry, compiled=compiled,
                                            per_node=nodes).scaled(times)
             if per_node is not None and nodes is not None:
-                per_node[name] = nodes
+                per_node[name] = {n: t.scaled(times) for n, t in nodes.items()}
     return total
