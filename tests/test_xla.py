@@ -303,9 +303,6 @@ def test_cli_xla_flag_and_what_it_refuses(exported: pathlib.Path, tmp_path: path
     out = tmp_path / "cli"
     assert cli_main(["rewrite", "--xla", "--target", "gpu:8.0", "-q", str(exported), str(out)]) == 0
     assert any(_xla_marked(out).values())
-    assert cli_main(["rewrite", "--xla", "--autotune", "-q", str(exported), str(tmp_path / "t")]) == 1
-    assert "--xla cannot go with --autotune" in capsys.readouterr().err
-    assert not (tmp_path / "t").exists()
     # A frozen GraphDef has no functions to mark.
     graph = tf.Graph()
     with graph.as_default():
@@ -319,6 +316,61 @@ def test_cli_xla_flag_and_what_it_refuses(exported: pathlib.Path, tmp_path: path
 
 
 # -- evidence: XLA's own dumps ------------------------------------------------------------------
+
+def _saved_model_bytes(model_dir: pathlib.Path) -> dict[str, bytes]:
+    return {str(p.relative_to(model_dir)): p.read_bytes() for p in sorted(model_dir.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("min_gain", [0.0, 0.99])
+def test_autotune_under_xla_times_every_graph_compiled_and_marks_what_it_writes(
+        exported: pathlib.Path, tmp_path: pathlib.Path, min_gain: float, monkeypatch: Any) -> None:
+    """``--xla --autotune``: the candidates and float32 are timed as they would be served,
+    marked for XLA (every SavedModel autotune loads has its served functions marked), and
+    what is written is marked, the float32 model too when it is kept (``min_gain`` 0.99: no
+    rewrite can win); the input is untouched."""
+    from amp_rewrite.autotune import AutotuneOptions
+    from amp_rewrite.autotune import model_files
+
+    timed: list[bool] = []
+    runner = model_files._saved_model_runner
+
+    def recording_runner(path: str, *args: Any) -> Any:
+        timed.append(any(_xla_marked(pathlib.Path(path)).values()))
+        return runner(path, *args)
+
+    monkeypatch.setattr(model_files, "_saved_model_runner", recording_runner)
+    before = _saved_model_bytes(exported)
+    out = tmp_path / "tuned"
+    opts = AutotuneOptions(repeats=5, steps=2, sessions=1, max_repeats=5, batch=8, min_gain=min_gain)
+    report = rewrite_saved_model(exported, out, xla=True, autotune=opts, **TARGET)
+    tuned = report["autotune"]
+    assert tuned["xla"] is True and tuned["rounds"] == 5
+    assert len(timed) >= 2 and all(timed)  # float32 and at least one rewrite, each compiled
+    assert set(tuned["step_ms"]) >= {"float32", "tensorflow"}
+    (names,) = report["xla"]["compiled_functions"].values()
+    marked = _xla_marked(out)
+    assert names and all(marked[n] for n in names)
+    if min_gain == 0.99:
+        assert tuned["choice"] == "float32" and report["converted_nodes"] == 0 and "autotune" in report["skipped"]
+    x = _model_input()
+    original, loaded = tf.saved_model.load(str(exported)), tf.saved_model.load(str(out))  # kept alive
+    np.testing.assert_allclose(loaded.serve(x).numpy(), original.serve(x).numpy(), rtol=2e-2, atol=2e-2)
+    assert _saved_model_bytes(exported) == before  # the input is untouched, unmarked
+
+
+def test_autotune_under_xla_refuses_a_frozen_graph(tmp_path: pathlib.Path) -> None:
+    from amp_rewrite.autotune import AutotuneOptions
+
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4, 4], name="x")
+        tf.identity(tf.matmul(x, x), name="out")
+    pb = tmp_path / "frozen.pb"
+    pb.write_bytes(graph.as_graph_def().SerializeToString())
+    with pytest.raises(AmpRewriteError, match="--xla"):
+        rewrite_saved_model(pb, tmp_path / "o.pb", xla=True, autotune=AutotuneOptions(), **TARGET)
+    assert not (tmp_path / "o.pb").exists()
+
 
 def _evidence_run(dump_dir: str, model_dir: str) -> dict[str, Any]:
     """Run the three compiled paths (and one uncompiled control) in this process; XLA dumps

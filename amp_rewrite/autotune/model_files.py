@@ -84,11 +84,12 @@ class AutotuneOptions:
                 raise AmpRewriteError(f"autotune shape for {name!r} has a negative dimension")
         candidate_options(self.candidates)
 
-    def tune_model(self, model: Any, *, tags: Sequence[str] | None = None, **rewrite_options: Any) -> ModelAutotune:
+    def tune_model(self, model: Any, *, tags: Sequence[str] | None = None, xla: bool = False,
+                   **rewrite_options: Any) -> ModelAutotune:
         """:func:`autotune_model` of ``model`` with these options: how
         ``rewrite_saved_model(..., autotune=self)`` runs it, without importing autotune
         (:class:`amp_rewrite.models.tuning.Autotuner`)."""
-        return autotune_model(model, self, tags=tags, **rewrite_options)
+        return autotune_model(model, self, tags=tags, xla=xla, **rewrite_options)
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,8 @@ class ModelAutotune:
     min_gain: float = 0.02
     max_rel_error: float | None = None
     input_source: str = "random"
+    #: Every graph (float32's too) was marked for XLA and timed compiled.
+    xla: bool = False
 
     def line(self) -> str:
         """:func:`result_line` for this result: what the CLI prints."""
@@ -140,6 +143,7 @@ class ModelAutotune:
             "rounds": self.rounds,
             "sessions": self.sessions,
             "input_source": self.input_source,
+            "xla": self.xla,
             "rel_error": dict(self.rel_error),
             "same_graph_as": dict(self.same_as),
             "signature": self.signature,
@@ -256,7 +260,7 @@ def _signature_inputs(path: str, tags: Sequence[str] | None, want: str | None, o
     return key, {name: _input_value(name, dtype, dims, opts, rng) for name, (dtype, dims) in sorted(shapes.items())}
 
 
-def autotune_model(model: Any, opts: AutotuneOptions, *, tags: Sequence[str] | None = None,
+def autotune_model(model: Any, opts: AutotuneOptions, *, tags: Sequence[str] | None = None, xla: bool = False,
                    **rewrite_options: Any) -> ModelAutotune:
     """Rewrite ``model`` (a :class:`~amp_rewrite.models.saved_model.ModelFile`) once per candidate
     with :func:`~amp_rewrite.models.saved_model.rewrite_model`, time each and float32 on random
@@ -269,11 +273,20 @@ def autotune_model(model: Any, opts: AutotuneOptions, *, tags: Sequence[str] | N
     against the model) before any rewrite.  ``opts.progress`` hears of each rewrite and
     round.  Raises :class:`AmpRewriteError` (:class:`AutotuneInputError` for inputs that do
     not fit); ``model`` is not modified and nothing is left on disk.
+
+    ``xla`` (a SavedModel only): what is served will run compiled, so every candidate is
+    marked for XLA (:func:`~amp_rewrite.models.saved_model.mark_for_xla`) and so is the
+    float32 model it is timed against (a marked copy), each compiled in its warm-up step.
+    The rewrite options should then plan for XLA (``compiled=True``, as ``--xla`` does).
     """
-    from ..models.saved_model import _graph_outputs, rewrite_model, stage_model
+    from ..models.rewriting import _unchanged as unchanged_model
+    from ..models.saved_model import _graph_outputs, mark_for_xla, rewrite_model, stage_model
     from ..models.staging import Staging
 
     opts.check()
+    if xla and model.format != "saved_model":
+        raise AmpRewriteError("autotune under XLA times a TF2 SavedModel's served functions compiled; "
+                              f"the model is a {model.format.replace('_', ' ')}, which has none")
     options = candidate_options(opts.candidates)
     if model.format == "meta_graph":
         raise AmpRewriteError("autotune runs SavedModels and frozen GraphDefs; a MetaGraphDef (.meta) "
@@ -304,9 +317,18 @@ def autotune_model(model: Any, opts: AutotuneOptions, *, tags: Sequence[str] | N
         signature = None
     else:
         with tempfile.TemporaryDirectory(prefix="amp-rewrite-autotune-") as tmp:
+            staged = dict(rewrites)
             paths = {FLOAT32: model.path}
-            for name, rw in rewrites.items():
-                paths[name] = os.path.join(tmp, f"candidate{len(paths)}")
+            if xla:
+                # float32 as it would be served: a copy of the model, marked like the rewrites.
+                reference = next(iter(rewrites.values()))
+                staged = {FLOAT32: unchanged_model(model, reference, "float32, marked for XLA", copy=True),
+                          **rewrites}
+                mark_for_xla(staged[FLOAT32], rewrite_options.get("signatures"), graphs=reference.graphs)
+                for rw in rewrites.values():
+                    mark_for_xla(rw, rewrite_options.get("signatures"))
+            for name, rw in staged.items():
+                paths[name] = os.path.join(tmp, f"candidate{len(paths) if name != FLOAT32 else 0}")
                 with Staging() as staging:
                     stage_model(staging, rw, paths[name])
                     staging.commit()
@@ -316,4 +338,4 @@ def autotune_model(model: Any, opts: AutotuneOptions, *, tags: Sequence[str] | N
         signature = key
     return ModelAutotune(tuned.choice, rewrites.get(tuned.choice), tuned.step_ms, tuned.rel_error, inputs,
                          signature, options, same_as, tuned.ratio, tuned.wins, tuned.rounds, tuned.sessions,
-                         tuned.rule, tuned.p_value, opts.min_gain, opts.max_rel_error, source)
+                         tuned.rule, tuned.p_value, opts.min_gain, opts.max_rel_error, source, xla)

@@ -119,7 +119,7 @@ def check_paths(src: str, dst: str, *, overwrite: bool, lists: str | os.PathLike
     return inputs
 
 
-def check_autotune(autotune: Autotuner | None, *, xla: bool, graph_file: object, tensorboard_dir: object,
+def check_autotune(autotune: Autotuner | None, *, graph_file: object, tensorboard_dir: object,
                    dump_dir: object) -> None:
     """Refuse the outputs and options that cannot go with ``autotune``, and its own bad
     settings (``autotune.check()``).  Raises :class:`AmpRewriteError` (or a subclass)."""
@@ -128,9 +128,6 @@ def check_autotune(autotune: Autotuner | None, *, xla: bool, graph_file: object,
             raise AmpRewriteError("--autotune writes the fastest model and its report; --graph, "
                                   "--tensorboard and --dump-dir describe a single rewrite and cannot go with it")
         autotune.check()
-    if xla and autotune is not None:
-        raise AmpRewriteError("--xla cannot go with --autotune: autotune times the candidates "
-                              "without XLA, so its choice would not hold for the compiled model")
 
 
 def check_xla_input(model: ModelFile) -> None:

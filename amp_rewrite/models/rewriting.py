@@ -204,7 +204,8 @@ def _update_output_dtypes(meta: Any, result: RewriteResult) -> None:
 _XLA_ATTRS = ("_XlaMustCompile", "_noinline")
 
 
-def mark_for_xla(rewrite: ModelRewrite, signatures: Sequence[str] | None = None) -> dict[str, list[str]]:
+def mark_for_xla(rewrite: ModelRewrite, signatures: Sequence[str] | None = None,
+                 graphs: Sequence[GraphRewrite] | None = None) -> dict[str, list[str]]:
     """Mark the functions a rewritten TF2 SavedModel serves for XLA compilation.
 
     In every rewritten MetaGraphDef of ``rewrite``, the function each signature's outputs
@@ -217,6 +218,10 @@ def mark_for_xla(rewrite: ModelRewrite, signatures: Sequence[str] | None = None)
     served.  Mutates ``rewrite.message`` (the new message, never the input's) and returns,
     per graph label, the marked function names, sorted.
 
+    ``graphs`` names the MetaGraphDefs to mark (their ``label`` and ``index``), by default
+    ``rewrite.graphs``: a model kept unchanged (:func:`_unchanged` with ``copy=True``, which
+    has none) is marked with those of a rewrite of the same model.
+
     Assumes the rewrite kept function names (it does).  XLA compiles a marked function when
     it is first called: one with an op XLA has no kernel for fails then, not here.
 
@@ -228,8 +233,10 @@ def mark_for_xla(rewrite: ModelRewrite, signatures: Sequence[str] | None = None)
     """
     message = rewrite.message
     metas = list(message.meta_graphs) if rewrite.source.format == "saved_model" else [message]
+    if message is rewrite.source.message:
+        raise AmpRewriteError("internal error: refusing to mark the input model's own message for XLA")
     out: dict[str, list[str]] = {}
-    for graph in rewrite.graphs:
+    for graph in rewrite.graphs if graphs is None else graphs:
         meta = metas[graph.index if graph.index is not None else 0]
         nodes = {n.name: n for n in meta.graph_def.node}
         names: set[str] = set()
@@ -259,13 +266,19 @@ def mark_for_xla(rewrite: ModelRewrite, signatures: Sequence[str] | None = None)
     return out
 
 
-def _unchanged(model: ModelFile, reference: ModelRewrite, reason: str) -> ModelRewrite:
+def _unchanged(model: ModelFile, reference: ModelRewrite, reason: str, *, copy: bool = False) -> ModelRewrite:
     """``model`` as it is, as a :class:`ModelRewrite` whose report says why: settings and
-    node count from ``reference`` (a rewrite of the same model), no conversions, no casts."""
+    node count from ``reference`` (a rewrite of the same model), no conversions, no casts.
+    Its message is the input's own unless ``copy`` (then a copy, which may be changed: marked
+    for XLA)."""
     report = {k: v for k, v in reference.report.items() if k != "graphs"}
     report.update({k: 0 for k in _COUNTS if k != "total_nodes"}, skipped=reason, graphs=[])
     # The signatures run the float32 model: the reference's totals, nothing converted.
     report["signatures"] = {key: {**row, "converted": 0, "casts_to_low": 0, "casts_to_high": 0,
                                   "by_op": {op: {**c, "converted": 0} for op, c in row["by_op"].items()}}
                             for key, row in reference.report.get("signatures", {}).items()}
-    return ModelRewrite(model, model.message, (), report, reference.lists, reference.target)
+    message = model.message
+    if copy:
+        message = type(model.message)()
+        message.CopyFrom(model.message)
+    return ModelRewrite(model, message, (), report, reference.lists, reference.target)

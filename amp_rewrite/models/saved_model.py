@@ -267,8 +267,9 @@ def rewrite_saved_model(
     ``xla`` (``--xla``) marks the functions of a TF2 SavedModel that its signatures call, and
     its ``tf.function`` endpoints (``serve``), for XLA compilation (:func:`mark_for_xla`), so
     ``tf.saved_model.load`` runs them under XLA; the rewrite is planned for it
-    (``compiled=True``).  The report's ``xla`` section names the marked functions.  Not with
-    ``autotune``, which times the models as they are, nor for a TF1 graph or a frozen
+    (``compiled=True``).  The report's ``xla`` section names the marked functions.  With
+    ``autotune``, every candidate and the float32 model are marked and timed compiled, and the
+    one written (float32 too, when it wins) is marked.  Not for a TF1 graph or a frozen
     GraphDef, which have no such functions.
 
     Everything is written atomically and together: on any error (or Ctrl-C) no output,
@@ -293,8 +294,8 @@ def rewrite_saved_model(
                                     tensorboard_dir=tensorboard_dir)
     if xla:
         options["compiled"] = True  # plan for XLA's fusion (cost_model.node_cost)
-    rewrite, tuned = _rewrite_or_tune(model, tags, autotune, progress, options)
-    report = _final_report(rewrite, tuned, xla=xla, signatures=signatures, dst=dst_s)
+    rewrite, tuned, xla_graphs = _rewrite_or_tune(model, tags, autotune, progress, options, xla=xla)
+    report = _final_report(rewrite, tuned, xla=xla, signatures=signatures, dst=dst_s, xla_graphs=xla_graphs)
     if progress:
         progress.stage("writing the output")
     _write_outputs(rewrite, report, dst_s, protect=[path for path, _ in inputs], overwrite=overwrite,
@@ -321,7 +322,7 @@ def _check_and_load(src: str, dst: str, options: Mapping[str, Any], *, autotune:
     inputs = check_paths(src, dst, overwrite=overwrite, lists=options["lists"], lists_file=options["lists_file"],
                          report_file=report_file, graph_file=graph_file, dump_dir=dump_dir,
                          tensorboard_dir=tensorboard_dir)
-    check_autotune(autotune, xla=xla, graph_file=graph_file, tensorboard_dir=tensorboard_dir, dump_dir=dump_dir)
+    check_autotune(autotune, graph_file=graph_file, tensorboard_dir=tensorboard_dir, dump_dir=dump_dir)
     model = load_model(src)
     if xla:
         check_xla_input(model)
@@ -329,13 +330,13 @@ def _check_and_load(src: str, dst: str, options: Mapping[str, Any], *, autotune:
 
 
 def _final_report(rewrite: ModelRewrite, tuned: TunedModel | None, *, xla: bool,
-                  signatures: Sequence[str] | None, dst: str) -> dict[str, Any]:
+                  signatures: Sequence[str] | None, dst: str, xla_graphs: Any = None) -> dict[str, Any]:
     """The report :func:`rewrite_saved_model` returns and writes: ``rewrite``'s, with the
-    ``xla`` section (marking the functions, which mutates ``rewrite.message``), the
-    ``autotune`` section and the output path."""
+    ``xla`` section (marking the functions of ``xla_graphs``, by default ``rewrite``'s graphs,
+    which mutates ``rewrite.message``), the ``autotune`` section and the output path."""
     report = dict(rewrite.report)
     if xla:
-        report["xla"] = {"compiled_functions": mark_for_xla(rewrite, signatures)}
+        report["xla"] = {"compiled_functions": mark_for_xla(rewrite, signatures, graphs=xla_graphs)}
     if tuned is not None:
         report["autotune"] = tuned.as_dict()
     report["output"] = os.path.abspath(dst)
@@ -343,19 +344,25 @@ def _final_report(rewrite: ModelRewrite, tuned: TunedModel | None, *, xla: bool,
 
 
 def _rewrite_or_tune(model: ModelFile, tags: Sequence[str] | None, autotune: Autotuner | None,
-                     progress: Progress | None, options: Mapping[str, Any]) -> tuple[ModelRewrite, TunedModel | None]:
-    """The rewrite :func:`rewrite_saved_model` writes, and the autotune result (``None``
-    without ``autotune``).  When autotune keeps float32, the rewrite is the input unchanged
-    (:func:`_unchanged`), its report saying why.  Looks :func:`rewrite_model` up in this
-    module at call time (tests replace it here).  ``model`` is not modified."""
+                     progress: Progress | None, options: Mapping[str, Any], *, xla: bool = False
+                     ) -> tuple[ModelRewrite, TunedModel | None, Any]:
+    """The rewrite :func:`rewrite_saved_model` writes, the autotune result (``None`` without
+    ``autotune``; with ``xla`` every candidate and float32 are timed compiled), and the graphs
+    to mark for XLA when the rewrite has none of its own (``None``: its own).  When autotune
+    keeps float32, the rewrite is the input unchanged (:func:`_unchanged`; a copy under
+    ``xla``, to be marked with a rewrite's graphs), its report saying why.  Looks
+    :func:`rewrite_model` up in this module at call time (tests replace it here).  ``model``
+    is not modified."""
     if autotune is None:
-        return rewrite_model(model, tags=tags, progress=progress, **options), None
+        return rewrite_model(model, tags=tags, progress=progress, **options), None, None
     if progress:
         progress.stage("autotuning: rewriting and timing each candidate")
-    tuned = autotune.tune_model(model, tags=tags, **options)
-    rewrite = tuned.rewrite if tuned.rewrite is not None else _unchanged(
-        model, rewrite_model(model, tags=tags, **options), _float32_kept(tuned, autotune))
-    return rewrite, tuned
+    tuned = autotune.tune_model(model, tags=tags, xla=xla, **options)
+    if tuned.rewrite is not None:
+        return tuned.rewrite, tuned, None
+    reference = rewrite_model(model, tags=tags, **options)
+    kept = _unchanged(model, reference, _float32_kept(tuned, autotune), copy=xla)
+    return kept, tuned, reference.graphs if xla else None
 
 
 def _write_outputs(rewrite: ModelRewrite, report: Mapping[str, Any], dst: str, *, protect: Sequence[str],

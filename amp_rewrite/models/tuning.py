@@ -36,9 +36,10 @@ class Autotuner(Protocol):
         """Raise :class:`~amp_rewrite.errors.AmpRewriteError` for settings that cannot be measured."""
         ...
 
-    def tune_model(self, model: ModelFile, *, tags: Sequence[str] | None = None,
+    def tune_model(self, model: ModelFile, *, tags: Sequence[str] | None = None, xla: bool = False,
                    **rewrite_options: Any) -> TunedModel:
-        """Rewrite ``model`` once per candidate, time each and float32, return the fastest."""
+        """Rewrite ``model`` once per candidate, time each and float32 (with ``xla``, each
+        marked for XLA and timed compiled), return the fastest."""
         ...
 
 
