@@ -40,8 +40,12 @@ of its own, built from the same random weights, compiled as a Keras user would c
   with no option and ``model.compile`` with Keras's default ``jit_compile="auto"`` (XLA on a
   GPU, as Keras resolves it); its XLA baseline is ``float32_xla`` when Keras chose XLA.
 
-``--autotune`` (``amp-rewrite rewrite --autotune``) times candidate rewrites of a SavedModel
-offline; a Keras ``fit`` step has no SavedModel to autotune, so it is not a variant here.
+* ``ours_autotune`` / ``ours_autotune_xla`` (inference workloads): the float32 model exported
+  (``model.export``), ``amp-rewrite rewrite --autotune`` (``--xla``) run on it on this machine
+  as a user serving it would (``rewrite_saved_model(..., autotune=AutotuneOptions(batch=...))``:
+  every candidate and float32 timed, with XLA for the second), and the model it writes loaded
+  and served (``loaded.serve(x)``).  A Keras ``fit`` step has no SavedModel to autotune, so on
+  a training workload they are listed as not applicable.
 
 The timed call is ``model.train_on_batch(x, y)`` (``model.predict_on_batch(x)`` for
 inference): it runs the train function ``fit`` builds (``model.make_train_function()``) on one
@@ -111,7 +115,7 @@ VARIANTS: tuple[str, ...] = (
     "float32", "float32_again", "float32_strict", "float32_xla", "tf_amp",
     "keras_mixed", "keras_mixed_xla",
     "ours_tensorflow", "ours_tensorflow_xla", "ours_default", "ours_default_xla",
-    "ours_optimal", "ours_optimal_xla", "ours_user",
+    "ours_optimal", "ours_optimal_xla", "ours_user", "ours_autotune", "ours_autotune_xla",
 )
 REFERENCE = "float32_strict"
 
@@ -133,6 +137,9 @@ class VariantSpec:
     #: More rewrite options of an ``--extra-variant`` (ours only), as sorted JSON: e.g.
     #: ``{"remove": {"deny": ["Exp"]}}`` to measure what one list entry costs.
     options_json: str = ""
+    #: ``amp-rewrite rewrite --autotune`` (``--xla`` with ``jit_compile``) of the float32
+    #: model's exported SavedModel, loaded and served: inference workloads only.
+    autotune: bool = False
 
     @property
     def options(self) -> dict[str, Any]:
@@ -140,8 +147,11 @@ class VariantSpec:
 
     @property
     def ours(self) -> bool:
-        return self.lists is not None or self.user_defaults
+        return self.lists is not None or self.user_defaults or self.autotune
 
+
+#: Why the autotune variants do not run on a training workload.
+NOT_AUTOTUNED = "not applicable: autotune rewrites a SavedModel offline; a Keras fit step has none"
 
 #: Variants defined on the command line (``--extra-variant``): name -> (base variant, options).
 EXTRA_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {}
@@ -157,7 +167,7 @@ def define_extra_variant(text: str) -> str:
     base, _, options = rest.partition(":")
     if not sep or not name or not base or name in VARIANTS or not re.fullmatch(r"[A-Za-z0-9_.+-]+", name):
         raise ValueError(f"--extra-variant {text!r}: expected NAME=BASE[:JSON], NAME new and plain")
-    if base not in VARIANTS or not variant_spec(base).ours:
+    if base not in VARIANTS or not variant_spec(base).ours or variant_spec(base).autotune:
         raise ValueError(f"--extra-variant {text!r}: {base} is not one of our built-in variants")
     parsed = json.loads(options) if options else {}
     if not isinstance(parsed, dict):
@@ -184,6 +194,8 @@ def variant_spec(name: str) -> VariantSpec:
         return VariantSpec(name, policy="mixed", jit_compile=xla)
     if name == "ours_user":
         return VariantSpec(name, jit_compile="auto", user_defaults=True)
+    if name in ("ours_autotune", "ours_autotune_xla"):
+        return VariantSpec(name, jit_compile=xla, autotune=True)
     if name.startswith("ours_"):
         lists = name[len("ours_"):].removesuffix("_xla")
         if lists in ("tensorflow", "default", "optimal"):
@@ -500,6 +512,19 @@ class VariantRun:
 
         self.spec, self.w, self.cfg, self.switches = spec, w, cfg, switches
         self.x, self.y = x, y
+        self.step_ms: list[float] = []  #: per repeat: median step time
+        self.peak_bytes: list[int] = []
+        self.peak_delta_bytes: list[int] = []
+        self.first_step_s = math.nan
+        self.first_value: np.ndarray | None = None
+        self.served: Any = None  #: the autotuned SavedModel, loaded (autotune variants)
+        self.autotune_report: dict[str, Any] | None = None
+        if spec.autotune:
+            if w.train:
+                raise ValueError(NOT_AUTOTUNED)
+            self.model = w.build()  # float32, exported and autotuned at the first step
+            self.model.set_weights(weights)
+            return
         policy = f"mixed_{cfg.precision}" if spec.policy == "mixed" else "float32"
         # No keras.utils.set_random_seed here: the weights come from set_weights below, and
         # tf.random.set_seed makes every tf.function traced before it retrace at its next call
@@ -527,17 +552,40 @@ class VariantRun:
             # of the train step, and a tf.function that creates variables is traced twice.  Built
             # here, every variant's first step is one trace, one rewrite, one compile.
             self.model.optimizer.build(self.model.trainable_variables)
-        self.step_ms: list[float] = []  #: per repeat: median step time
-        self.peak_bytes: list[int] = []
-        self.peak_delta_bytes: list[int] = []
-        self.first_step_s = math.nan
-        self.first_value: np.ndarray | None = None
 
     def _call(self) -> Any:
         """One synchronous step: the loss (training) or the outputs (inference) on the host."""
+        if self.spec.autotune:
+            if self.served is None:
+                self._autotune()
+            return self.served.serve(self.x).numpy()
         if self.w.train:
             return self.model.train_on_batch(self.x, self.y, return_dict=True)["loss"]
         return self.model.predict_on_batch(self.x)
+
+    def _autotune(self) -> None:
+        """Export the float32 model, ``rewrite_saved_model(..., autotune=...)`` it as a user
+        would (``--xla`` for the XLA variant; on this machine, in the variant's precision and
+        target), and load the model it writes.  Part of the first step's time."""
+        import shutil
+        import tempfile
+
+        import tensorflow as tf
+
+        import amp_rewrite
+        from amp_rewrite.autotune import AutotuneOptions
+
+        tmp = tempfile.mkdtemp(prefix="gpu_bench_autotune_")
+        try:
+            src, dst = os.path.join(tmp, "float32"), os.path.join(tmp, "tuned")
+            self.model.export(src, verbose=False)
+            opts = AutotuneOptions(batch=self.w.batch, repeats=5, steps=3, sessions=1, max_repeats=10)
+            self.autotune_report = amp_rewrite.rewrite_saved_model(
+                src, dst, target=self.cfg.target, precision=self.cfg.precision, xla=bool(self.spec.jit_compile),
+                autotune=opts, use_env=False)
+            self.served = tf.saved_model.load(dst)  # variables are read now: the files can go
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def first_step(self) -> None:
         """Trace, rewrite, compile and run once; keep the loss/outputs for the error column."""
@@ -577,7 +625,10 @@ class VariantRun:
 
     @property
     def xla(self) -> bool:
-        """Whether Keras compiles this variant's step with XLA (``"auto"`` as Keras resolved it)."""
+        """Whether Keras compiles this variant's step with XLA (``"auto"`` as Keras resolved it;
+        an autotuned SavedModel: whether it was marked)."""
+        if self.spec.autotune:
+            return bool(self.spec.jit_compile)
         return bool(getattr(self.model, "jit_compile", self.spec.jit_compile))
 
     # -- our variants ---------------------------------------------------------------------
@@ -587,7 +638,15 @@ class VariantRun:
         return getattr(fn, "amp_function", None)
 
     def rewrite_info(self) -> dict[str, Any] | None:
-        """The live rewrite report's counts and its placement estimates (ours only)."""
+        """The live rewrite report's counts and its placement estimates (ours only); for an
+        autotuned model, the written model's counts and autotune's choice and line."""
+        if self.autotune_report is not None:
+            r = self.autotune_report
+            return {"converted_nodes": r["converted_nodes"], "total_nodes": r["total_nodes"],
+                    "casts_to_low": r["casts_to_low"], "casts_to_high": r["casts_to_high"],
+                    "precision": r.get("precision"), "target": r.get("target"), "skipped": r.get("skipped"),
+                    "autotune_choice": r["autotune"]["choice"], "autotune_summary": r["autotune"]["summary"],
+                    "xla_compiled": bool(r.get("xla", {}).get("compiled_functions"))}
         amp_fn = self.amp_function()
         if amp_fn is None or not amp_fn.rewrite_results:
             return None
@@ -604,6 +663,8 @@ class VariantRun:
     def predicted_ratio(self, baseline: str | None) -> tuple[float | None, str]:
         """The cost model's estimate of this variant's step over ``baseline``'s (float32 in the
         same mode), both traced again here and priced whole (:func:`predicted_step_ratio`)."""
+        if self.spec.autotune:
+            return None, "not priced: autotune chooses by measurement"
         if not self.cfg.predict:
             return None, "not computed (--no-predict)"
         if baseline is None:
@@ -646,6 +707,8 @@ def variant_graph_def(workload: str, variant: str, *, target: str, precision: st
     from amp_rewrite.training.tf_function import captured_variable_shapes
 
     spec = variant_spec(variant)
+    if spec.autotune:
+        raise ValueError(f"{variant}: autotune chooses its graph by measurement; there is no one plan to trace")
     try:
         if spec.ours:
             return ours_step(workload, lists=spec.lists or "default", target=target, precision=precision,
@@ -874,7 +937,10 @@ def run_workload(w: Workload, variants: list[str], cfg: Config, switches: Switch
         x, y = tf.identity(tf.constant(x_np)), tf.identity(tf.constant(y_np))
     runs: dict[str, VariantRun] = {}
     errors: dict[str, str] = {}
+    not_applicable = {n: NOT_AUTOTUNED for n in variants if w.train and variant_spec(n).autotune}
     for name in variants:
+        if name in not_applicable:
+            continue
         if time.monotonic() > cfg.deadline:
             # Past the budget no variant starts its (long: trace, rewrite, XLA compile) first
             # step, so the run ends in time and writes what it has; the table says which.
@@ -943,7 +1009,7 @@ def run_workload(w: Workload, variants: list[str], cfg: Config, switches: Switch
     record = {
         "workload": w.name, "train": w.train, "batch": w.batch,
         "repeats": repeats_done, "steps": cfg.steps, "warmup": cfg.warmup,
-        "variants": out_variants, "failed": errors, "aa_gap": aa,
+        "variants": out_variants, "failed": errors, "not_applicable": not_applicable, "aa_gap": aa,
         "seconds": time.perf_counter() - t_start,
     }
     del runs, weights
@@ -991,7 +1057,9 @@ def render_markdown(results: dict[str, Any]) -> str:
         "- predicted / measured: the cost model's estimate of our rewritten step over float32's, each "
         "priced whole (`amp_rewrite.estimate_step_time`), and the measured step time over `float32` "
         "(over `float32_xla` for XLA variants)",
-        "- `--autotune` is an offline SavedModel tool; a Keras fit step has none, so it is no variant here",
+        "- `ours_autotune` / `ours_autotune_xla` (inference only; a fit step has no SavedModel): the float32 model "
+        "exported, `amp-rewrite rewrite --autotune` (`--xla`) on this machine, the written model loaded and served; "
+        "its first step holds the export, the autotuning and the load",
         *[f"- `{n}` (extra variant): `{e['base']}` with the rewrite options `{json.dumps(e['options'], sort_keys=True)}`"
           for n, e in sorted((cfg.get("extra_variants") or {}).items())],
         "",
@@ -1012,6 +1080,8 @@ def render_markdown(results: dict[str, Any]) -> str:
             if v is None:
                 if name in rec.get("failed", {}):
                     lines.append(f"| {name} | failed: {rec['failed'][name]} |" + " |" * 9)
+                elif name in rec.get("not_applicable", {}):
+                    lines.append(f"| {name} | {rec['not_applicable'][name]} |" + " |" * 9)
                 continue
             rw = v.get("rewrite") or {}
             conv = f"{rw['converted_nodes']} / {rw['total_nodes']}" if rw else ""

@@ -27,8 +27,15 @@ def test_variant_names_map_to_their_settings():
     assert gpu_bench.variant_spec("ours_optimal_xla").lists == "optimal"
     assert gpu_bench.variant_spec("ours_optimal_xla").jit_compile is True
     assert gpu_bench.variant_spec("ours_default").jit_compile is False
+    assert gpu_bench.variant_spec("ours_autotune_xla") == gpu_bench.VariantSpec(
+        "ours_autotune_xla", jit_compile=True, autotune=True)
+    assert gpu_bench.variant_spec("ours_autotune").ours and not gpu_bench.variant_spec("ours_autotune").jit_compile
     with pytest.raises(ValueError):
         gpu_bench.variant_spec("ours_magic")
+    with pytest.raises(ValueError, match="not one of our built-in"):  # autotune has no rewrite options
+        gpu_bench.define_extra_variant('x=ours_autotune:{"lists": "optimal"}')
+    with pytest.raises(ValueError, match="by measurement"):  # nothing to price
+        gpu_bench.variant_graph_def("small_cnn-infer-b8", "ours_autotune", target="cpu", precision="bfloat16")
 
 
 def test_placement_estimates_sum_every_planned_graph():
@@ -77,7 +84,9 @@ def test_reduced_run_measures_every_variant_and_model(tmp_path):
     for rec in results["workloads"]:
         where = rec["workload"]
         assert rec["failed"] == {}, where
-        assert set(rec["variants"]) == set(gpu_bench.VARIANTS), where
+        autotuned = {"ours_autotune", "ours_autotune_xla"}  # inference only: listed, not run
+        assert set(rec["variants"]) == set(gpu_bench.VARIANTS) - autotuned, where
+        assert set(rec["not_applicable"]) == autotuned, where
         assert rec["repeats"] == 2
         assert rec["aa_gap"] is not None and math.isfinite(rec["aa_gap"]), where
         for name, v in rec["variants"].items():
@@ -116,6 +125,35 @@ def test_reduced_run_measures_every_variant_and_model(tmp_path):
         # loss moves off float32's (a variant that silently ran float32 would show 0).
         assert rec["variants"]["ours_tensorflow"]["rel_err_vs_float32_strict"] > 0, where
         assert rec["variants"]["keras_mixed"]["rel_err_vs_float32_strict"] > 0, where
+
+
+def test_reduced_inference_run_autotunes_the_exported_model_with_and_without_xla(tmp_path):
+    """``ours_autotune`` / ``ours_autotune_xla`` on an inference workload: the float32 model
+    exported, autotuned on this machine (``--xla`` for the second: every graph timed
+    compiled, the written model marked), loaded and served beside Keras's own predict step;
+    the table says what autotune chose and how it decided."""
+    out = tmp_path / "r.md"
+    variants = "float32,float32_again,float32_strict,float32_xla,ours_autotune,ours_autotune_xla"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "gpu_bench.py"), "--reduced", "--workloads",
+         "small_cnn-infer-b8", "--variants", variants, "--out", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (rec,) = json.loads((tmp_path / "r.json").read_text())["workloads"]
+    assert rec["failed"] == {} and rec["not_applicable"] == {}
+    for name, xla in (("ours_autotune", False), ("ours_autotune_xla", True)):
+        v = rec["variants"][name]
+        rw = v["rewrite"]
+        assert rw["autotune_choice"] in ("float32", "tensorflow", "greedy", "optimal"), name
+        assert rw["autotune_summary"].startswith("autotune over "), name
+        assert rw["xla_compiled"] is xla, name
+        assert v["measured_ratio_baseline"] == ("float32_xla" if xla else "float32"), name
+        assert math.isfinite(v["step_ms"]) and v["step_ms"] > 0, name
+        # The served model computes what the Keras model does (float32 kept, or a rewrite's rounding).
+        assert v["rel_err_vs_float32_strict"] is not None and v["rel_err_vs_float32_strict"] < 0.1, name
+        assert v["predicted_source"].startswith("not priced"), name
+    assert "| ours_autotune_xla |" in out.read_text()
 
 
 def test_xla_dump_summary_counts_what_xla_compiled(tmp_path):
