@@ -583,13 +583,23 @@ def estimate_step_time(
 
     Raises :class:`AmpRewriteError` for input that is not a valid graph or a bad target.
     """
+    imported, costs_of, registry = _import_to_price(graph_def, target, precision, compiled, variable_shapes,
+                                                    registry, costs)
+    return estimate_graphs(imported.graph, imported.functions, costs_of, registry, compiled=compiled)
+
+
+def _import_to_price(graph_def: Any, target: str | Target, precision: Precision | str, compiled: bool,
+                     variable_shapes: Mapping[str, Sequence[int | None] | None] | None,
+                     registry: OpRegistry | None, costs: DeviceCosts | None) -> tuple[Any, Any, OpRegistry]:
+    """The checked ``graph_def`` imported with shapes, the device classes to price it with and
+    the registry: what :func:`estimate_step_time` and :func:`estimate_node_times` share.
+    Raises :class:`AmpRewriteError`; reads ``graph_def`` only."""
     graph_def, _ = _checked_arguments(graph_def, compiled, False, False, "reachable", None, None, registry)
     registry = registry or default_registry()
     tgt = resolve_target(target)
     resolved, _ = resolve_precision(precision, tgt)
     imported = _import(graph_def, registry, "reachable", True, variable_shapes)
-    return estimate_graphs(imported.graph, imported.functions, device_costs(tgt, resolved, costs), registry,
-                           compiled=compiled)
+    return imported, device_costs(tgt, resolved, costs), registry
 
 
 def estimate_node_times(
@@ -605,17 +615,13 @@ def estimate_node_times(
     """:func:`estimate_step_time`, node by node: per graph (``""`` for the main graph, else a
     function's name) every priced node's :class:`~amp_rewrite.plan.step_cost.NodeTime` (op,
     kind, precision, estimated ns and the per-kernel fixed ns apart, output elements), per
-    run of the step (a loop body's nodes times its iterations).  What a per-node calibration sets measured times against
-    (``bench/calibrate_gpu_in_place.py``).  Same arguments and errors; reads ``graph_def``,
+    run of the step (a loop body's nodes times its iterations).  What a per-node calibration
+    sets measured times against (``bench/calibrate_gpu_in_place.py``).  Same arguments and errors; reads ``graph_def``,
     changes nothing; never runs it."""
-    graph_def, _ = _checked_arguments(graph_def, compiled, False, False, "reachable", None, None, registry)
-    registry = registry or default_registry()
-    tgt = resolve_target(target)
-    resolved, _ = resolve_precision(precision, tgt)
-    imported = _import(graph_def, registry, "reachable", True, variable_shapes)
+    imported, costs_of, registry = _import_to_price(graph_def, target, precision, compiled, variable_shapes,
+                                                    registry, costs)
     per_node: dict[str, dict[str, NodeTime]] = {}
-    estimate_graphs(imported.graph, imported.functions, device_costs(tgt, resolved, costs), registry,
-                    compiled=compiled, per_node=per_node)
+    estimate_graphs(imported.graph, imported.functions, costs_of, registry, compiled=compiled, per_node=per_node)
     return per_node
 
 

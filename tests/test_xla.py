@@ -299,20 +299,10 @@ def test_rewrite_xla_marks_the_served_functions(exported: pathlib.Path,
     np.testing.assert_allclose(next(iter(got.values())).numpy(), want, rtol=2e-2, atol=2e-2)
 
 
-def test_cli_xla_flag_and_what_it_refuses(exported: pathlib.Path, tmp_path: pathlib.Path, capsys: Any) -> None:
+def test_cli_xla_flag_marks_the_served_functions(exported: pathlib.Path, tmp_path: pathlib.Path) -> None:
     out = tmp_path / "cli"
     assert cli_main(["rewrite", "--xla", "--target", "gpu:8.0", "-q", str(exported), str(out)]) == 0
     assert any(_xla_marked(out).values())
-    # A frozen GraphDef has no functions to mark.
-    graph = tf.Graph()
-    with graph.as_default():
-        x = tf.compat.v1.placeholder(tf.float32, [4, 4], name="x")
-        tf.identity(tf.matmul(x, x), name="out")
-    pb = tmp_path / "frozen.pb"
-    pb.write_bytes(graph.as_graph_def().SerializeToString())
-    with pytest.raises(AmpRewriteError, match="--xla"):
-        rewrite_saved_model(pb, tmp_path / "frozen_out.pb", xla=True, **TARGET)
-    assert not (tmp_path / "frozen_out.pb").exists()
 
 
 # -- evidence: XLA's own dumps ------------------------------------------------------------------
@@ -358,7 +348,8 @@ def test_autotune_under_xla_times_every_graph_compiled_and_marks_what_it_writes(
     assert _saved_model_bytes(exported) == before  # the input is untouched, unmarked
 
 
-def test_autotune_under_xla_refuses_a_frozen_graph(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("autotune", [False, True])
+def test_xla_refuses_a_frozen_graph_which_has_no_functions_to_mark(tmp_path: pathlib.Path, autotune: bool) -> None:
     from amp_rewrite.autotune import AutotuneOptions
 
     graph = tf.Graph()
@@ -368,7 +359,8 @@ def test_autotune_under_xla_refuses_a_frozen_graph(tmp_path: pathlib.Path) -> No
     pb = tmp_path / "frozen.pb"
     pb.write_bytes(graph.as_graph_def().SerializeToString())
     with pytest.raises(AmpRewriteError, match="--xla"):
-        rewrite_saved_model(pb, tmp_path / "o.pb", xla=True, autotune=AutotuneOptions(), **TARGET)
+        rewrite_saved_model(pb, tmp_path / "o.pb", xla=True, autotune=AutotuneOptions() if autotune else None,
+                            **TARGET)
     assert not (tmp_path / "o.pb").exists()
 
 
