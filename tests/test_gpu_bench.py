@@ -490,3 +490,19 @@ def test_extra_variants_are_our_variants_with_more_rewrite_options(monkeypatch):
     for bad in ("float32_x=float32", "ours_user=ours_default", "no_base", "x=ours_user:[1]", "a b=ours_user"):
         with pytest.raises(ValueError):
             gpu_bench.define_extra_variant(bad)
+
+
+def test_grappler_counts_what_a_step_without_xla_launches():
+    """``bench/grappler_counts.py``: a step placed on a virtual GPU, after Grappler's default
+    optimizers, counted.  Float32 convolutions on a GPU run NCHW (the layout optimizer's
+    transposes); a float16 rewrite keeps NHWC and adds Casts, and so more kernels."""
+    import grappler_counts
+
+    got = {}
+    for variant in ("float32", "ours_default"):
+        gd, _, _ = gpu_bench.variant_graph_def("small_cnn-train-b8", variant, target="gpu:9.0", precision="float16")
+        got[variant] = grappler_counts.counts(grappler_counts.grappler_optimized(gd, "9.0"))
+    assert got["float32"]["transposes"] > 0 and got["ours_default"]["transposes"] == 0
+    assert got["ours_default"]["casts"] > got["float32"]["casts"]
+    assert got["ours_default"]["kernels"] > got["float32"]["kernels"] > 0
+    assert all(c["nodes"] > c["kernels"] for c in got.values())

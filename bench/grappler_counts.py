@@ -1,0 +1,106 @@
+"""What a step without XLA launches on a GPU: its nodes and kernels after Grappler, per variant.
+
+Without XLA, TensorFlow's executor runs a step's graph as Grappler left it: the layout
+optimizer's transposes (float32 convolutions on a GPU run NCHW), the remapper's fusions, the
+Casts of a mixed-precision rewrite.  Each node costs the executor host time, and each kernel a
+launch.  This script builds each variant's training or inference step here as
+``bench/gpu_bench.py`` builds it (:func:`gpu_bench.variant_graph_def`), places it on a virtual
+GPU of the given compute capability, runs Grappler's default optimizers on it (TensorFlow's
+``tf_optimizer.OptimizeGraph``: no GPU needed; the graph is never run), and counts what is left:
+nodes, kernels (nodes other than constants, identities, variable reads and shape ops), Casts
+and Transposes.  Set against the measured step times (``bench/GPU_RESULTS.md``) it says how
+much of a step's time the per-kernel costs can be.
+
+Usage::
+
+    python bench/grappler_counts.py --workloads resnet50-train-b64,bert_base-train-b32 \\
+        --variants float32,tf_amp,ours_default [--capability 9.0] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, ".."), HERE]
+
+#: Ops that launch no kernel of their own (the executor still processes them).
+NO_KERNEL = frozenset({
+    "Const", "Identity", "IdentityN", "NoOp", "Placeholder", "_Arg", "_Retval", "ReadVariableOp", "Shape",
+    "ShapeN", "Size", "Rank", "Reshape", "Squeeze", "ExpandDims", "StopGradient", "VarHandleOp",
+    "PreventGradient", "Snapshot", "EnsureShape",
+})
+GPU_DEVICE = "/job:localhost/replica:0/task:0/device:GPU:0"
+
+
+def grappler_optimized(graph_def: Any, capability: str) -> Any:
+    """``graph_def`` (a step's graph, every node placed on ``GPU:0`` of a virtual GPU of
+    ``capability``) after Grappler's default optimizers, its sink nodes kept.  Reads
+    ``graph_def``; the copy it optimizes is its own."""
+    from tensorflow.core.protobuf import config_pb2, device_properties_pb2, meta_graph_pb2
+    from tensorflow.python.grappler import cluster as gcluster
+    from tensorflow.python.grappler import tf_optimizer
+
+    mg = meta_graph_pb2.MetaGraphDef()
+    mg.graph_def.CopyFrom(graph_def)
+    read = collections.Counter(i.lstrip("^").split(":")[0] for n in mg.graph_def.node for i in n.input)
+    for n in mg.graph_def.node:
+        n.device = GPU_DEVICE
+        if not read[n.name]:
+            mg.collection_def["train_op"].node_list.value.append(n.name)
+    for f in mg.graph_def.library.function:
+        for n in f.node_def:
+            n.device = GPU_DEVICE
+    gpu = device_properties_pb2.DeviceProperties(
+        type="GPU", vendor="NVIDIA", environment={"architecture": capability, "cuda": "12090", "cudnn": "91000"})
+    cluster = gcluster.Cluster(devices=[
+        device_properties_pb2.NamedDevice(name="/job:localhost/replica:0/task:0/device:GPU:0", properties=gpu),
+        device_properties_pb2.NamedDevice(name="/job:localhost/replica:0/task:0/device:CPU:0",
+                                          properties=device_properties_pb2.DeviceProperties(type="CPU"))])
+    config = config_pb2.ConfigProto()
+    config.graph_options.rewrite_options.min_graph_nodes = -1
+    return tf_optimizer.OptimizeGraph(config, mg, verbose=False, cluster=cluster)
+
+
+def counts(graph_def: Any) -> dict[str, Any]:
+    """Nodes, kernels, Casts and Transposes of a GraphDef's main graph and its functions'
+    bodies, and its most frequent ops.  Pure."""
+    ops = collections.Counter(n.op for n in graph_def.node)
+    ops.update(n.op for f in graph_def.library.function for n in f.node_def)
+    return {"nodes": sum(ops.values()), "kernels": sum(c for o, c in ops.items() if o not in NO_KERNEL),
+            "casts": ops.get("Cast", 0), "transposes": ops.get("Transpose", 0), "top_ops": ops.most_common(20)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import gpu_bench
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workloads", required=True, help="comma-separated gpu_bench workloads")
+    p.add_argument("--variants", default="float32,tf_amp,ours_default", help="comma-separated variants (no XLA)")
+    p.add_argument("--capability", default="9.0")
+    p.add_argument("--json", help="write the counts here")
+    args = p.parse_args(argv)
+    out: dict[str, Any] = {"capability": args.capability, "counts": {}}
+    for w in args.workloads.split(","):
+        for v in args.variants.split(","):
+            gd, _, compiled = gpu_bench.variant_graph_def(w, v, target=f"gpu:{args.capability}", precision="float16")
+            if compiled:
+                raise SystemExit(f"{v} runs under XLA: its kernels are XLA's, not Grappler's nodes")
+            c = counts(grappler_optimized(gd, args.capability))
+            out["counts"][f"{w}|{v}"] = c
+            print(f"{w} {v}: {c['nodes']} nodes, {c['kernels']} kernels, {c['casts']} Casts, "
+                  f"{c['transposes']} Transposes", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
