@@ -52,8 +52,12 @@ calibrated by timing every node of Keras models in float32 and in bfloat16, in p
 GPUs have one class per compute-capability family (:func:`gpu_costs`): Hopper's rates were
 measured on an H100 through TensorFlow, Ampere's and Volta's are NVIDIA's published peaks, and
 float32 is TF32 from 8.0 unless TF32 is off (:data:`TF32_OFF`); a Cast on a GPU costs about
-2 us (kernel launch; the executor's host time overlaps the device).  The AMX ones follow the
-vendors' published ratios (AMX about 8x AVX-512 float32).
+2 us of device time (kernel launch).  Without XLA, TensorFlow's executor also spends host time
+on each kernel (:data:`GPU_HOST_PER_KERNEL`, measured in whole steps on the H100's host),
+which overlaps the device: a step of many small kernels waits for its host, and a rewrite's
+Casts lengthen it (``StepEstimate.total_ns``); and a GPU's element-wise kernels there gain
+nothing in low precision (:data:`GPU_LOW_ELEMENTWISE`).  The AMX ones follow the vendors'
+published ratios (AMX about 8x AVX-512 float32).
 Shape-aware: a matrix whose dimensions miss the device's preferred multiple loses part of
 the low-precision speed-up (:func:`alignment_efficiency`).
 
@@ -75,7 +79,8 @@ from ..graph.shapes import Shape, numel
 from .targets import Device
 
 __all__ = ["DeviceCosts", "DenseBand", "dense_band", "DEVICE_COSTS", "costs_for", "gpu_costs", "TF32_OFF",
-           "GPU_DENSE_EFFICIENCY", "GPU_KERNEL_OVERHEAD", "NodeCost", "node_cost",
+           "GPU_DENSE_EFFICIENCY", "GPU_KERNEL_OVERHEAD", "GPU_HOST_PER_KERNEL", "GPU_LOW_ELEMENTWISE", "NodeCost",
+           "node_cost",
            "cast_cost", "DENSE_OPS", "RNN_OPS", "RNN_GRAD_OPS", "ALIAS_OPS", "METADATA_OPS", "misaligned_dims",
            "alignment_efficiency", "elements", "constant_nodes"]
 
@@ -185,6 +190,10 @@ class DeviceCosts:
     #: it) under XLA.  A colouring changes it only through its Casts (``op_overhead``), so the
     #: planner never sees it; the step estimate (:mod:`amp_rewrite.plan.step_cost`) does.
     kernel_overhead: float = 0.0
+    #: Host time of TensorFlow's executor per kernel it launches without XLA (ns): it runs
+    #: beside the device's work, so a step takes the longer of the two (``StepEstimate``).
+    #: Zero where the host is the device (CPU classes: their per-op costs hold it).
+    host_per_kernel: float = 0.0
 
 
 #: Element-wise ops in bfloat16 on x86 CPUs, measured on this repository's benchmark CPU (AMD
@@ -289,13 +298,30 @@ TF32_OFF = "tf32_off"
 GPU_DENSE_EFFICIENCY = 0.4
 #: Fixed time of one kernel on a GPU (ns): its launch and latency floor (see above).
 GPU_KERNEL_OVERHEAD = 2_000.0
+#: Without XLA, TensorFlow's executor spends host time on every kernel, and a step with many
+#: small ones waits for it.  On the lent H100's host (16 cores of a Xeon, TensorFlow 2.21),
+#: steps of which kernel counts say they wait for the host ran at 10-14 us per kernel, in
+#: float32 and mixed precision alike (``bench/grappler_counts.py`` against the measured steps,
+#: bench/GPU_RESULTS.md): ResNet50 inference at batch 1 (13.3 float32, 12.8 TensorFlow's pass)
+#: and BERT-base's training step (12.5, 11.5, ours 10.2).  12 us.  A host's speed changes it.
+GPU_HOST_PER_KERNEL = 12_000.0
+#: Without XLA, an element-wise op in float16 or bfloat16 on a GPU takes as long as in float32:
+#: TensorFlow's Eigen kernels move half-precision data in 4-byte (two-element) packets where
+#: float32 moves 16-byte ones, so halving the bytes does not halve the time.  Inferred from
+#: the H100's whole steps without XLA (bench/GPU_RESULTS.md, 2026-11-26 (7)): priced at 0.5,
+#: ResNet50's training step in our rewrite came out 28% under its measured ratio to float32
+#: and batch-64 inference 28-29% under; priced at 1.0, 10% and 4-7%.  Per-node profiles
+#: (``bench/calibrate_gpu_in_place.py``) are to confirm it op by op.  Under XLA the kernels are
+#: XLA's own and their bytes are what the model prices (``node_cost(compiled=True)``).
+GPU_LOW_ELEMENTWISE = 1.0
 _CONV_SHARE = (336 / 366, 576 / 707)  # Hopper, measured: convolution rate / GEMM rate
 
 
 def _gpu_class(name: str, f32: float, low: float, bandwidth: float, misaligned_low: float) -> DeviceCosts:
-    return DeviceCosts(name, f32, low, bandwidth, 0.5, 1.5, GPU_KERNEL_OVERHEAD, 8, misaligned_low,
+    return DeviceCosts(name, f32, low, bandwidth, GPU_LOW_ELEMENTWISE, 1.5, GPU_KERNEL_OVERHEAD, 8, misaligned_low,
                        conv_rates=(f32 * _CONV_SHARE[0], low * _CONV_SHARE[1]),
-                       dense_efficiency=GPU_DENSE_EFFICIENCY, kernel_overhead=GPU_KERNEL_OVERHEAD)
+                       dense_efficiency=GPU_DENSE_EFFICIENCY, kernel_overhead=GPU_KERNEL_OVERHEAD,
+                       host_per_kernel=GPU_HOST_PER_KERNEL)
 
 
 DEVICE_COSTS: dict[str, DeviceCosts] = {

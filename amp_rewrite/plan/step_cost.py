@@ -22,7 +22,9 @@ precision (Keras's ``mixed_float16``) alike, with the same per-node rules
   :data:`~amp_rewrite.plan.cost_model.UNKNOWN_DIM` (:func:`call_counts`);
 * without XLA every priced node is a kernel: its roofline time, plus the class's fixed time
   per kernel (:attr:`~amp_rewrite.plan.cost_model.DeviceCosts.kernel_overhead`; a Cast's
-  price includes its own);
+  price includes its own); and the executor spends host time on each
+  (:attr:`~amp_rewrite.plan.cost_model.DeviceCosts.host_per_kernel`, a GPU's), which overlaps
+  the device's work: the step takes the longer of the two (:attr:`StepEstimate.total_ns`);
 * under XLA (``compiled=True``) dense ops are kernels as without it, and element-wise ops
   (Casts included) fuse.  Where fusions end is read from the graph: XLA cannot fuse across a
   dense op or a reduction (:data:`KERNEL_BOUNDARY_OPS`), so each node gets a *stage*, the
@@ -81,10 +83,20 @@ class StepEstimate:
     kernels: int = 0  #: nodes that paid ``overhead_ns``
     low_nodes: int = 0  #: priced nodes running in low precision (Casts excluded)
     casts: int = 0
+    #: The executor's host time without XLA: ``DeviceCosts.host_per_kernel`` per kernel it
+    #: launches.  It overlaps the device's work, so a step takes the longer of the two.
+    host_ns: float = 0.0
+
+    @property
+    def device_ns(self) -> float:
+        """The device's time: dense, element-wise and Cast work, and the kernels' fixed time."""
+        return self.dense_ns + self.elementwise_ns + self.cast_ns + self.overhead_ns
 
     @property
     def total_ns(self) -> float:
-        return self.dense_ns + self.elementwise_ns + self.cast_ns + self.overhead_ns
+        """The step's time: the device's, or the host's where the executor cannot keep the
+        device busy (small kernels, many of them)."""
+        return max(self.device_ns, self.host_ns)
 
     def __add__(self, other: "StepEstimate") -> "StepEstimate":
         return StepEstimate(*(a + b for a, b in zip(self._fields(), other._fields())))
@@ -95,14 +107,14 @@ class StepEstimate:
 
     def _fields(self) -> tuple[float, ...]:
         return (self.dense_ns, self.elementwise_ns, self.cast_ns, self.overhead_ns, self.kernels,
-                self.low_nodes, self.casts)
+                self.low_nodes, self.casts, self.host_ns)
 
     def as_dict(self) -> dict[str, float]:
         """Microseconds per kind and the counts (for reports and JSON)."""
         return {"total_us": round(self.total_ns / 1e3, 1), "dense_us": round(self.dense_ns / 1e3, 1),
                 "elementwise_us": round(self.elementwise_ns / 1e3, 1), "cast_us": round(self.cast_ns / 1e3, 1),
-                "overhead_us": round(self.overhead_ns / 1e3, 1), "kernels": self.kernels,
-                "low_nodes": self.low_nodes, "casts": self.casts}
+                "overhead_us": round(self.overhead_ns / 1e3, 1), "host_us": round(self.host_ns / 1e3, 1),
+                "kernels": self.kernels, "low_nodes": self.low_nodes, "casts": self.casts}
 
 
 @dataclass(frozen=True)
@@ -289,7 +301,7 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
     signatures = g.graph.get("signatures") or {}
     consts, folded, swishes = _folded(g, order, registry, costs_of, compiled)
     stage = _stages(g, order) if compiled else {}
-    ns = {"dense": 0.0, "elementwise": 0.0, "cast": 0.0, "overhead": 0.0}
+    ns = {"dense": 0.0, "elementwise": 0.0, "cast": 0.0, "overhead": 0.0, "host": 0.0}
     kernels = low_nodes = casts = 0
     for name in order:
         node = g.nodes[name]
@@ -310,6 +322,7 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
             # A Cast's price includes its fixed time (``op_overhead``): not charged again.
             t = cast_cost(outs[0] if outs else None, 2, costs)
             ns["cast"] += t
+            ns["host"] += costs.host_per_kernel
             kernels += 1
             if per_node is not None:
                 per_node[name] = NodeTime(op, kind, "low", t, elements(outs[0] if outs else None),
@@ -329,12 +342,15 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
         ns[kind] += t
         if launches:
             ns["overhead"] += costs.kernel_overhead
+            if not compiled:  # under XLA the host launches one executable, not each kernel
+                ns["host"] += costs.host_per_kernel
             kernels += 1
         if per_node is not None:
             per_node[name] = NodeTime(op, kind, "low" if kind == "cast" else precision or "float32", t,
                                       sum(elements(s) for s in outs),
                                       costs.kernel_overhead if launches else 0.0, _known(outs))
-    return StepEstimate(ns["dense"], ns["elementwise"], ns["cast"], ns["overhead"], kernels, low_nodes, casts)
+    return StepEstimate(ns["dense"], ns["elementwise"], ns["cast"], ns["overhead"], kernels, low_nodes, casts,
+                        ns["host"])
 
 
 def _known(shapes: list[Shape]) -> bool:
