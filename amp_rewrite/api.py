@@ -576,7 +576,8 @@ def estimate_step_time(
     (:mod:`amp_rewrite.plan.step_cost`): a float32 graph, a rewritten one, or one built in mixed
     precision.  ``precision`` picks the
     device class (bfloat16 and float16 price alike on a GPU); ``compiled``: the graph runs
-    under XLA.  ``costs`` prices every device with that class instead of the target's (what-if
+    under XLA.  Without XLA a GPU's step takes the longer of its device time and the
+    executor's host time per kernel (``StepEstimate.total_ns``).  ``costs`` prices every device with that class instead of the target's (what-if
     estimates, and calibration against a device whose rates differ from its family's: an
     H200 moves 4.3 TB/s where the Hopper class, an H100's, moves 3.0).  Reads ``graph_def``,
     changes nothing; never runs it.

@@ -16,9 +16,15 @@ Under XLA the check also prices the greedy passes' colouring of the same free ve
 the same safety rules) and takes the faster of the two: there the whole-step estimate is the
 model compared with a GPU's measured steps, and it found the greedy colouring of the corpus's
 ResNet50 training step 1.4% faster than the cut's.  It does so also where the cut converts
-nothing (the cut may have rejected Casts that XLA fuses).  Without XLA the cut stands: the step
-estimate counts every element-wise op's guessed gain, which the cut deliberately does not
-(a gain guessed for an unmeasured kernel is not worth a Cast).
+nothing (the cut may have rejected Casts that XLA fuses).  Without XLA the cut is the only
+candidate, and the check can still decline it: on a GPU a step may wait for the executor's
+host time per kernel, which the cut does not price (its Casts cost their device time) and the
+step estimate does (``StepEstimate.total_ns``), so a plan whose Casts lengthen a host-bound
+step keeps float32, all of it.
+
+Each graph (the main graph, each function) is checked on its own, its host and device times
+against each other: a function that is host-bound alone inside a step the device keeps busy
+(or the reverse) is judged as if it ran alone.
 
 The candidates are colourings of one painting (:class:`amp_rewrite.plan.painter.Painting`):
 TensorFlow's passes run once per graph however many are weighed.  Sits above the rewrite

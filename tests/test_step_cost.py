@@ -70,7 +70,11 @@ def test_the_rewritten_graph_is_estimated_faster_than_float32_and_every_part_is_
     tensor = N * N * 4 / costs.bandwidth
     assert f32.elementwise_ns == pytest.approx(2 * tensor if compiled else 8 * tensor, rel=1e-3)
     assert f32.overhead_ns == pytest.approx(f32.kernels * costs.kernel_overhead)
-    assert f32.total_ns == pytest.approx(f32.dense_ns + f32.elementwise_ns + f32.cast_ns + f32.overhead_ns)
+    assert f32.device_ns == pytest.approx(f32.dense_ns + f32.elementwise_ns + f32.cast_ns + f32.overhead_ns)
+    # The executor's host time: one per kernel without XLA, none under XLA; this MLP's two
+    # 2048^3 MatMuls keep the GPU busy longer than the host takes to launch six kernels.
+    assert f32.host_ns == pytest.approx(0.0 if compiled else f32.kernels * costs.host_per_kernel)
+    assert f32.total_ns == f32.device_ns
 
 
 def test_without_xla_the_affine_ops_grappler_folds_into_frozen_weights_cost_nothing():
@@ -131,6 +135,29 @@ def test_estimates_add_up():
     a = StepEstimate(1.0, 2.0, 3.0, 4.0, 5, 6, 7)
     assert (a + a).as_dict() == StepEstimate(2.0, 4.0, 6.0, 8.0, 10, 12, 14).as_dict()
     assert (a + a).total_ns == 20.0
+    # Host and device times add up apart over a step's graphs; the step takes the longer.
+    host_bound = StepEstimate(1.0, 2.0, 3.0, 4.0, 5, 6, 7, host_ns=30.0)
+    assert (host_bound + a).total_ns == 30.0 and (host_bound + a).device_ns == 20.0
+    assert host_bound.scaled(3).total_ns == 90.0 and host_bound.scaled(3).device_ns == 30.0
+    assert {"host_us", "device_us", "total_us"} <= set(host_bound.as_dict())
+
+
+def test_a_step_of_small_kernels_waits_for_the_host_without_xla():
+    """Without XLA a GPU's executor spends host time on every kernel: a graph of many small
+    element-wise ops is bound by it (its step time is the host's, and a rewrite's Casts would
+    lengthen it); under XLA the host launches one executable and the device time is the step."""
+    def build() -> None:
+        h = v1.placeholder(tf.float32, [64, 64], name="x")
+        for i in range(20):
+            h = tf.nn.relu(h * 0.5 + 0.1, name=f"r{i}")
+        tf.identity(h, name="y")
+
+    gd = graph_def(build)
+    plain = amp_rewrite.estimate_step_time(gd, target=TARGET)
+    fused = amp_rewrite.estimate_step_time(gd, target=TARGET, compiled=True)
+    assert plain.host_ns > plain.device_ns and plain.total_ns == plain.host_ns
+    assert plain.host_ns == pytest.approx(plain.kernels * DEVICE_COSTS["gpu-hopper"].host_per_kernel)
+    assert fused.host_ns == 0.0 and fused.total_ns == fused.device_ns
 
 
 def test_bad_input_is_refused_with_the_products_error():

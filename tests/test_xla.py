@@ -348,6 +348,42 @@ def test_autotune_under_xla_times_every_graph_compiled_and_marks_what_it_writes(
     assert _saved_model_bytes(exported) == before  # the input is untouched, unmarked
 
 
+def test_autotune_under_xla_times_only_a_signature_it_marks(exported: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """``--signatures`` limits what is marked for XLA: timing another signature would measure
+    it uncompiled, so autotune refuses before any work (and writes nothing)."""
+    from amp_rewrite.autotune import AutotuneOptions
+
+    with pytest.raises(AmpRewriteError, match="without XLA"):
+        rewrite_saved_model(exported, tmp_path / "t", xla=True, signatures=["serve"],
+                            autotune=AutotuneOptions(signature="serving_default"), **TARGET)
+    assert not (tmp_path / "t").exists()
+
+
+def test_a_tuner_written_before_xla_still_works_without_it(exported: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    """The Autotuner protocol's ``tune_model`` gains ``xla``; a tuner without that keyword
+    (any object with the protocol's methods) is only ever passed it under ``--xla``."""
+    class KeepFloat32:
+        max_rel_error = None
+        min_gain = 0.02
+
+        def check(self) -> None:
+            pass
+
+        def tune_model(self, model: Any, *, tags: Any = None, **rewrite_options: Any) -> Any:
+            assert "xla" not in rewrite_options
+
+            class Kept:
+                rewrite, rel_error, rounds = None, {}, 5
+
+                def as_dict(self) -> dict[str, Any]:
+                    return {"choice": "float32"}
+
+            return Kept()
+
+    report = rewrite_saved_model(exported, tmp_path / "t", autotune=KeepFloat32(), **TARGET)
+    assert report["autotune"] == {"choice": "float32"} and report["converted_nodes"] == 0
+
+
 @pytest.mark.parametrize("autotune", [False, True])
 def test_xla_refuses_a_frozen_graph_which_has_no_functions_to_mark(tmp_path: pathlib.Path, autotune: bool) -> None:
     from amp_rewrite.autotune import AutotuneOptions

@@ -300,6 +300,10 @@ def autotune_model(model: Any, opts: AutotuneOptions, *, tags: Sequence[str] | N
             raise AmpRewriteError("the graph has no outputs to time")
     else:
         key, values = _signature_inputs(model.path, tags, opts.signature, opts, given)
+        marked = rewrite_options.get("signatures")
+        if xla and marked and key not in marked:
+            raise AmpRewriteError(f"autotune would time signature {key!r} without XLA: --signatures marks only "
+                                  f"{', '.join(marked)} for XLA; time one of those (--autotune-signature)")
     rewrites = {}
     for i, (name, o) in enumerate(options.items(), 1):
         if opts.progress is not None:

@@ -357,7 +357,8 @@ def _rewrite_or_tune(model: ModelFile, tags: Sequence[str] | None, autotune: Aut
         return rewrite_model(model, tags=tags, progress=progress, **options), None, None
     if progress:
         progress.stage("autotuning: rewriting and timing each candidate")
-    tuned = autotune.tune_model(model, tags=tags, xla=xla, **options)
+    # ``xla`` only when asked: a tuner written before it (the Autotuner protocol) still works.
+    tuned = autotune.tune_model(model, tags=tags, **({"xla": True} if xla else {}), **options)
     if tuned.rewrite is not None:
         return tuned.rewrite, tuned, None
     reference = rewrite_model(model, tags=tags, **options)

@@ -110,8 +110,10 @@ class StepEstimate:
                 self.low_nodes, self.casts, self.host_ns)
 
     def as_dict(self) -> dict[str, float]:
-        """Microseconds per kind and the counts (for reports and JSON)."""
-        return {"total_us": round(self.total_ns / 1e3, 1), "dense_us": round(self.dense_ns / 1e3, 1),
+        """Microseconds per kind and the counts (for reports and JSON): ``device_us`` is the sum
+        of the kinds, ``host_us`` the executor's, ``total_us`` the longer of the two."""
+        return {"total_us": round(self.total_ns / 1e3, 1), "device_us": round(self.device_ns / 1e3, 1),
+                "dense_us": round(self.dense_ns / 1e3, 1),
                 "elementwise_us": round(self.elementwise_ns / 1e3, 1), "cast_us": round(self.cast_ns / 1e3, 1),
                 "overhead_us": round(self.overhead_ns / 1e3, 1), "host_us": round(self.host_ns / 1e3, 1),
                 "kernels": self.kernels, "low_nodes": self.low_nodes, "casts": self.casts}
