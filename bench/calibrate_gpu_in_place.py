@@ -246,6 +246,13 @@ def _f(x: Any, fmt: str = ".3f") -> str:
     return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, fmt)
 
 
+def _op_table(title: str, columns: tuple[str, str, str], rows: list[tuple[dict[str, Any], float, float, float]]
+              ) -> list[str]:
+    """A titled per-op table: op, nodes, two times (ms) and their ratio.  Pure."""
+    out = ["", title, "", f"| op | nodes | {' | '.join(columns)} |", "|---|---|---|---|---|"]
+    return out + [f"| {t['op']} | {t['nodes']} | {a:.3f} | {b:.3f} | {_f(ratio, '.2f')} |" for t, a, b, ratio in rows]
+
+
 def markdown(result: dict[str, Any], top: int = 20) -> str:
     """The tables of :func:`calibrate`'s result.  Pure."""
     lines = [f"# Per-node calibration ({result['target']}, {result['precision']})", ""]
@@ -257,18 +264,16 @@ def markdown(result: dict[str, Any], top: int = 20) -> str:
                          f"{c['measured_ms']:.2f} | {c['matched_ms']:.2f} | {c['unmatched_ms']:.2f} | "
                          f"{c['estimated_matched_ms']:.2f} | {c['matched_nodes']} | {c['node_source']} |")
         for v, table in r["scale"].items():
-            lines += ["", f"**{v}: measured / estimated, per op** (largest first)", "",
-                      "| op | nodes | measured ms | estimated ms | ratio |", "|---|---|---|---|---|"]
-            lines += [f"| {t['op']} | {t['nodes']} | {t['measured_ms']:.3f} | {t['estimated_ms']:.3f} | "
-                      f"{_f(t['measured_over_estimate'], '.2f')} |" for t in table[:top]]
+            lines += _op_table(f"**{v}: measured / estimated, per op** (largest first)",
+                               ("measured ms", "estimated ms", "ratio"),
+                               [(t, t["measured_ms"], t["estimated_ms"], t["measured_over_estimate"]) for t in table[:top]])
             floor = r["small_kernels"].get(v)
             if floor:
                 lines += ["", f"small element-wise kernels: median {floor['median_us']:.1f} us over {floor['nodes']} nodes"]
         for v, table in r["low_over_float32"].items():
-            lines += ["", f"**{v}: low / float32 time, per op** (nodes float32 in `float32`, low here)", "",
-                      "| op | nodes | float32 ms | low ms | low / float32 |", "|---|---|---|---|---|"]
-            lines += [f"| {t['op']} | {t['nodes']} | {t['float32_ms']:.3f} | {t['low_ms']:.3f} | "
-                      f"{_f(t['low_over_float32'], '.2f')} |" for t in table[:top]]
+            lines += _op_table(f"**{v}: low / float32 time, per op** (nodes float32 in `float32`, low here)",
+                               ("float32 ms", "low ms", "low / float32"),
+                               [(t, t["float32_ms"], t["low_ms"], t["low_over_float32"]) for t in table[:top]])
             c = r["casts"].get(v)
             if c:
                 lines += ["", f"Casts ({c['casts']}): {c['fixed_us']:.1f} us + {c['ns_per_element']:.4f} ns/element "
