@@ -387,9 +387,8 @@ class PaintingState:
             self.cats_l[i] = "infer"
             for v in range(self.bases[i], self.bases[i + 1]):
                 self.v_cat[v] = "infer"
-            # A derivation through many ops is cut: the reason stays one readable line.
-            how = proof.why if len(proof.why) <= 100 else proof.why[:97] + "..."
-            self.bounded[self.order[i]] = (f"{op}'s input is at most {proof.hi:g} ({how}), "
+            # (A derivation is kept to one short line by Bound itself.)
+            self.bounded[self.order[i]] = (f"{op}'s input is at most {proof.hi:g} ({proof.why}), "
                                            f"within its limit {limit:g}: {why}")
 
     def _describe_unknown(self, unknown: list[str]) -> None:
