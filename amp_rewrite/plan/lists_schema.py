@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -262,6 +262,18 @@ def _parse_normalization(table: Any, location: str) -> tuple[str, str, frozenset
     return apply, reason, frozenset(precisions)
 
 
+def _table_entries(table: Any, name: str, location: str) -> Iterator[tuple[str, Any, str]]:
+    """``(op, value, where)`` for each entry of the table ``[name]``, after checking that it
+    is a table and each key a valid op name.  Raises :class:`ListError`.  Pure."""
+    if not isinstance(table, dict):
+        raise ListError(f"[{name}] must be a table, got {type(table).__name__}", path=location)
+    for op, value in table.items():
+        where = f"{name}.{op}"
+        if not _OP_NAME.fullmatch(op):
+            raise ListError(f"{where}: {op!r} is not a valid op name", path=location, op=op)
+        yield op, value, where
+
+
 def _parse_bounded(data: Mapping[str, Any], location: str) -> dict[str, dict[str, tuple[float, str]]]:
     """The ``[float16.bounded]`` and ``[bfloat16.bounded]`` tables: per precision, op ->
     ``(input_max, reason)``, each entry ``Op = { input_max = 11.0, reason = "..." }`` with a
@@ -270,13 +282,7 @@ def _parse_bounded(data: Mapping[str, Any], location: str) -> dict[str, dict[str
     for precision in PRECISIONS:
         section = data.get(precision, {})
         table = section.get("bounded", {}) if isinstance(section, dict) else {}
-        where = f"[{precision}.bounded]"
-        if not isinstance(table, dict):
-            raise ListError(f"{where} must be a table, got {type(table).__name__}", path=location)
-        for op, value in table.items():
-            entry_where = f"{precision}.bounded.{op}"
-            if not _OP_NAME.fullmatch(op):
-                raise ListError(f"{entry_where}: {op!r} is not a valid op name", path=location, op=op)
+        for op, value, entry_where in _table_entries(table, f"{precision}.bounded", location):
             if not isinstance(value, dict):
                 raise ListError(f"{entry_where}: expected an inline table {{ input_max = ..., reason = ... }}, "
                                 f"got {type(value).__name__}", path=location, op=op)
@@ -309,12 +315,7 @@ def _parse_tables(
                     raise ListError(f"{where}: bounded entries are not versioned; write them in the file's "
                                     f"own [{precision}.bounded]", path=location)
                 continue  # _parse_bounded reads it
-            if not isinstance(table, dict):
-                raise ListError(f"{where} must be a table, got {type(table).__name__}", path=location)
-            for op, value in table.items():
-                entry_where = f"{prefix}{precision}.{key}.{op}"
-                if not _OP_NAME.fullmatch(op):
-                    raise ListError(f"{entry_where}: {op!r} is not a valid op name", path=location, op=op)
+            for op, value, entry_where in _table_entries(table, f"{prefix}{precision}.{key}", location):
                 if key == "remove":
                     if isinstance(value, dict):
                         _check_keys(value, frozenset({"reason"}), entry_where, location)
