@@ -316,6 +316,13 @@ _PARAMETERS_DOC = """    Parameters
         The graph will run under XLA (``jit_compile=True``, ``amp-rewrite rewrite --xla``):
         the cost-aware planners price Casts and element-wise ops as XLA fuses them
         (:func:`amp_rewrite.plan.cost_model.node_cost`).  The greedy planner ignores it.
+    declined
+        Keep every graph float32 and give this reason (the end of each kept op's reason, and
+        of the report's ``skipped``): the caller priced the step as a whole and found that
+        converting does not pay.  The training path passes it when the loss-scaled mixed
+        step is estimated no faster than the float32 step without loss scaling, which no
+        single graph's check can see (:mod:`amp_rewrite.training.tf_function`).  Cost-aware
+        planners only: the greedy planner is TensorFlow's, which converts what its lists say.
 
 """
 
@@ -340,6 +347,7 @@ def rewrite_graph_def(
     variable_shapes: Mapping[str, Sequence[int | None] | None] | None = None,
     compiled: bool = False,
     keep_float32: Collection[str] | None = None,
+    declined: str | None = None,
 ) -> RewriteResult:
     """Rewrite a GraphDef (and its function library) to mixed precision.
 
@@ -359,7 +367,7 @@ def rewrite_graph_def(
             fetches=fetches, add=add, remove=remove, level=level, exclude=exclude,
             functions=functions, tensorflow_bugs=tensorflow_bugs, use_env=use_env, registry=registry,
             planner=planner, variable_shapes=variable_shapes, compiled=compiled,
-            keep_float32=keep_float32,
+            keep_float32=keep_float32, declined=declined,
         )
 
 
@@ -388,7 +396,9 @@ def _rewrite_graph_def(
     variable_shapes: Mapping[str, Sequence[int | None] | None] | None = None,
     compiled: bool = False,
     keep_float32: Collection[str] | None = None,
+    declined: str | None = None,
 ) -> RewriteResult:
+    check_optional_str("declined", declined, what="a reason or None")
     graph_def, fetches = _checked_arguments(graph_def, compiled, tensorflow_bugs, use_env, functions, planner,
                                             fetches, registry)
     registry = registry or default_registry()
@@ -403,6 +413,9 @@ def _rewrite_graph_def(
     if chosen_planner not in PLANNERS:
         raise AmpRewriteError(f"planner must be one of {', '.join(PLANNERS)}, not {chosen_planner!r}")
     optimal = chosen_planner != "greedy"
+    if declined is not None and not optimal:
+        raise AmpRewriteError("declined needs a cost-aware planner ('optimal' or 'min-casts'); the greedy "
+                              "planner converts what its lists say")
     if functions not in ("all", "reachable"):
         raise AmpRewriteError(f"functions must be 'all' or 'reachable', not {functions!r}")
     clock = time.perf_counter
@@ -417,7 +430,8 @@ def _rewrite_graph_def(
     excluded = excluded_nodes(g.nodes, excluder, preserve, excluded_counts)
     preserve |= excluded.keys()
 
-    options = _decide_options(lvl, preserve, excluded, tensorflow_bugs, chosen_planner, compiled, op_lists)
+    options = _decide_options(lvl, preserve, excluded, tensorflow_bugs, chosen_planner, compiled, op_lists,
+                              declined)
     plans: dict[str, Plan] = {}
     stats: dict[str, RewriteStats] = {}
     timings["import"] += clock() - t0
@@ -479,17 +493,17 @@ def _rewrite_functions(imported: Any, stage: _Stage, options: DecideOptions, exc
 
 
 def _decide_options(lvl: str, preserve: set[str], excluded: dict[str, str], tensorflow_bugs: bool,
-                    planner: str, compiled: bool, op_lists: OpLists) -> DecideOptions:
+                    planner: str, compiled: bool, op_lists: OpLists, declined: str | None = None) -> DecideOptions:
     """The main graph's :class:`DecideOptions`: normalization-aware where the profile runs a
     normalization's apply ops in low precision (its ``[normalization]`` table: the default
     profile and those extending it) and under the cost-aware planners (any ``planner`` but
-    ``"greedy"``).  Pure."""
+    ``"greedy"``); ``declined`` as the caller gave it.  Pure."""
     optimal = planner != "greedy"
     return DecideOptions(force_all=lvl == "UNSAFE_FORCE_ALL", preserve=frozenset(preserve),
                          preserve_reasons=excluded,
                          tensorflow_bugs=tensorflow_bugs, planner=planner,  # type: ignore[arg-type]
                          normalization_aware=optimal or op_lists.normalization_apply == "low",
-                         compiled=compiled,
+                         compiled=compiled, declined=declined,
                          # Statistics stay float32 in every profile but TensorFlow's own
                          # (parity), also where the lists infer Mean (optimal, in bfloat16).
                          moments_float32=optimal or (op_lists.profile != "tensorflow"
@@ -643,11 +657,12 @@ class _Stage:
         """Decide ``g``'s plan and carry it out.  **Mutates** ``g``.
 
         The optimal planner's plan is checked on the whole step
-        (:func:`~amp_rewrite.step_check.checked_plan`)."""
+        (:func:`~amp_rewrite.step_check.checked_plan`), unless the caller declined it already."""
         t1 = time.perf_counter()
         painting = Painting(g, self.lists, self.target, self.precision, self.registry, options, self.placement)
         plan = painting.plan()
-        if plan.placement is not None and plan.placement.objective == "optimal" and (plan.convert or options.compiled):
+        if (plan.placement is not None and plan.placement.objective == "optimal" and options.declined is None
+                and (plan.convert or options.compiled)):
             plan = checked_plan(g, painting, plan, self.target, self.registry, compiled=options.compiled,
                                 fold_casts=self.fold_casts)
         t2 = time.perf_counter()

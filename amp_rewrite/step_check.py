@@ -20,7 +20,9 @@ nothing (the cut may have rejected Casts that XLA fuses).  Without XLA the cut i
 candidate, and the check can still decline it: on a GPU a step may wait for the executor's
 host time per kernel, which the cut does not price (its Casts cost their device time) and the
 step estimate does (``StepEstimate.total_ns``), so a plan whose Casts lengthen a host-bound
-step keeps float32, all of it.
+step keeps float32, all of it.  There the model's error on whole steps is larger (10% on the
+lent H100, ``DeviceCosts.unfused_step_error``), and so is the gain asked of a rewrite
+(:func:`whole_step_margin`).
 
 Each graph (the main graph, each function) is checked on its own, its host and device times
 against each other: a function that is host-bound alone inside a step the device keeps busy
@@ -36,7 +38,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import networkx as nx
 
@@ -49,7 +51,7 @@ from .plan.step_cost import StepCheck, estimate_graph
 from .plan.targets import Precision, Target
 from .rewrite import apply_plan
 
-__all__ = ["check_plans", "checked_plan", "device_costs"]
+__all__ = ["check_plans", "checked_plan", "device_costs", "target_step_margin", "whole_step_margin"]
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +100,23 @@ def check_plans(g: nx.MultiDiGraph, plans: Mapping[str, Plan], target: Target, r
         trial = _trial_copy(g)
         apply_plan(trial, plan, fold_casts=fold_casts)
         rewritten[name] = estimate_graph(trial, costs_of, registry, compiled=compiled).total_ns / 1e3
-    classes = sorted({costs_of(device).name for _, device in g.nodes(data="device", default="")})
-    return StepCheck(given.total_ns / 1e3, rewritten, MIN_ESTIMATED_GAIN, " and ".join(classes))
+    classes = {costs_of(device) for _, device in g.nodes(data="device", default="")}
+    return StepCheck(given.total_ns / 1e3, rewritten, whole_step_margin(classes, compiled),
+                     " and ".join(sorted(c.name for c in classes)))
+
+
+def whole_step_margin(classes: Iterable[DeviceCosts], compiled: bool) -> float:
+    """The least estimated gain, as a fraction of the step as given, for which a whole-step
+    check keeps a rewrite on devices of ``classes``: :data:`MIN_ESTIMATED_GAIN`, or without XLA
+    (``compiled`` false) the largest of the classes' measured errors on whole steps
+    (``DeviceCosts.unfused_step_error``: a GPU's 10%) where that is larger.  Pure."""
+    errors = [] if compiled else [c.unfused_step_error for c in classes]
+    return max([MIN_ESTIMATED_GAIN, *errors])
+
+
+def target_step_margin(target: Target, precision: Precision | str, compiled: bool) -> float:
+    """:func:`whole_step_margin` of every device of ``target`` for ``precision``.  Pure."""
+    return whole_step_margin((costs_for(device, precision) for device in target.devices), compiled)
 
 
 def checked_plan(g: nx.MultiDiGraph, painting: Painting, plan: Plan, target: Target, registry: OpRegistry, *,

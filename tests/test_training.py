@@ -586,6 +586,55 @@ def test_a_step_that_converts_nothing_keeps_loss_scaling_where_it_still_needs_it
         assert not [r for r in caplog.records if "without loss scaling" in r.getMessage()], case
 
 
+def test_an_optimal_step_that_loss_scaling_makes_slower_runs_the_float32_step(caplog: Any) -> None:
+    """``lists="optimal"`` on a GPU without XLA, three 2048 x 2048 layers.  The planner's own
+    check prices the traced graph against itself in float32, loss scaling in both, and
+    converts.  Priced whole against the user's float32 step without loss scaling, the mixed
+    step with Adam's update (many small kernels, each costing host time without XLA) in the
+    loss scale's conditional is slower, so the float32 step runs: no overflow scan, MatMuls in
+    float32, the weights plain Keras's bit for bit, one WARNING giving both estimates.  With
+    SGD's lighter update the same model's mixed step wins and keeps its loss scaling."""
+    from amp_rewrite.training.tf_function import captured_variable_shapes
+
+    n = 2048
+    x = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
+    y = np.random.default_rng(1).integers(0, 3, n)
+
+    def fit(opt: Any) -> Any:
+        keras.utils.set_random_seed(5)
+        model = keras.Sequential([keras.Input((n,))] + [keras.layers.Dense(n, activation="relu") for _ in range(3)]
+                                 + [keras.layers.Dense(3)])
+        model.compile(opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+        model.fit(x, y, batch_size=n, epochs=1, shuffle=False, verbose=0)
+        return model
+
+    gpu = {"target": "gpu:9.0", "precision": "float16", "lists": "optimal"}
+    with caplog.at_level("WARNING", logger="amp_rewrite"):
+        ours = fit(amp_rewrite.enable_mixed_precision_graph_rewrite(keras.optimizers.Adam(1e-3), **gpu))
+    step = ours.train_function.amp_function
+    (result,) = step.rewrite_results
+    assert result.report["converted_nodes"] == 0
+    assert "the whole mixed step, loss scaling included, is estimated at" in result.report["skipped"]
+    assert _loss_scale_ops(step.executed_graphs()) == set()
+    assert _graph_dtypes(step.executed_graphs())["MatMul"] == {"float32"}
+    (warning,) = [r.getMessage() for r in caplog.records if "without loss scaling" in r.getMessage()]
+    assert "for the float32 step without loss scaling" in warning
+    # What the planner alone does with the loss-scaled trace: it converts.
+    ((traced, _),) = step._calls.values()  # noqa: SLF001
+    alone = amp_rewrite.rewrite_graph_def(traced.graph.as_graph_def(), use_env=False,
+                                          variable_shapes=captured_variable_shapes(traced.graph), **gpu)
+    assert alone.report["converted_nodes"] > 0
+    plain = fit(keras.optimizers.Adam(1e-3))
+    for a, b in zip(ours.weights, plain.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+    sgd = fit(amp_rewrite.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1), **gpu))
+    step = sgd.train_function.amp_function
+    assert step.rewrite_results[0].report["converted_nodes"] > 0
+    assert "IsFinite" in _loss_scale_ops(step.executed_graphs())
+    assert _graph_dtypes(step.executed_graphs())["MatMul"] == {"float16"}
+
+
 def test_the_unscaled_mark_is_the_traced_graphs_and_refuses_variables() -> None:
     """:func:`amp_rewrite.training._common.unscaled` marks the graph it is traced into, and the
     graphs nested in it (a ``tf.cond`` branch), not the process: a plain trace, and eager

@@ -19,6 +19,16 @@ How it works, for each concrete function (one per input signature, as ``tf.funct
    input signature, with loss scaling off (:func:`._common.unscaled`).  If that trace creates
    no variable and its rewrite converts nothing either, it is the one run: loss scaling
    protects float16 gradients and only costs a step that runs float32 whole.
+6. Where the cost-aware planner (``lists="optimal"``) converted something in a loss-scaled
+   step, the mixed step is priced whole (:func:`amp_rewrite.estimate_step_time`: every graph
+   of the step, loss scaling's overflow scan and conditional update included) against the
+   float32 step without loss scaling, traced as in 5.  The planner's own check prices one
+   graph against the same graph in float32, loss scaling in both; but the alternative to a
+   mixed step is the user's float32 step, which has no loss scaling.  Unless the mixed step
+   is estimated faster by the whole-step checks' margin (3%; without XLA on a GPU 10%, the
+   model's error on such steps: :func:`amp_rewrite.step_check.whole_step_margin`), the
+   float32 step runs, with one WARNING giving both estimates.  (Without XLA on a GPU, where
+   every kernel costs host time, loss scaling alone can cost more than float16 saves.)
 
 Functions in the rewritten library are renamed (suffix ``_amp<N>``) because the originals
 stay registered with the eager context under their names with their float32 bodies.
@@ -175,8 +185,8 @@ def _across_workers(node: Any) -> bool:
 
 
 def _why_loss_scaling_stays(graph_def: Any) -> str | None:
-    """Why a step whose rewrite converted nothing (``graph_def``, with its library) still
-    needs its loss scaling, or ``None``: it has float16 or bfloat16 ops of its own, or
+    """Why a step that runs float32 (``graph_def``, with its library: traced, or rewritten to
+    convert nothing) still needs its loss scaling, or ``None``: it has float16 or bfloat16 ops of its own, or
     collectives across workers (each worker decides alone, and all must run the same
     collectives).  Pure."""
     from tensorflow.core.framework import types_pb2
@@ -563,6 +573,8 @@ class Function:
                 runner = _Runner(concrete, options, jit_compile=self._jit_compile,
                                  name=getattr(self, "__name__", "step"), owner=self)
                 unscaled_runner = self._unscaled(concrete, runner, options)
+                if unscaled_runner is None:
+                    unscaled_runner = self._float32_if_faster(concrete, runner, options)
                 runner = unscaled_runner or runner
                 self._runners[concrete.name] = runner
                 # Built at the first call of each signature, so this is the first step's line.
@@ -586,14 +598,32 @@ class Function:
         loss scale's ops only, so it should not).  Without loss scaling the step is the
         user's own float32 step: the same update, the loss-scale state left as it is.
         """
-        import tensorflow as tf
-
         if runner.result.report.get("converted_nodes") or not self._traced_options.get(concrete.name):
             return None
         why = _why_loss_scaling_stays(runner.result.graph_def)
         if why is not None:
             log.debug("amp_rewrite: %s keeps loss scaling: %s", self._description, why)
             return None
+        traced = self._trace_unscaled(concrete)
+        if traced is None:
+            return None
+        try:
+            unscaled_runner = _Runner(traced, options, jit_compile=self._jit_compile,
+                                      name=getattr(self, "__name__", "step"), owner=self)
+        except Exception as exc:  # noqa: BLE001  (as a failed trace: the first step works)
+            log.debug("amp_rewrite: %s keeps loss scaling: rewriting it again failed: %s", self._description, exc)
+            return None
+        if unscaled_runner.result.report.get("converted_nodes"):
+            log.debug("amp_rewrite: %s keeps loss scaling: without it the rewrite converts %d nodes",
+                      self._description, unscaled_runner.result.report["converted_nodes"])
+            return None
+        return unscaled_runner
+
+    def _trace_unscaled(self, concrete: Any) -> Any:
+        """``concrete``'s step traced again, for its input signature, with loss scaling off
+        (:func:`._common.unscaled`); ``None`` (logged at DEBUG) where that trace fails."""
+        import tensorflow as tf
+
         if self._tf_function_unscaled is None:
             self._tf_function_unscaled = tf.function(
                 unscaled(self._python_function), input_signature=self._init_kwargs["input_signature"],
@@ -604,20 +634,61 @@ class Function:
         args_spec, kwargs_spec = concrete.structured_input_signature
         try:
             with rewrite_trace():
-                traced = self._tf_function_unscaled.get_concrete_function(*args_spec, **kwargs_spec)
-            unscaled_runner = _Runner(traced, options, jit_compile=self._jit_compile,
-                                      name=getattr(self, "__name__", "step"), owner=self)
+                return self._tf_function_unscaled.get_concrete_function(*args_spec, **kwargs_spec)
         except Exception as exc:  # noqa: BLE001
             # The step as traced first works: a second trace that fails (a variable created
             # again, raised as VariableCreatedError and wrapped by autograph, or anything the
             # user's code does differently the second time) only costs the optimization.
             log.debug("amp_rewrite: %s keeps loss scaling: tracing it again failed: %s", self._description, exc)
             return None
-        if unscaled_runner.result.report.get("converted_nodes"):
-            log.debug("amp_rewrite: %s keeps loss scaling: without it the rewrite converts %d nodes",
-                      self._description, unscaled_runner.result.report["converted_nodes"])
+
+    def _float32_if_faster(self, concrete: Any, runner: _Runner, options: Mapping[str, Any]) -> _Runner | None:
+        """Where the cost-aware planner converted part of ``concrete``, a loss-scaled step
+        (``runner`` runs it rewritten), and the float32 step without loss scaling is estimated
+        at least as fast: the runner of that float32 step (traced again as :meth:`_unscaled`
+        traces it, every op kept float32 with both estimates as the reason); else ``None``.
+
+        The planner's whole-step check compares the rewritten graph with the graph as traced,
+        loss scaling in both, and graph by graph; what a user's step would otherwise run is the
+        float32 step without loss scaling.  Loss scaling adds a scan of every gradient and moves
+        the update into a conditional: without XLA on a GPU, where the executor spends host time
+        on every kernel, that alone can cost more than float16 saves.  Kept as traced where
+        loss scaling must stay (:func:`_why_loss_scaling_stays`) or the second trace fails."""
+        from ..api import estimate_step_time, resolve_target
+        from ..step_check import target_step_margin
+
+        result = runner.result
+        if not result.report.get("converted_nodes") or not self._traced_options.get(concrete.name):
             return None
-        return unscaled_runner
+        if not any(p.placement is not None and p.placement.objective == "optimal" for p in result.plans.values()):
+            return None  # the lists decided, not the cost model: the user asked for what they convert
+        if _why_loss_scaling_stays(concrete.graph.as_graph_def()) is not None:
+            return None
+        traced = self._trace_unscaled(concrete)
+        if traced is None:
+            return None
+        price = dict(target=options.get("target", "auto"), precision=result.report["precision"],
+                     compiled=bool(options.get("compiled")), registry=options.get("registry"))
+        mixed = estimate_step_time(result.graph_def, variable_shapes=captured_variable_shapes(concrete.graph),
+                                   **price).total_ns
+        float32 = estimate_step_time(traced.graph.as_graph_def(),
+                                     variable_shapes=captured_variable_shapes(traced.graph), **price).total_ns
+        log.debug("amp_rewrite: %s: the mixed step with loss scaling is estimated at %.1f us, the float32 step "
+                  "without it at %.1f us", self._description, mixed / 1e3, float32 / 1e3)
+        margin = target_step_margin(resolve_target(price["target"]), price["precision"], price["compiled"])
+        if float32 - mixed >= margin * float32:
+            return None
+        reason = (f"the whole mixed step, loss scaling included, is estimated at {mixed / 1e6:.2f} ms on "
+                  f"{result.report.get('target')} against {float32 / 1e6:.2f} ms for the float32 step "
+                  f"without loss scaling (not {margin:.0%} faster)")
+        try:
+            float32_runner = _Runner(traced, {**options, "declined": reason}, jit_compile=self._jit_compile,
+                                     name=getattr(self, "__name__", "step"), owner=self)
+        except Exception as exc:  # noqa: BLE001  (the mixed step as traced works: keep it)
+            log.debug("amp_rewrite: %s keeps its mixed step: the float32 step failed to build: %s",
+                      self._description, exc)
+            return None
+        return float32_runner
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         key = _call_key(args, kwargs)
