@@ -506,3 +506,39 @@ def test_grappler_counts_what_a_step_without_xla_launches():
     assert got["ours_default"]["casts"] > got["float32"]["casts"]
     assert got["ours_default"]["kernels"] > got["float32"]["kernels"] > 0
     assert all(c["nodes"] > c["kernels"] for c in got.values())
+
+
+def test_the_gpu_session_script_names_only_known_workloads_and_variants_and_fits_a_device_call(monkeypatch):
+    """``bench/gpu_session.sh`` is what the next session with a GPU runs, one stage per device
+    call (at most 600 s): a typo found there costs device time, so every workload, variant and
+    extra variant it names must exist here, each command's ``timeout`` must end the call in
+    time, a bench's ``--time-budget`` leave room before its timeout, and bash must parse it."""
+    import re
+    import shlex
+
+    monkeypatch.setattr(gpu_bench, "EXTRA_VARIANTS", {})
+    path = os.path.join(ROOT, "bench", "gpu_session.sh")
+    subprocess.run(["bash", "-n", path], check=True)
+    text = open(path).read().replace("\\\n", " ")
+    commands = [line.strip() for line in text.splitlines() if line.strip().startswith("timeout ")]
+    assert len(commands) >= 4
+    stages = re.findall(r"^(\w+)\)$", text, flags=re.M)
+    assert stages == ["profile", "train", "nodes", "more"]
+    for command in commands:
+        words = shlex.split(command.split(">")[0])
+        timeout = int(words[1])
+        # Each option with its value (the last one where repeated); flags have none.
+        args = {w: v for w, v in zip(words, words[1:]) if w.startswith("--") and not v.startswith("--")}
+        for i, word in enumerate(words):
+            if word == "--extra-variant":
+                gpu_bench.define_extra_variant(words[i + 1])
+        for name in args["--workloads"].split(","):
+            assert gpu_bench.workload_named(name).name == name
+        for name in args["--variants"].split(","):
+            assert gpu_bench.variant_spec(name).name == name
+        if "--time-budget" in args:
+            assert float(args["--time-budget"]) + 30 <= timeout, command
+    per_stage = re.split(r"^\w+\)$", text, flags=re.M)[1:]
+    for stage, body in zip(stages, per_stage):
+        total = sum(int(m) for m in re.findall(r"timeout (\d+) ", body))
+        assert total <= 590, (stage, total)

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The next GPU session's measurements for issue 22, one stage per device call.
+#
+# Each stage fits one call of the device tool (10 minutes at most; the stages below take
+# 4-8 minutes on an H100 by the timings of bench/GPU_RESULTS.md) and writes its JSON, markdown
+# and logs under OUT.  Install TensorFlow first (CONTRIBUTING.md, "The GPU benchmark"), then,
+# while the machine is warm, one call per stage:
+#
+#     source .gpu/scripts/env.sh; bash bench/gpu_session.sh STAGE "$OUT"
+#
+# Stages, most wanted first (a session of 15 device minutes has room for about two after the
+# install):
+#   profile   Why ours trails Keras's mixed_float16 on BERT under XLA: both steps, and ours
+#             with the lists of session 7 (Exp denied), under TensorFlow's profiler; then
+#             ResNet50 inference at batch 1 under XLA (float32 through Keras and through our
+#             runner, ours converted), whose steps the cost model prices 3-6x short.
+#   train     The optimal profile's no-XLA training decision (float32 without loss scaling,
+#             forecast-2026-11-26g-h100.md) against float32 and its A/A gap, on ResNet50 and
+#             BERT; then the LSTM (no XLA for cuDNN's layer in Keras), whose optimal step is
+#             forecast to convert.
+#   nodes     Per-node times without XLA (float32, TF32 off, ours default and optimal) for
+#             bench/calibrate_gpu_in_place.py, which prices the same nodes here.
+#   more      Workloads never measured, with the done-when variants, as far as 520 s go.
+#
+# Every stage keeps what it finished when its time runs out (--time-budget, and timeout).
+set -u
+stage=${1:?usage: bench/gpu_session.sh profile|train|nodes|more OUT}
+out=${2:?usage: bench/gpu_session.sh STAGE OUT}
+mkdir -p "$out"
+here=$(cd "$(dirname "$0")/.." && pwd)
+cd "$here" || exit 2
+nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv > "$out/smi.txt" 2>&1
+
+case "$stage" in
+profile)
+    timeout 330 python3 bench/gpu_profile.py --workloads bert_base-train-b32 \
+        --variants keras_mixed_xla,ours_user,ours_exp_denied \
+        --extra-variant 'ours_exp_denied=ours_user:{"lists": "bench/lists/exp_denied.toml"}' \
+        --steps 5 --out "$out/prof_bert.json" > "$out/prof_bert.log" 2>&1
+    timeout 200 python3 bench/gpu_profile.py --workloads resnet50-infer-b1 \
+        --variants float32_xla,ours_optimal_xla,ours_user --steps 20 \
+        --out "$out/prof_r50i1.json" > "$out/prof_r50i1.log" 2>&1
+    ;;
+train)
+    timeout 540 python3 bench/gpu_bench.py --workloads resnet50-train-b64,bert_base-train-b32,lstm-train-b64 \
+        --variants float32,float32_again,ours_optimal,tf_amp,ours_default \
+        --repeats 5 --steps 10 --warmup 2 --no-predict --time-budget 470 \
+        --out "$out/gpu_train.md" > "$out/gpu_train.log" 2>&1
+    ;;
+nodes)
+    timeout 540 python3 bench/gpu_profile.py --workloads resnet50-train-b64,bert_base-train-b32 \
+        --variants float32,float32_strict,ours_default,ours_optimal --nodes --steps 3 \
+        --out "$out/nodes.json" > "$out/nodes.log" 2>&1
+    ;;
+more)
+    timeout 560 python3 bench/gpu_bench.py \
+        --workloads resnet50-infer-b8,mobilenetv2-train-b64,efficientnetb0-train-b64,gpt-train-b32,resnet50-train-b128 \
+        --variants float32,float32_again,float32_xla,tf_amp,keras_mixed_xla,ours_user,ours_optimal,ours_autotune,ours_autotune_xla \
+        --repeats 5 --steps 10 --warmup 2 --no-predict --time-budget 520 \
+        --out "$out/gpu_more.md" > "$out/gpu_more.log" 2>&1
+    ;;
+*)
+    echo "unknown stage $stage: profile, train, nodes or more" >&2
+    exit 2
+    ;;
+esac
+status=$?
+echo "stage $stage exited $status" | tee -a "$out/stages.txt"
+exit $status
