@@ -586,14 +586,15 @@ def test_a_step_that_converts_nothing_keeps_loss_scaling_where_it_still_needs_it
         assert not [r for r in caplog.records if "without loss scaling" in r.getMessage()], case
 
 
-def test_an_optimal_step_that_loss_scaling_makes_slower_runs_the_float32_step(caplog: Any) -> None:
+def test_an_optimal_step_that_loss_scaling_makes_slower_runs_the_float32_step(caplog: Any, monkeypatch: Any) -> None:
     """``lists="optimal"`` on a GPU without XLA, three 2048 x 2048 layers.  The planner's own
     check prices the traced graph against itself in float32, loss scaling in both, and
     converts.  Priced whole against the user's float32 step without loss scaling, the mixed
     step with Adam's update (many small kernels, each costing host time without XLA) in the
     loss scale's conditional is slower, so the float32 step runs: no overflow scan, MatMuls in
     float32, the weights plain Keras's bit for bit, one WARNING giving both estimates.  With
-    SGD's lighter update the same model's mixed step wins and keeps its loss scaling."""
+    SGD's lighter update the same model's mixed step wins and keeps its loss scaling.  Where
+    the whole step cannot be priced, the planner's decision stands (and the step trains)."""
     from amp_rewrite.training.tf_function import captured_variable_shapes
 
     n = 2048
@@ -633,6 +634,16 @@ def test_an_optimal_step_that_loss_scaling_makes_slower_runs_the_float32_step(ca
     assert step.rewrite_results[0].report["converted_nodes"] > 0
     assert "IsFinite" in _loss_scale_ops(step.executed_graphs())
     assert _graph_dtypes(step.executed_graphs())["MatMul"] == {"float16"}
+
+    def unpriceable(*args: Any, **kwargs: Any) -> Any:
+        raise amp_rewrite.AmpRewriteError("cannot price this graph")
+
+    monkeypatch.setattr(amp_rewrite.api, "estimate_step_time", unpriceable)
+    kept = fit(amp_rewrite.enable_mixed_precision_graph_rewrite(keras.optimizers.Adam(1e-3), **gpu))
+    step = kept.train_function.amp_function
+    assert step.rewrite_results[0].report["converted_nodes"] > 0
+    assert "IsFinite" in _loss_scale_ops(step.executed_graphs())
+    assert all(np.isfinite(w.numpy()).all() for w in kept.weights)
 
 
 def test_the_unscaled_mark_is_the_traced_graphs_and_refuses_variables() -> None:

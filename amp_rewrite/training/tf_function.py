@@ -669,10 +669,15 @@ class Function:
             return None
         price = dict(target=options.get("target", "auto"), precision=result.report["precision"],
                      compiled=bool(options.get("compiled")), registry=options.get("registry"))
-        mixed = estimate_step_time(result.graph_def, variable_shapes=captured_variable_shapes(concrete.graph),
-                                   **price).total_ns
-        float32 = estimate_step_time(traced.graph.as_graph_def(),
-                                     variable_shapes=captured_variable_shapes(traced.graph), **price).total_ns
+        try:
+            mixed = estimate_step_time(result.graph_def, variable_shapes=captured_variable_shapes(concrete.graph),
+                                       **price).total_ns
+            float32 = estimate_step_time(traced.graph.as_graph_def(),
+                                         variable_shapes=captured_variable_shapes(traced.graph), **price).total_ns
+        except AmpRewriteError as exc:  # a graph the model cannot price: the planner's decision stands
+            log.debug("amp_rewrite: %s keeps its mixed step: the whole step could not be priced: %s",
+                      self._description, exc)
+            return None
         log.debug("amp_rewrite: %s: the mixed step with loss scaling is estimated at %.1f us, the float32 step "
                   "without it at %.1f us", self._description, mixed / 1e3, float32 / 1e3)
         margin = target_step_margin(resolve_target(price["target"]), price["precision"], price["compiled"])
