@@ -186,9 +186,9 @@ def _across_workers(node: Any) -> bool:
 
 def _why_loss_scaling_stays(graph_def: Any) -> str | None:
     """Why a step that runs float32 (``graph_def``, with its library: traced, or rewritten to
-    convert nothing) still needs its loss scaling, or ``None``: it has float16 or bfloat16 ops of its own, or
-    collectives across workers (each worker decides alone, and all must run the same
-    collectives).  Pure."""
+    convert nothing) still needs its loss scaling, or ``None``: it has float16 or bfloat16 ops
+    of its own, or collectives across workers (each worker decides alone, and all must run the
+    same collectives).  Pure."""
     from tensorflow.core.framework import types_pb2
 
     low = {types_pb2.DT_HALF, types_pb2.DT_BFLOAT16}
