@@ -646,6 +646,37 @@ def test_an_optimal_step_that_loss_scaling_makes_slower_runs_the_float32_step(ca
     assert all(np.isfinite(w.numpy()).all() for w in kept.weights)
 
 
+def test_the_whole_step_check_is_made_without_xla_only(monkeypatch: Any) -> None:
+    """Under XLA the loss scale's ops fuse and add a read of every gradient, which the
+    planner's margin covers: a converted loss-scaled step is not traced again nor priced whole
+    (the first step would pay for it).  Without XLA the same step is priced whole, both steps."""
+    n = 2048
+    x = tf.constant(np.random.default_rng(0).standard_normal((n, n)).astype(np.float32))
+    ws = [tf.Variable(np.full((n, n), 0.01, np.float32)) for _ in range(3)]
+    priced = []
+    estimate = amp_rewrite.api.estimate_step_time
+    monkeypatch.setattr(amp_rewrite.api, "estimate_step_time",
+                        lambda *args, **kwargs: priced.append(kwargs["compiled"]) or estimate(*args, **kwargs))
+    for jit_compile in (True, False):
+        opt = amp_rewrite.enable_mixed_precision_graph_rewrite(keras.optimizers.Adam(1e-3), target="gpu:9.0",
+                                                               precision="float16", lists="optimal")
+
+        def body(x: Any) -> Any:
+            with tf.GradientTape() as tape:
+                h = x
+                for w in ws:
+                    h = tf.nn.relu(tf.matmul(h, w))
+                loss = tf.reduce_mean(tf.square(h))
+                scaled = opt.scale_loss(loss)
+            opt.apply(tape.gradient(scaled, ws), ws)
+            return loss
+
+        step = amp_rewrite.function(body, jit_compile=jit_compile)
+        runner = step._runner(step.get_concrete_function(x))  # noqa: SLF001  (built, not run)
+        assert runner.result.report["converted_nodes"] > 0
+    assert priced == [False, False]
+
+
 def test_the_unscaled_mark_is_the_traced_graphs_and_refuses_variables() -> None:
     """:func:`amp_rewrite.training._common.unscaled` marks the graph it is traced into, and the
     graphs nested in it (a ``tf.cond`` branch), not the process: a plain trace, and eager

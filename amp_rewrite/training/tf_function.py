@@ -20,7 +20,7 @@ How it works, for each concrete function (one per input signature, as ``tf.funct
    no variable and its rewrite converts nothing either, it is the one run: loss scaling
    protects float16 gradients and only costs a step that runs float32 whole.
 6. Where the cost-aware planner (``lists="optimal"``) converted something in a loss-scaled
-   step, the mixed step is priced whole (:func:`amp_rewrite.estimate_step_time`: every graph
+   step that runs without XLA, the mixed step is priced whole (:func:`amp_rewrite.estimate_step_time`: every graph
    of the step, loss scaling's overflow scan and conditional update included) against the
    float32 step without loss scaling, traced as in 5.  The planner's own check prices one
    graph against the same graph in float32, loss scaling in both; but the alternative to a
@@ -643,10 +643,11 @@ class Function:
             return None
 
     def _float32_if_faster(self, concrete: Any, runner: _Runner, options: Mapping[str, Any]) -> _Runner | None:
-        """Where the cost-aware planner converted part of ``concrete``, a loss-scaled step
-        (``runner`` runs it rewritten), and the float32 step without loss scaling is estimated
-        at least as fast: the runner of that float32 step (traced again as :meth:`_unscaled`
-        traces it, every op kept float32 with both estimates as the reason); else ``None``.
+        """Where the cost-aware planner converted part of ``concrete``, a loss-scaled step that
+        runs without XLA (``runner`` runs it rewritten), and the float32 step without loss
+        scaling is not estimated slower by the whole-step margin: the runner of that float32
+        step (traced again as :meth:`_unscaled` traces it, every op kept float32 with both
+        estimates as the reason); else ``None``.
 
         The planner's whole-step check compares the rewritten graph with the graph as traced,
         loss scaling in both, and graph by graph; what a user's step would otherwise run is the
@@ -659,6 +660,12 @@ class Function:
 
         result = runner.result
         if not result.report.get("converted_nodes") or not self._traced_options.get(concrete.name):
+            return None
+        if options.get("compiled"):
+            # XLA fuses the loss scale's ops: what they add is a read of every gradient (BERT-base:
+            # 0.4 GB, about 1% of its step on an H100), within the planner's 3% margin, and no
+            # kernels of their own.  Not worth a second trace and two step estimates (BERT-base:
+            # 18-23 s more before the first step, here).
             return None
         if not any(p.placement is not None and p.placement.objective == "optimal" for p in result.plans.values()):
             return None  # the lists decided, not the cost model: the user asked for what they convert
