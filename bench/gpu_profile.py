@@ -88,18 +88,26 @@ def _union_ps(intervals: list[tuple[int, int]]) -> int:
     return total
 
 
+def _stats_of(event: Any, plane: Any, stat_names: dict[int, str]) -> dict[str, str]:
+    """The stats of a device event that say what it ran for (:data:`_OP_STATS` and
+    ``hlo_module``), the event's own over its metadata's.  Reads ``plane`` only."""
+    meta = plane.event_metadata[event.metadata_id] if event.metadata_id in plane.event_metadata else None
+    found: dict[str, str] = {}
+    for st in (list(meta.stats) if meta is not None else []) + list(event.stats):
+        name = stat_names.get(st.metadata_id)
+        if name in _OP_STATS or name == "hlo_module":
+            found[name] = _stat_value(st, plane)
+    return found
+
+
 def _op_of(event: Any, plane: Any, stat_names: dict[int, str]) -> str:
     """The op a device event ran for: its ``hlo_op``, ``tf_op`` or ``kernel_annotation`` stat,
     else the event's name.  Reads ``plane`` (without inserting into its maps)."""
-    meta = plane.event_metadata[event.metadata_id] if event.metadata_id in plane.event_metadata else None
-    found = {}
-    for st in list(event.stats) + (list(meta.stats) if meta is not None else []):
-        name = stat_names.get(st.metadata_id)
-        if name in _OP_STATS:
-            found[name] = _stat_value(st, plane)
+    found = _stats_of(event, plane, stat_names)
     for name in _OP_STATS:
         if found.get(name):
             return found[name]
+    meta = plane.event_metadata[event.metadata_id] if event.metadata_id in plane.event_metadata else None
     return meta.name if meta is not None else f"event {event.metadata_id}"
 
 
@@ -157,12 +165,16 @@ def node_times(space: Any, steps: int) -> tuple[dict[str, dict[str, Any]], str]:
 
 def summarize_space(space: Any, steps: int, top: int = 25) -> dict[str, Any]:
     """Per-step device figures of one profiled ``XSpace`` holding ``steps`` steps: busy time
-    (union of the GPU streams' events), kernel count, and time per op (top ``top``).  Every
-    GPU plane (``/device:GPU:N``) counts; a trace without one (a CPU run) gives ``None``s.
-    Pure: reads ``space``."""
+    (union of the GPU streams' events), kernel count, time per op (top ``top``), and in
+    ``xla_ops`` every XLA instruction's time (keyed ``module/instruction`` from the events'
+    ``hlo_module`` and ``hlo_op`` stats), which ``bench/xla_dump_summary.py --times`` sets
+    against the instructions of the compiled module.  Every GPU plane (``/device:GPU:N``)
+    counts; a trace without one (a CPU run) gives ``None``s.  Pure: reads ``space``."""
     intervals: list[tuple[int, int]] = []
     per_op: collections.Counter[str] = collections.Counter()
     per_op_n: collections.Counter[str] = collections.Counter()
+    per_hlo: collections.Counter[str] = collections.Counter()
+    per_hlo_n: collections.Counter[str] = collections.Counter()
     events = 0
     gpu_planes = [p for p in space.planes if p.name.startswith("/device:GPU:")]
     for plane in gpu_planes:
@@ -174,12 +186,17 @@ def summarize_space(space: Any, steps: int, top: int = 25) -> dict[str, Any]:
             for ev in line.events:
                 start = base + ev.offset_ps
                 intervals.append((start, start + ev.duration_ps))
+                found = _stats_of(ev, plane, stat_names)
                 op = _op_of(ev, plane, stat_names)
                 per_op[op] += ev.duration_ps
                 per_op_n[op] += 1
+                if found.get("hlo_op"):
+                    key = f"{found.get('hlo_module', '')}/{found['hlo_op']}"
+                    per_hlo[key] += ev.duration_ps
+                    per_hlo_n[key] += 1
                 events += 1
     if not gpu_planes:
-        return {"device_busy_ms": None, "kernels": None, "first_to_last_ms": None, "ops": []}
+        return {"device_busy_ms": None, "kernels": None, "first_to_last_ms": None, "ops": [], "xla_ops": {}}
     span = (max(e for _, e in intervals) - min(s for s, _ in intervals)) if intervals else 0
     return {
         "device_busy_ms": _union_ps(intervals) / 1e9 / steps,
@@ -187,6 +204,8 @@ def summarize_space(space: Any, steps: int, top: int = 25) -> dict[str, Any]:
         "first_to_last_ms": span / 1e9 / steps,
         "ops": [{"op": op, "ms": ps / 1e9 / steps, "events": per_op_n[op] / steps}
                 for op, ps in per_op.most_common(top)],
+        "xla_ops": {key: {"ms": ps / 1e9 / steps, "events": per_hlo_n[key] / steps}
+                    for key, ps in sorted(per_hlo.items())},
     }
 
 

@@ -33,11 +33,18 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
 
 case "$stage" in
 profile)
-    timeout 330 python3 bench/gpu_profile.py --workloads bert_base-train-b32 \
+    # The compiled modules too, so that each kernel's time is set against its instruction.
+    XLA_FLAGS="--xla_dump_to=/tmp/xd_prof --xla_dump_hlo_as_text" \
+    timeout 320 python3 bench/gpu_profile.py --workloads bert_base-train-b32 \
         --variants keras_mixed_xla,ours_user,ours_exp_denied \
         --extra-variant 'ours_exp_denied=ours_user:{"lists": "bench/lists/exp_denied.toml"}' \
         --steps 5 --out "$out/prof_bert.json" > "$out/prof_bert.log" 2>&1
-    timeout 200 python3 bench/gpu_profile.py --workloads resnet50-infer-b1 \
+    timeout 10 python3 bench/xla_dump_summary.py /tmp/xd_prof --times "$out/prof_bert.json" \
+        keras_mixed_xla ours_user > "$out/prof_bert_times_ours_user.md" 2>&1
+    timeout 10 python3 bench/xla_dump_summary.py /tmp/xd_prof --times "$out/prof_bert.json" \
+        keras_mixed_xla ours_exp_denied > "$out/prof_bert_times_ours_exp_denied.md" 2>&1
+    (cd /tmp/xd_prof && tar czf "$out/hlo_prof_bert.tgz" ./*one_step_on_data*after_optimizations.txt) 2>/dev/null
+    timeout 190 python3 bench/gpu_profile.py --workloads resnet50-infer-b1 \
         --variants float32_xla,ours_optimal_xla,ours_user --steps 20 \
         --out "$out/prof_r50i1.json" > "$out/prof_r50i1.log" 2>&1
     ;;

@@ -17,6 +17,7 @@ Usage::
 
     python bench/xla_dump_summary.py DIR [--json OUT]
     python bench/xla_dump_summary.py DIR --compare KERAS_MODULE OURS_MODULE
+    python bench/xla_dump_summary.py DIR --times PROFILE.json KERAS_VARIANT OURS_VARIANT
 
 ``--compare`` (each a substring of one module's name) weighs two modules' memory traffic:
 what every instruction of the entry computation that launches a kernel (a fusion, a library
@@ -25,7 +26,10 @@ and per TensorFlow op (the ``op_type`` and ``op_name`` XLA keeps in each instruc
 metadata, with layer numbers folded so that the twelve layers of an encoder add up), with the
 largest differences first; a conditional's or loop's bodies are counted apart, not weighed.
 It is how bench/GPU_RESULTS.md weighed our BERT step against Keras's: a byte difference
-explains at most its time at the GPU's bandwidth.
+explains at most its time at the GPU's bandwidth.  ``--times`` weighs the same instructions by
+the time their kernels took instead, from a ``bench/gpu_profile.py`` JSON of the two variants
+(its ``xla_ops``: per module and instruction, ms per step), and says how much of each step's
+kernel time ran outside the entry computation (a conditional's branches, a loop's body).
 
 Our rewritten steps are the modules whose name holds ``amp_rewrite_`` (the runner's function
 name, see ``amp_rewrite/training/tf_function.py``); Keras's own steps hold ``train_function`` or
@@ -184,7 +188,7 @@ def entry_traffic(text: str) -> list[dict[str, Any]]:
             kind = f"fusion.{k.group(1) if k else '?'}"
         op_type = re.search(r'op_type="([^"]+)"', line)
         op_name = re.search(r'op_name="([^"]+)"', line)
-        out.append({"kind": kind, "op_type": op_type.group(1) if op_type else "?",
+        out.append({"name": m.group("name"), "kind": kind, "op_type": op_type.group(1) if op_type else "?",
                     "op_name": op_name.group(1) if op_name else "?", "written": written,
                     "read": sum(sizes.get(o, 0) for o in _operands(m.group("rest")))})
     return out
@@ -253,6 +257,91 @@ def compare(a_text: str, b_text: str, top: int = 20) -> str:
     return "\n".join(lines) + "\n"
 
 
+def module_times(xla_ops: dict[str, dict[str, float]], module: str) -> dict[str, float]:
+    """ms per step of each instruction of ``module`` (its name) in a profile's ``xla_ops``
+    (``module/instruction`` -> ``{"ms": ...}``): the entries whose module is ``module`` (a
+    trailing ``(id)`` the profiler may add ignored).  Pure."""
+    out: dict[str, float] = collections.defaultdict(float)
+    for key, rec in xla_ops.items():
+        mod, _, instruction = key.rpartition("/")
+        if re.sub(r"\(\d+\)$", "", mod) == module:
+            out[instruction] += rec["ms"]
+    return dict(out)
+
+
+def compare_times(a_text: str, b_text: str, times_a: dict[str, float], times_b: dict[str, float],
+                  top: int = 20) -> str:
+    """:func:`compare` weighed by time: each entry instruction's kernels' ms per step
+    (``times_*``, :func:`module_times`), summed per kind and per TensorFlow op, with the time
+    of instructions that are not the entry computation's (branches, loop bodies) apart.  Pure."""
+    a, b = entry_traffic(a_text), entry_traffic(b_text)
+
+    def by(records: list[dict[str, Any]], times: dict[str, float], key: Any) -> dict[str, float]:
+        out: dict[str, float] = collections.defaultdict(float)
+        for r in records:
+            out[key(r)] += times.get(r["name"], 0.0)
+        return dict(out)
+
+    def outside(records: list[dict[str, Any]], times: dict[str, float]) -> float:
+        names = {r["name"] for r in records}
+        return sum(ms for name, ms in times.items() if name not in names)
+
+    lines = ["| | ms A | ms B | B - A |", "|---|---|---|---|"]
+
+    def row(label: str, x: float, y: float) -> str:
+        return f"| {label} | {x:.3f} | {y:.3f} | {y - x:+.3f} |"
+
+    lines.append(row("**all kernels**", sum(times_a.values()), sum(times_b.values())))
+    lines.append(row("outside the entry computation (branches, loop bodies)", outside(a, times_a),
+                     outside(b, times_b)))
+    ka, kb = by(a, times_a, lambda r: r["kind"]), by(b, times_b, lambda r: r["kind"])
+    lines += [row(k, ka.get(k, 0.0), kb.get(k, 0.0)) for k in sorted(set(ka) | set(kb))]
+    oa, ob = by(a, times_a, _op_key), by(b, times_b, _op_key)
+    keys = sorted(set(oa) | set(ob), key=lambda k: (-abs(ob.get(k, 0.0) - oa.get(k, 0.0)), k))
+    lines += ["", "| TensorFlow op | ms A | ms B | B - A |", "|---|---|---|---|"]
+    lines += [row(k, oa.get(k, 0.0), ob.get(k, 0.0)) for k in keys[:top]]
+    return "\n".join(lines) + "\n"
+
+
+def main_module(xla_ops: dict[str, dict[str, float]]) -> str:
+    """The module that took most of a profile's kernel time (a variant's step), its name
+    without the ``(id)`` the profiler may add.  Pure."""
+    per_module: dict[str, float] = collections.defaultdict(float)
+    for key, rec in xla_ops.items():
+        per_module[re.sub(r"\(\d+\)$", "", key.rpartition("/")[0])] += rec["ms"]
+    if not per_module:
+        raise SystemExit("the profile has no XLA kernels")
+    return max(sorted(per_module), key=per_module.__getitem__)
+
+
+def _module_file_text(path: str, module: str) -> str:
+    """The after-optimizations text of the module named ``module`` in the dump ``path``."""
+    found = [f for f in sorted(os.listdir(path)) if (m := _FILE.match(f)) and m.group("name") == module]
+    if len(found) != 1:
+        raise SystemExit(f"{len(found)} modules in {path} are named {module!r}")
+    with open(os.path.join(path, found[0]), errors="replace") as f:
+        return f.read()
+
+
+def _module_name(path: str, part: str) -> str:
+    """The name of the one module of the dump ``path`` whose file name holds ``part``."""
+    found = [m.group("name") for f in sorted(os.listdir(path)) if (m := _FILE.match(f)) and part in f]
+    if len(found) != 1:
+        raise SystemExit(f"{len(found)} modules in {path} match {part!r}; name one")
+    return found[0]
+
+
+def _profile_ops(path: str, variant: str) -> dict[str, dict[str, float]]:
+    """The ``xla_ops`` of ``variant`` in a ``gpu_profile.py`` JSON (its one workload that has
+    the variant)."""
+    with open(path) as f:
+        data = json.load(f)
+    found = [recs[variant] for recs in data["workloads"].values() if variant in recs]
+    if len(found) != 1 or "xla_ops" not in found[0]:
+        raise SystemExit(f"{path}: no one profile of {variant!r} with XLA instructions")
+    return found[0]["xla_ops"]
+
+
 def _module_text(path: str, part: str) -> str:
     """The after-optimizations text of the one module of the dump ``path`` whose name holds
     ``part``."""
@@ -269,10 +358,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the summary here (default: stdout)")
     p.add_argument("--compare", nargs=2, metavar=("A", "B"),
                    help="weigh two modules' memory traffic (substrings of their names) and exit")
+    p.add_argument("--times", nargs=3, metavar=("PROFILE", "VARIANT_A", "VARIANT_B"),
+                   help="weigh two variants' modules by the kernel times of a gpu_profile.py JSON (each "
+                        "variant's module: --compare's, else the one that took most of its time) and exit")
     args = p.parse_args(argv)
     if not os.path.isdir(args.dump_dir):
         print(f"no XLA dump at {args.dump_dir}: nothing was compiled with XLA", file=sys.stderr)
         return 2
+    if args.times:
+        profile, *variants = args.times
+        ops = [_profile_ops(profile, v) for v in variants]
+        modules = ([_module_name(args.dump_dir, part) for part in args.compare] if args.compare
+                   else [main_module(o) for o in ops])
+        texts = [_module_file_text(args.dump_dir, m) for m in modules]
+        print(compare_times(*texts, *(module_times(o, m) for o, m in zip(ops, modules))), end="")
+        return 0
     if args.compare:
         print(compare(*(_module_text(args.dump_dir, part) for part in args.compare)), end="")
         return 0

@@ -311,12 +311,15 @@ def test_gpu_profile_reads_device_busy_time_kernels_and_ops_from_a_trace():
     gpu = space.planes.add(name="/device:GPU:0")
     gpu.stat_metadata[1].name = "hlo_op"
     gpu.stat_metadata[2].name = "fusion.7"  # a string kept once, referenced by events
+    gpu.stat_metadata[3].name = "hlo_module"
+    gpu.stat_metadata[4].name = "a_inference_step_7"
     gpu.event_metadata[10].name = "loop_fusion_kernel"
     gpu.event_metadata[11].name = "sm90_xmma_gemm"
     stream = gpu.lines.add(name="Stream #7(Compute)", timestamp_ns=1000)
     # Two steps: [0, 2) and [1, 3) us overlap (one busy interval of 3 us); then [5, 6) us.
     ev = stream.events.add(metadata_id=10, offset_ps=0, duration_ps=2_000_000)
     ev.stats.add(metadata_id=1, ref_value=2)
+    ev.stats.add(metadata_id=3, ref_value=4)
     stream.events.add(metadata_id=11, offset_ps=1_000_000, duration_ps=2_000_000)
     stream.events.add(metadata_id=11, offset_ps=5_000_000, duration_ps=1_000_000)
     for view in ("XLA Ops", "Framework Ops"):  # derived views (TF 2.21 names the second so)
@@ -327,6 +330,8 @@ def test_gpu_profile_reads_device_busy_time_kernels_and_ops_from_a_trace():
     assert s["kernels"] == 1.5 and s["first_to_last_ms"] == pytest.approx(6e-3 / 2)
     assert [(o["op"], o["events"]) for o in s["ops"]] == [("sm90_xmma_gemm", 1.0), ("fusion.7", 0.5)]
     assert s["ops"][0]["ms"] == pytest.approx(3e-3 / 2)
+    # Every XLA instruction's time, by module: what --times sets against the compiled module.
+    assert s["xla_ops"] == {"a_inference_step_7/fusion.7": {"ms": pytest.approx(2e-3 / 2), "events": 0.5}}
     # A CPU run's trace has no GPU plane: no device figures, not zeros.
     del space.planes[1]
     assert gpu_profile.summarize_space(space, steps=2)["device_busy_ms"] is None
@@ -474,6 +479,48 @@ def test_xla_dump_summary_weighs_two_modules_memory_traffic():
     assert xs.entry_traffic(branching) == xs.entry_traffic(ours)
     assert "| conditional/while/call (their bodies' kernels not weighed) | 0 | | 1 | |" in xs.compare(keras, branching)
 
+    # --times: the same instructions weighed by their kernels' measured ms per step (a
+    # gpu_profile.py JSON's xla_ops, keyed module/instruction; a "(id)" suffix ignored), with
+    # the time of instructions outside the entry computation (a branch's fusion) apart.
+    profile = {"m(3)/c": {"ms": 0.25}, "m(3)/g": {"ms": 1.0}, "other/c": {"ms": 9.0}}
+    times_a = xs.module_times(profile, "m")
+    assert times_a == {"c": 0.25, "g": 1.0}
+    times_b = {"c": 0.5, "g": 1.0, "fusion.9": 0.125}
+    table = xs.compare_times(keras, ours, times_a, times_b)
+    assert "| **all kernels** | 1.250 | 1.625 | +0.375 |" in table
+    assert "| outside the entry computation (branches, loop bodies) | 0.000 | 0.125 | +0.125 |" in table
+    assert "| fusion.kLoop | 0.250 | 0.500 | +0.250 |" in table and "| matmul | 1.000 | 1.000 | +0.000 |" in table
+    op_rows = table.split("| TensorFlow op |")[1].splitlines()[2:]
+    assert op_rows[0] == "| Cast model/layer/Cast | 0.250 | 0.500 | +0.250 |"
+
+
+
+def test_xla_dump_summary_times_two_variants_of_a_profile_from_the_command_line(tmp_path, capsys):
+    """``DIR --times PROFILE VA VB`` finds each variant's kernel times in the profile and its
+    module in the dump (``--compare``'s, else the module its kernels ran in), and refuses a
+    variant the profile lacks."""
+    import xla_dump_summary as xs
+
+    text = "\n".join(["HloModule m", "ENTRY %main (a: f32[8]) -> f32[8] {", "  %a = f32[8]{0} parameter(0)",
+                      '  ROOT %c = f32[8]{0} fusion(%a), kind=kLoop, calls=%f, metadata={op_type="Relu" op_name="r"}',
+                      "}"])
+    names = {"keras": "a_inference_one_step_on_data_1__XlaMustCompile_",
+             "ours": "a_inference_amp_rewrite_one_step_on_data_2__XlaMustCompile_"}
+    for i, name in enumerate(names.values()):
+        (tmp_path / f"module_000{i}.{name}.5.sm_9.0a_gpu_after_optimizations.txt").write_text(text)
+    profile = {"workloads": {"w": {"va": {"xla_ops": {f"{names['keras']}/c": {"ms": 1.0}}},
+                                   "vb": {"xla_ops": {f"{names['ours']}(7)/c": {"ms": 0.75}}}}}}
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile))
+    args = [str(tmp_path), "--compare", "_data_1_", "amp_rewrite", "--times", str(path), "va", "vb"]
+    assert xs.main(args) == 0
+    assert "| Relu r | 1.000 | 0.750 | -0.250 |" in capsys.readouterr().out
+    # Without --compare each variant's module is the one its kernels ran in.
+    assert xs.main(args[:1] + args[4:]) == 0
+    assert "| Relu r | 1.000 | 0.750 | -0.250 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        xs.main(args[:-1] + ["vc"])
+
 
 def test_extra_variants_are_our_variants_with_more_rewrite_options(monkeypatch):
     """``--extra-variant NAME=BASE:JSON`` defines one of our variants with more options (a
@@ -520,7 +567,8 @@ def test_the_gpu_session_script_names_only_known_workloads_and_variants_and_fits
     path = os.path.join(ROOT, "bench", "gpu_session.sh")
     subprocess.run(["bash", "-n", path], check=True)
     text = open(path).read().replace("\\\n", " ")
-    commands = [line.strip() for line in text.splitlines() if line.strip().startswith("timeout ")]
+    commands = [line[line.index("timeout "):] for line in text.splitlines()
+                if re.search(r"timeout \d+ python3 bench/gpu_(bench|profile)\.py", line)]
     assert len(commands) >= 4
     stages = re.findall(r"^(\w+)\)$", text, flags=re.M)
     assert stages == ["profile", "train", "nodes", "more"]
