@@ -254,9 +254,19 @@ def profile_variant(run: Any, steps: int, warmup: int, logdir: str, nodes: bool 
     return rec
 
 
+def write_json(path: str, data: Any) -> None:
+    """Write ``data`` to ``path`` whole or not at all (a temporary file renamed over it), so
+    that a run killed at its time limit leaves the last complete record."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)
+
+
 def run(workloads: Iterable[Any], variants: list[str], steps: int, warmup: int, precision: str,
-        target: str, nodes: bool = False) -> dict[str, Any]:
-    """Every variant of every workload, built as ``gpu_bench`` builds them, profiled."""
+        target: str, nodes: bool = False, out: str | None = None) -> dict[str, Any]:
+    """Every variant of every workload, built as ``gpu_bench`` builds them, profiled; the
+    record so far is written to ``out`` (JSON) after each variant."""
     import gpu_bench
     import tensorflow as tf
 
@@ -264,10 +274,10 @@ def run(workloads: Iterable[Any], variants: list[str], steps: int, warmup: int, 
     cfg = gpu_bench.Config(precision=precision, target=target, repeats=1, steps=steps, warmup=warmup,
                            predict=False, deadline=math.inf)
     switches = gpu_bench.Switches(precision)
-    out: dict[str, Any] = {"machine": gpu_bench.machine_info(), "steps": steps, "warmup": warmup,
-                           "precision": precision, "target": target, "workloads": {},
-                           "extra_variants": {n: {"base": b, "options": o}
-                                              for n, (b, o) in gpu_bench.EXTRA_VARIANTS.items()}}
+    result: dict[str, Any] = {"machine": gpu_bench.machine_info(), "steps": steps, "warmup": warmup,
+                              "precision": precision, "target": target, "workloads": {},
+                              "extra_variants": {n: {"base": b, "options": o}
+                                                 for n, (b, o) in gpu_bench.EXTRA_VARIANTS.items()}}
     for w in workloads:
         keras.utils.set_random_seed(gpu_bench.SEED)
         weights = w.build().get_weights()
@@ -287,8 +297,10 @@ def run(workloads: Iterable[Any], variants: list[str], steps: int, warmup: int, 
             finally:
                 shutil.rmtree(logdir, ignore_errors=True)
             print(f"[{w.name}] {name}: {_line(recs[name])}", flush=True)
-        out["workloads"][w.name] = recs
-    return out
+            result["workloads"][w.name] = recs
+            if out:
+                write_json(out, result)
+    return result
 
 
 def _line(rec: dict[str, Any]) -> str:
@@ -333,10 +345,9 @@ def main(argv: list[str] | None = None) -> int:
         gpu_bench.variant_spec(v)  # an unknown name fails here, before any model is built
     precision = args.precision or ("bfloat16" if args.reduced or not gpu else "float16")
     result = run(workloads, variants, args.steps, args.warmup, precision, "cpu" if args.reduced else "auto",
-                 nodes=args.nodes)
+                 nodes=args.nodes, out=args.out)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(args.out, result)
         print(f"wrote {args.out}")
     return 0
 

@@ -2,18 +2,21 @@
 # The next GPU session's measurements for issue 22, one stage per device call.
 #
 # Each stage fits one call of the device tool (10 minutes at most; the stages below take
-# 4-8 minutes on an H100 by the timings of bench/GPU_RESULTS.md) and writes its JSON, markdown
-# and logs under OUT.  Install TensorFlow first (CONTRIBUTING.md, "The GPU benchmark"), then,
-# while the machine is warm, one call per stage:
+# 4-8 minutes on an H100 by the timings of bench/GPU_RESULTS.md) and writes its JSON and
+# markdown under OUT, with one log.txt (the GPU's nvidia-smi line, every command's output, and
+# each command's exit status).  A call brings back at most 8 files: no stage writes more
+# than 6.  Install TensorFlow first (CONTRIBUTING.md, "The GPU benchmark"), then, while the
+# machine is warm, one call per stage:
 #
 #     source .gpu/scripts/env.sh; bash bench/gpu_session.sh STAGE "$OUT"
 #
 # Stages, most wanted first (a session of 15 device minutes has room for about two after the
 # install):
 #   profile   Why ours trails Keras's mixed_float16 on BERT under XLA: both steps, and ours
-#             with the lists of session 7 (Exp denied), under TensorFlow's profiler; then
-#             ResNet50 inference at batch 1 under XLA (float32 through Keras and through our
-#             runner, ours converted), whose steps the cost model prices 3-6x short.
+#             with the lists of session 7 (Exp denied), under TensorFlow's profiler, each
+#             kernel's time set against its HLO instruction and TensorFlow op; then ResNet50
+#             inference at batch 1 under XLA (float32 through Keras and through our runner,
+#             ours converted), whose steps the cost model prices 3-6x short.
 #   train     The optimal profile's no-XLA training decision (float32 without loss scaling,
 #             forecast-2026-11-26g-h100.md) against float32 and its A/A gap, on ResNet50 and
 #             BERT; then the LSTM (no XLA for cuDNN's layer in Keras), whose optimal step is
@@ -22,62 +25,77 @@
 #             bench/calibrate_gpu_in_place.py, which prices the same nodes here.
 #   more      Workloads never measured, with the done-when variants, as far as 520 s go.
 #
-# Every stage keeps what it finished when its time runs out (--time-budget, and timeout).
+# The benchmarks and profiles rewrite their files as they go (gpu_bench after each workload,
+# gpu_profile after each variant), so a command stopped by its timeout keeps what it finished.
+# The stage's exit status is the first failing command's (0 when all succeeded).
 set -u
 stage=${1:?usage: bench/gpu_session.sh profile|train|nodes|more OUT}
 out=${2:?usage: bench/gpu_session.sh STAGE OUT}
-mkdir -p "$out"
-here=$(cd "$(dirname "$0")/.." && pwd)
-cd "$here" || exit 2
-nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv > "$out/smi.txt" 2>&1
+mkdir -p "$out" && out=$(cd "$out" && pwd) || exit 2
+cd "$(dirname "$0")/.." || exit 2
+log="$out/log.txt"
+rc=0
+
+# One command of the stage: its output into the log, its status remembered.
+step() {
+    echo "== $*" >> "$log"
+    "$@" >> "$log" 2>&1
+    local status=$?
+    echo "== exit $status" >> "$log"
+    if [ "$status" -ne 0 ] && [ "$rc" -eq 0 ]; then rc=$status; fi
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv >> "$log" 2>&1
 
 case "$stage" in
 profile)
-    # The compiled modules too, so that each kernel's time is set against its instruction.
-    XLA_FLAGS="--xla_dump_to=/tmp/xd_prof --xla_dump_hlo_as_text" \
-    timeout 320 python3 bench/gpu_profile.py --workloads bert_base-train-b32 \
+    # The compiled modules too (a fresh dump: a warm machine keeps /tmp between calls).
+    rm -rf /tmp/xd_prof
+    step env XLA_FLAGS="--xla_dump_to=/tmp/xd_prof --xla_dump_hlo_as_text" \
+        timeout 320 python3 bench/gpu_profile.py --workloads bert_base-train-b32 \
         --variants keras_mixed_xla,ours_user,ours_exp_denied \
         --extra-variant 'ours_exp_denied=ours_user:{"lists": "bench/lists/exp_denied.toml"}' \
-        --steps 5 --out "$out/prof_bert.json" > "$out/prof_bert.log" 2>&1
-    timeout 10 python3 bench/xla_dump_summary.py /tmp/xd_prof --times "$out/prof_bert.json" \
-        keras_mixed_xla ours_user > "$out/prof_bert_times_ours_user.md" 2>&1
-    timeout 10 python3 bench/xla_dump_summary.py /tmp/xd_prof --times "$out/prof_bert.json" \
-        keras_mixed_xla ours_exp_denied > "$out/prof_bert_times_ours_exp_denied.md" 2>&1
-    (cd /tmp/xd_prof && tar czf "$out/hlo_prof_bert.tgz" ./*one_step_on_data*after_optimizations.txt) 2>/dev/null
-    timeout 190 python3 bench/gpu_profile.py --workloads resnet50-infer-b1 \
+        --steps 5 --out "$out/prof_bert.json"
+    for ours in ours_user ours_exp_denied; do
+        echo "## keras_mixed_xla against $ours (ms per step)" >> "$out/prof_bert_times.md"
+        timeout 10 python3 bench/xla_dump_summary.py /tmp/xd_prof --times "$out/prof_bert.json" \
+            keras_mixed_xla "$ours" >> "$out/prof_bert_times.md" 2>&1
+    done
+    step tar czf "$out/hlo_prof_bert.tgz" -C /tmp/xd_prof \
+        $(cd /tmp/xd_prof 2>/dev/null && ls | grep 'one_step_on_data.*after_optimizations\.txt$')
+    step timeout 190 python3 bench/gpu_profile.py --workloads resnet50-infer-b1 \
         --variants float32_xla,ours_optimal_xla,ours_user --steps 20 \
-        --out "$out/prof_r50i1.json" > "$out/prof_r50i1.log" 2>&1
+        --out "$out/prof_r50i1.json"
     ;;
 train)
-    timeout 440 python3 bench/gpu_bench.py --workloads resnet50-train-b64,bert_base-train-b32,lstm-train-b64 \
+    step timeout 440 python3 bench/gpu_bench.py --workloads resnet50-train-b64,bert_base-train-b32,lstm-train-b64 \
         --variants float32,float32_again,ours_optimal,tf_amp,ours_default \
         --repeats 5 --steps 10 --warmup 2 --no-predict --time-budget 380 \
-        --out "$out/gpu_train.md" > "$out/gpu_train.log" 2>&1
+        --out "$out/gpu_train.md"
     # TF32 off in a process of its own: TensorFlow's convolution autotune cache is keyed by
     # shapes and dtype, not by TF32 (ConvParameters, TF 2.21), so a strict step that follows a
     # TF32 one in the same process may reuse its TF32 algorithms (ResNet50's strict step
     # measured 0.996x float32, where the model says 1.8x).  Here it autotunes first.
-    timeout 140 python3 bench/gpu_bench.py --workloads resnet50-train-b64 --variants float32_strict \
+    step timeout 140 python3 bench/gpu_bench.py --workloads resnet50-train-b64 --variants float32_strict \
         --repeats 3 --steps 10 --warmup 2 --no-predict --time-budget 100 \
-        --out "$out/gpu_strict_alone.md" > "$out/gpu_strict_alone.log" 2>&1
+        --out "$out/gpu_strict_alone.md"
     ;;
 nodes)
-    timeout 540 python3 bench/gpu_profile.py --workloads resnet50-train-b64,bert_base-train-b32 \
+    step timeout 540 python3 bench/gpu_profile.py --workloads resnet50-train-b64,bert_base-train-b32 \
         --variants float32,float32_strict,ours_default,ours_optimal --nodes --steps 3 \
-        --out "$out/nodes.json" > "$out/nodes.log" 2>&1
+        --out "$out/nodes.json"
     ;;
 more)
-    timeout 560 python3 bench/gpu_bench.py \
+    step timeout 560 python3 bench/gpu_bench.py \
         --workloads resnet50-infer-b8,mobilenetv2-train-b64,efficientnetb0-train-b64,gpt-train-b32,resnet50-train-b128 \
         --variants float32,float32_again,float32_xla,tf_amp,keras_mixed_xla,ours_user,ours_optimal,ours_autotune,ours_autotune_xla \
         --repeats 5 --steps 10 --warmup 2 --no-predict --time-budget 520 \
-        --out "$out/gpu_more.md" > "$out/gpu_more.log" 2>&1
+        --out "$out/gpu_more.md"
     ;;
 *)
     echo "unknown stage $stage: profile, train, nodes or more" >&2
     exit 2
     ;;
 esac
-status=$?
-echo "stage $stage exited $status" | tee -a "$out/stages.txt"
-exit $status
+echo "stage $stage: exit $rc" | tee -a "$log"
+exit "$rc"

@@ -257,14 +257,21 @@ def compare(a_text: str, b_text: str, top: int = 20) -> str:
     return "\n".join(lines) + "\n"
 
 
+def module_key(name: str) -> str:
+    """A module's name as both a dump and a profile can be matched by: without the ``(id)``
+    a profiler may append, nor the ``.N`` unique id XLA appends to the name in the module's
+    ``HloModule`` line (and which a dump's file name drops).  Pure."""
+    return re.sub(r"\.\d+$", "", re.sub(r"\(\d+\)$", "", name.strip()))
+
+
 def module_times(xla_ops: dict[str, dict[str, float]], module: str) -> dict[str, float]:
     """ms per step of each instruction of ``module`` (its name) in a profile's ``xla_ops``
-    (``module/instruction`` -> ``{"ms": ...}``): the entries whose module is ``module`` (a
-    trailing ``(id)`` the profiler may add ignored).  Pure."""
+    (``module/instruction`` -> ``{"ms": ...}``): the entries whose module is ``module``, as
+    :func:`module_key` matches names.  Pure."""
     out: dict[str, float] = collections.defaultdict(float)
     for key, rec in xla_ops.items():
         mod, _, instruction = key.rpartition("/")
-        if re.sub(r"\(\d+\)$", "", mod) == module:
+        if module_key(mod) == module_key(module):
             out[instruction] += rec["ms"]
     return dict(out)
 
@@ -308,15 +315,17 @@ def main_module(xla_ops: dict[str, dict[str, float]]) -> str:
     without the ``(id)`` the profiler may add.  Pure."""
     per_module: dict[str, float] = collections.defaultdict(float)
     for key, rec in xla_ops.items():
-        per_module[re.sub(r"\(\d+\)$", "", key.rpartition("/")[0])] += rec["ms"]
+        per_module[module_key(key.rpartition("/")[0])] += rec["ms"]
     if not per_module:
         raise SystemExit("the profile has no XLA kernels")
     return max(sorted(per_module), key=per_module.__getitem__)
 
 
 def _module_file_text(path: str, module: str) -> str:
-    """The after-optimizations text of the module named ``module`` in the dump ``path``."""
-    found = [f for f in sorted(os.listdir(path)) if (m := _FILE.match(f)) and m.group("name") == module]
+    """The after-optimizations text of the module named ``module`` (as :func:`module_key`
+    matches names) in the dump ``path``."""
+    found = [f for f in sorted(os.listdir(path)) if (m := _FILE.match(f))
+             and module_key(m.group("name")) == module_key(module)]
     if len(found) != 1:
         raise SystemExit(f"{len(found)} modules in {path} are named {module!r}")
     with open(os.path.join(path, found[0]), errors="replace") as f:

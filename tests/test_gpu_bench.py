@@ -482,7 +482,8 @@ def test_xla_dump_summary_weighs_two_modules_memory_traffic():
     # --times: the same instructions weighed by their kernels' measured ms per step (a
     # gpu_profile.py JSON's xla_ops, keyed module/instruction; a "(id)" suffix ignored), with
     # the time of instructions outside the entry computation (a branch's fusion) apart.
-    profile = {"m(3)/c": {"ms": 0.25}, "m(3)/g": {"ms": 1.0}, "other/c": {"ms": 9.0}}
+    profile = {"m.12(3)/c": {"ms": 0.25}, "m.12(3)/g": {"ms": 1.0}, "other/c": {"ms": 9.0}}
+    assert xs.module_key("m.12(3)") == xs.module_key("m.12") == "m"
     times_a = xs.module_times(profile, "m")
     assert times_a == {"c": 0.25, "g": 1.0}
     times_b = {"c": 0.5, "g": 1.0, "fusion.9": 0.125}
@@ -506,10 +507,12 @@ def test_xla_dump_summary_times_two_variants_of_a_profile_from_the_command_line(
                       "}"])
     names = {"keras": "a_inference_one_step_on_data_1__XlaMustCompile_",
              "ours": "a_inference_amp_rewrite_one_step_on_data_2__XlaMustCompile_"}
-    for i, name in enumerate(names.values()):
-        (tmp_path / f"module_000{i}.{name}.5.sm_9.0a_gpu_after_optimizations.txt").write_text(text)
-    profile = {"workloads": {"w": {"va": {"xla_ops": {f"{names['keras']}/c": {"ms": 1.0}}},
-                                   "vb": {"xla_ops": {f"{names['ours']}(7)/c": {"ms": 0.75}}}}}}
+    # As XLA names them: the dump's file name drops the ".N" unique id that the HloModule line,
+    # and so the profiler's hlo_module stat, keep (the profiler may add a "(program id)" too).
+    for i, (name, uid) in enumerate(zip(names.values(), (514, 511))):
+        (tmp_path / f"module_000{i}.{name}.{uid}.sm_9.0a_gpu_after_optimizations.txt").write_text(text)
+    profile = {"workloads": {"w": {"va": {"xla_ops": {f"{names['keras']}.514/c": {"ms": 1.0}}},
+                                   "vb": {"xla_ops": {f"{names['ours']}.511(7)/c": {"ms": 0.75}}}}}}
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(profile))
     args = [str(tmp_path), "--compare", "_data_1_", "amp_rewrite", "--times", str(path), "va", "vb"]
@@ -557,9 +560,10 @@ def test_grappler_counts_what_a_step_without_xla_launches():
 
 def test_the_gpu_session_script_names_only_known_workloads_and_variants_and_fits_a_device_call(monkeypatch):
     """``bench/gpu_session.sh`` is what the next session with a GPU runs, one stage per device
-    call (at most 600 s): a typo found there costs device time, so every workload, variant and
-    extra variant it names must exist here, each command's ``timeout`` must end the call in
-    time, a bench's ``--time-budget`` leave room before its timeout, and bash must parse it."""
+    call (at most 600 s, 8 files back): a typo found there costs device time, so every
+    workload, variant and extra variant it names must exist here, each command's ``timeout``
+    must end the call in time, a bench's ``--time-budget`` leave room before its timeout, a
+    stage write few enough files, and bash must parse it."""
     import re
     import shlex
 
@@ -590,3 +594,8 @@ def test_the_gpu_session_script_names_only_known_workloads_and_variants_and_fits
     for stage, body in zip(stages, per_stage):
         total = sum(int(m) for m in re.findall(r"timeout (\d+) ", body))
         assert total <= 590, (stage, total)
+        # A call brings back at most 8 files: the stage's own, gpu_bench's JSON beside each
+        # markdown it writes, and the log.
+        files = set(re.findall(r'"\$out/([\w.\-]+)"', body))
+        files |= {f[:-3] + ".json" for f in files if f.endswith(".md") and "gpu_bench.py" in body}
+        assert len(files | {"log.txt"}) <= 7, (stage, sorted(files))

@@ -359,3 +359,13 @@ def test_loss_scaling_stays_for_own_low_precision_ops_and_collectives_across_wor
     listed = graph("IdentityN")
     listed.node[0].attr["T"].list.type.extend([types_pb2.DT_FLOAT, types_pb2.DT_HALF])
     assert "of its own" in _why_loss_scaling_stays(listed)
+
+
+def test_a_declined_steps_reason_states_its_estimates_in_readable_units() -> None:
+    """The training path's whole-step reason gives each step's estimate in ms from 1 ms, and in
+    us below, so a small step does not read "0.00 ms against 0.00 ms"."""
+    from amp_rewrite.training.tf_function import _duration
+
+    assert _duration(77_160_000.0) == "77.16 ms"
+    assert _duration(1_000_000.0) == "1.00 ms"
+    assert _duration(512_340.0) == "512.3 us"

@@ -19,10 +19,11 @@ How it works, for each concrete function (one per input signature, as ``tf.funct
    input signature, with loss scaling off (:func:`._common.unscaled`).  If that trace creates
    no variable and its rewrite converts nothing either, it is the one run: loss scaling
    protects float16 gradients and only costs a step that runs float32 whole.
-6. Where the cost-aware planner (``lists="optimal"``) converted something in a loss-scaled
-   step that runs without XLA, the mixed step is priced whole (:func:`amp_rewrite.estimate_step_time`: every graph
-   of the step, loss scaling's overflow scan and conditional update included) against the
-   float32 step without loss scaling, traced as in 5.  The planner's own check prices one
+6. Where the optimal planner (``lists="optimal"``, or ``planner="optimal"``) converted
+   something in a loss-scaled step that runs without XLA, the mixed step is priced whole
+   (:func:`amp_rewrite.estimate_step_time`: every graph of the step, loss scaling's overflow
+   scan and conditional update included) against the float32 step without loss scaling,
+   traced as in 5.  The planner's own check prices one
    graph against the same graph in float32, loss scaling in both; but the alternative to a
    mixed step is the user's float32 step, which has no loss scaling.  Unless the mixed step
    is estimated faster by the whole-step checks' margin (3%; without XLA on a GPU 10%, the
@@ -172,6 +173,12 @@ def _identifier(name: str) -> str:
 
 #: Op types of collectives (MirroredStrategy's and MultiWorkerMirroredStrategy's reductions).
 _COLLECTIVE_PREFIX = "Collective"
+
+
+def _duration(ns: float) -> str:
+    """``ns`` as a reason states a step's time: in ms with two decimals from 1 ms, else in us.
+    Pure."""
+    return f"{ns / 1e6:.2f} ms" if ns >= 1e6 else f"{ns / 1e3:.1f} us"
 
 
 def _across_workers(node: Any) -> bool:
@@ -480,7 +487,8 @@ class Function:
             reduce_retracing=reduce_retracing, jit_compile=jit_compile,
         )
         #: The same Python function, traced without loss scaling for a signature whose rewrite
-        #: converted nothing (:meth:`_unscaled`); built on first need.
+        #: converted nothing (:meth:`_unscaled`) or whose mixed step is priced against its
+        #: float32 one (:meth:`_float32_if_faster`); built on first need.
         self._tf_function_unscaled: Any = None
         #: Per traced signature (the traced concrete function's name): the runner that runs it.
         self._runners: dict[str, _Runner] = {}
@@ -533,8 +541,9 @@ class Function:
 
     def get_concrete_function(self, *args: Any, **kwargs: Any) -> Any:
         """The traced (not rewritten) concrete function for these arguments.  Where its
-        rewrite converts nothing, the step that runs is another trace, without loss scaling
-        (``executed_graphs()`` shows what ran)."""
+        rewrite converts nothing, or the cost model finds its mixed step slower than the float32
+        one, the step that runs is another trace, without loss scaling (``executed_graphs()``
+        shows what ran)."""
         with rewrite_trace() as seen:
             concrete = self._tf_function.get_concrete_function(*args, **kwargs)
         if seen:
@@ -563,8 +572,9 @@ class Function:
 
     def _runner(self, concrete: Any) -> _Runner:
         """The runner of ``concrete``, built at its first call: it runs ``concrete`` rewritten,
-        or, where that rewrite converted nothing, the step traced again without loss scaling
-        (:meth:`_unscaled`).  Either takes ``concrete``'s inputs."""
+        or the step traced again without loss scaling, where that rewrite converted nothing
+        (:meth:`_unscaled`) or its mixed step is estimated no faster than that float32 step
+        (:meth:`_float32_if_faster`).  Either takes ``concrete``'s inputs."""
         with self._lock:
             runner = self._runners.get(concrete.name)
             if runner is None:
@@ -621,7 +631,8 @@ class Function:
 
     def _trace_unscaled(self, concrete: Any) -> Any:
         """``concrete``'s step traced again, for its input signature, with loss scaling off
-        (:func:`._common.unscaled`); ``None`` (logged at DEBUG) where that trace fails."""
+        (:func:`._common.unscaled`); ``None`` (logged at DEBUG) where that trace fails.
+        Creates ``self._tf_function_unscaled`` on first need (the traces are its)."""
         import tensorflow as tf
 
         if self._tf_function_unscaled is None:
@@ -661,11 +672,12 @@ class Function:
         result = runner.result
         if not result.report.get("converted_nodes") or not self._traced_options.get(concrete.name):
             return None
-        if options.get("compiled"):
+        if options.get("compiled") or self._jit_compile is True:
             # XLA fuses the loss scale's ops: what they add is a read of every gradient (BERT-base:
             # 0.4 GB, about 1% of its step on an H100), within the planner's 3% margin, and no
             # kernels of their own.  Not worth a second trace and two step estimates (BERT-base:
-            # 18-23 s more before the first step, here).
+            # 18-23 s more before the first step, here).  (A step whose XLA compile fails later
+            # runs without XLA and is not checked.)
             return None
         if not any(p.placement is not None and p.placement.objective == "optimal" for p in result.plans.values()):
             return None  # the lists decided, not the cost model: the user asked for what they convert
@@ -675,23 +687,24 @@ class Function:
         if traced is None:
             return None
         price = dict(target=options.get("target", "auto"), precision=result.report["precision"],
-                     compiled=bool(options.get("compiled")), registry=options.get("registry"))
+                     compiled=False, registry=options.get("registry"))
+        given_shapes = options.get("variable_shapes") or {}  # the caller's win, as the runner's rewrite has them
         try:
-            mixed = estimate_step_time(result.graph_def, variable_shapes=captured_variable_shapes(concrete.graph),
-                                       **price).total_ns
-            float32 = estimate_step_time(traced.graph.as_graph_def(),
-                                         variable_shapes=captured_variable_shapes(traced.graph), **price).total_ns
-        except AmpRewriteError as exc:  # a graph the model cannot price: the planner's decision stands
+            mixed = estimate_step_time(result.graph_def, **price, variable_shapes={
+                **captured_variable_shapes(concrete.graph), **given_shapes}).total_ns
+            float32 = estimate_step_time(traced.graph.as_graph_def(), **price, variable_shapes={
+                **captured_variable_shapes(traced.graph), **given_shapes}).total_ns
+            margin = target_step_margin(resolve_target(price["target"]), price["precision"], compiled=False)
+        except Exception as exc:  # noqa: BLE001  (a step the model cannot price: the planner's decision stands)
             log.debug("amp_rewrite: %s keeps its mixed step: the whole step could not be priced: %s",
                       self._description, exc)
             return None
         log.debug("amp_rewrite: %s: the mixed step with loss scaling is estimated at %.1f us, the float32 step "
                   "without it at %.1f us", self._description, mixed / 1e3, float32 / 1e3)
-        margin = target_step_margin(resolve_target(price["target"]), price["precision"], price["compiled"])
         if float32 - mixed >= margin * float32:
             return None
-        reason = (f"the whole mixed step, loss scaling included, is estimated at {mixed / 1e6:.2f} ms on "
-                  f"{result.report.get('target')} against {float32 / 1e6:.2f} ms for the float32 step "
+        reason = (f"the whole mixed step, loss scaling included, is estimated at {_duration(mixed)} on "
+                  f"{result.report.get('target')} against {_duration(float32)} for the float32 step "
                   f"without loss scaling (not {margin:.0%} faster)")
         try:
             float32_runner = _Runner(traced, {**options, "declined": reason}, jit_compile=self._jit_compile,
