@@ -175,6 +175,29 @@ def _identifier(name: str) -> str:
 _COLLECTIVE_PREFIX = "Collective"
 
 
+def _whole_step_estimates(result: Any, mixed_graph: Any, float32_graph: Any,
+                          options: Mapping[str, Any]) -> tuple[float, float, float]:
+    """``(mixed ns, float32 ns, margin)``: the step estimates without XLA
+    (:func:`amp_rewrite.estimate_step_time`) of ``result``'s rewritten step (traced as
+    ``mixed_graph``, whose captured variables size it) and of ``float32_graph``, on the target
+    and in the precision of the rewrite, and the gain a rewrite needs there
+    (:func:`amp_rewrite.step_check.target_step_margin`).  The caller's ``variable_shapes`` win,
+    as in the runner's rewrite.  Raises what pricing raises; reads the graphs only."""
+    from ..api import estimate_step_time, resolve_target
+    from ..step_check import target_step_margin
+
+    target, precision = options.get("target", "auto"), result.report["precision"]
+    given = options.get("variable_shapes") or {}
+
+    def priced(graph_def: Any, graph: Any) -> float:
+        shapes = {**captured_variable_shapes(graph), **given}
+        return estimate_step_time(graph_def, target=target, precision=precision, compiled=False,
+                                  variable_shapes=shapes, registry=options.get("registry")).total_ns
+
+    return (priced(result.graph_def, mixed_graph), priced(float32_graph.as_graph_def(), float32_graph),
+            target_step_margin(resolve_target(target), precision, compiled=False))
+
+
 def _duration(ns: float) -> str:
     """``ns`` as a reason states a step's time: in ms with two decimals from 1 ms, else in us.
     Pure."""
@@ -666,9 +689,6 @@ class Function:
         the update into a conditional: without XLA on a GPU, where the executor spends host time
         on every kernel, that alone can cost more than float16 saves.  Kept as traced where
         loss scaling must stay (:func:`_why_loss_scaling_stays`) or the second trace fails."""
-        from ..api import estimate_step_time, resolve_target
-        from ..step_check import target_step_margin
-
         result = runner.result
         if not result.report.get("converted_nodes") or not self._traced_options.get(concrete.name):
             return None
@@ -686,15 +706,8 @@ class Function:
         traced = self._trace_unscaled(concrete)
         if traced is None:
             return None
-        price = dict(target=options.get("target", "auto"), precision=result.report["precision"],
-                     compiled=False, registry=options.get("registry"))
-        given_shapes = options.get("variable_shapes") or {}  # the caller's win, as the runner's rewrite has them
         try:
-            mixed = estimate_step_time(result.graph_def, **price, variable_shapes={
-                **captured_variable_shapes(concrete.graph), **given_shapes}).total_ns
-            float32 = estimate_step_time(traced.graph.as_graph_def(), **price, variable_shapes={
-                **captured_variable_shapes(traced.graph), **given_shapes}).total_ns
-            margin = target_step_margin(resolve_target(price["target"]), price["precision"], compiled=False)
+            mixed, float32, margin = _whole_step_estimates(result, concrete.graph, traced.graph, options)
         except Exception as exc:  # noqa: BLE001  (a step the model cannot price: the planner's decision stands)
             log.debug("amp_rewrite: %s keeps its mixed step: the whole step could not be priced: %s",
                       self._description, exc)
