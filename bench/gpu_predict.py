@@ -6,7 +6,9 @@ the benchmark builds it (:func:`gpu_bench.variant_graph_def`: float32, Keras's
 ``mixed_float16``, TensorFlow's pass, and ours rewritten with the variant's lists and XLA or
 not), and prices every graph whole with :func:`amp_rewrite.estimate_step_time`.  A variant's
 predicted ratio is its estimate over float32's in the same mode (XLA or not), next to the
-measured ratio of the same two step times.
+measured ratio of the same two step times, and then the variant's step itself, measured and
+estimated (ms): the ratios are what the planner decides by, the absolute times say how far the
+model is off in absolute terms (batch-1 steps under XLA: 3-6x short).
 
 Usage::
 
@@ -111,21 +113,34 @@ def rows_of(data: dict[str, Any], capability: str | None = None,
                                                   precision="float16", costs=costs)
             meas = step / measured[base]
             rows.append({"workload": rec["workload"], "variant": name, "baseline": base, "measured": meas,
-                         "predicted": pred, "off": pred / meas - 1.0})
+                         "predicted": pred, "off": pred / meas - 1.0, "measured_ms": step,
+                         "predicted_ms": _predicted_ms(rec["workload"], name, target, costs)})
             print(f"{rec['workload']} {name}: predicted {pred:.3f} measured {meas:.3f} "
                   f"({100 * (pred / meas - 1):+.0f}%)", flush=True)
     return rows
 
 
+def _predicted_ms(workload: str, variant: str, target: str, costs: Any) -> float:
+    """The cost model's absolute estimate of ``variant``'s step (ms), as its ratio prices it."""
+    import gpu_bench
+
+    return gpu_bench.estimated_step_ns(workload, variant, target=target, precision="float16", costs=costs,
+                                       options_json=gpu_bench.variant_spec(variant).options_json) / 1e6
+
+
 def table(rows: list[dict[str, Any]], run: str) -> str:
-    """The markdown table of :func:`rows_of`.  Pure."""
-    lines = ["| run | workload | variant | baseline | measured ratio | predicted ratio | off by |",
-             "|---|---|---|---|---|---|---|"]
+    """The markdown table of :func:`rows_of`: ratios, then the variant's step itself, measured
+    and estimated (ms), which says how far the model's absolute times are off.  Pure."""
+    lines = ["| run | workload | variant | baseline | measured ratio | predicted ratio | off by | measured ms | "
+             "predicted ms |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         off = f"{100 * r['off']:+.0f}%" if math.isfinite(r["off"]) else "n/a"
         meas = f"{r['measured']:.3f}" if math.isfinite(r["measured"]) else "not measured"
+        meas_ms = f"{r['measured_ms']:.2f}" if math.isfinite(r.get("measured_ms", math.nan)) else "not measured"
+        pred_ms = f"{r['predicted_ms']:.2f}" if "predicted_ms" in r else "n/a"
         lines.append(f"| {run} | {r['workload']} | {r['variant']} | {r['baseline']} | {meas} | "
-                     f"{r['predicted']:.3f} | {off} |")
+                     f"{r['predicted']:.3f} | {off} | {meas_ms} | {pred_ms} |")
     return "\n".join(lines) + "\n"
 
 
@@ -144,7 +159,7 @@ def forecast_rows(workloads: list[str], variants: list[str], gpu: str, capabilit
                 continue
             pred = gpu_bench.predicted_step_ratio(w, name, base, target=target, precision="float16", costs=costs)
             rows.append({"workload": w, "variant": name, "baseline": base, "measured": math.nan,
-                         "predicted": pred, "off": math.nan})
+                         "predicted": pred, "off": math.nan, "predicted_ms": _predicted_ms(w, name, target, costs)})
             print(f"{w} {name}: predicted {pred:.3f}", flush=True)
     return rows
 

@@ -210,12 +210,16 @@ def test_gpu_predict_prices_every_measured_variant_against_its_float32_here(tmp_
     rows = {line.split(" | ")[2]: line for line in out.read_text().splitlines()[2:]}
     assert set(rows) == {"tf_amp", "keras_mixed_xla", "ours_optimal_xla"}  # float32 ones are baselines
     assert "| float32 | 0.900 |" in rows["tf_amp"] and "| float32_xla | 0.800 |" in rows["keras_mixed_xla"]
+    # The step itself, measured and estimated: the model's absolute error shows.
+    assert rows["tf_amp"].split(" | ")[7] == "1.80" and float(rows["tf_amp"].split(" | ")[8].rstrip(" |")) > 0
     # A forecast, for a workload not measured yet: predicted only, said so.
     fc = tmp_path / "forecast.md"
     assert gpu_predict.main(["--forecast", "--workloads", "small_cnn-train-b8", "--variants",
                              "keras_mixed_xla,float32_xla", "--out", str(fc)]) == 0
     forecast = fc.read_text().splitlines()[2:]
     assert len(forecast) == 1 and "| keras_mixed_xla | float32_xla | not measured |" in forecast[0]
+    assert forecast[0].split(" | ")[7] == "not measured"
+    assert forecast[0].split(" | ")[8] == rows["keras_mixed_xla"].split(" | ")[8]
     assert forecast[0].split(" | ")[5] == rows["keras_mixed_xla"].split(" | ")[5]  # same estimate
     with pytest.raises(SystemExit):
         gpu_predict.main(["--forecast", "--workloads", "small_cnn-train-b8"])  # which variants?
