@@ -8,7 +8,7 @@ not), and prices every graph whole with :func:`amp_rewrite.estimate_step_time`. 
 predicted ratio is its estimate over float32's in the same mode (XLA or not), next to the
 measured ratio of the same two step times, and then the variant's step itself, measured and
 estimated (ms): the ratios are what the planner decides by, the absolute times say how far the
-model is off in absolute terms (batch-1 steps under XLA: 3-6x short).
+model is off in absolute terms (batch-1 steps under XLA: 4-7x short).
 
 Usage::
 

@@ -16,7 +16,7 @@
 #             with the lists of session 7 (Exp denied), under TensorFlow's profiler, each
 #             kernel's time set against its HLO instruction and TensorFlow op; then ResNet50
 #             inference at batch 1 under XLA (float32 through Keras and through our runner,
-#             ours converted), whose steps the cost model prices 3-6x short.
+#             ours converted), whose steps the cost model prices 4-7x short.
 #   train     The optimal profile's no-XLA training decision (float32 without loss scaling,
 #             forecast-2026-11-26g-h100.md) against float32 and its A/A gap, on ResNet50 and
 #             BERT; then the LSTM (no XLA for cuDNN's layer in Keras), whose optimal step is
