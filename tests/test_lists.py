@@ -243,6 +243,16 @@ def test_tensorflow_profile_matches_tensorflow(tf_dumps, run_id, context):
     assert sets(load_lists("tensorflow", context=context, tf_version=installed())) == expected
 
 
+def _assert_refused(tmp_path: Path, cases: list[tuple[str, str]]) -> None:
+    """Each ``(body, pattern)``: a list file of schema 1 with ``body`` is refused with a
+    :class:`ListError` matching ``pattern``."""
+    bad = tmp_path / "bad.toml"
+    for body, pattern in cases:
+        bad.write_text("schema_version = 1\n" + body)
+        with pytest.raises(ListError, match=pattern):
+            load_lists(str(bad), context=CUDA)
+
+
 def test_fp16_onednn_matches_tensorflow_or_tensorflow_skips_for_the_cpu_flags(tf_dumps):
     from amp_rewrite.plan.targets import cpu_features
 
@@ -400,7 +410,7 @@ def test_normalization_policy_is_validated_inherited_and_overridable(tmp_path):
     # element-wise kernels are slower than float32's); the optimal planner weighs it.
     assert load_lists("default", context=BF16).normalization_apply == "float32"
     assert load_lists("optimal", context=BF16).normalization_apply == "low"
-    for body, pattern in [
+    _assert_refused(tmp_path, [
         ('[normalization]\napply = "low"\nreason = "r"\nprecisions = ["fp8"]\n', r"precisions: expected"),
         ('[normalization]\napply = "low"\nreason = "r"\nprecisions = []\n', r"precisions: expected"),
         ('[normalization]\napply = "low"\nreason = "r"\nprecisions = "float16"\n', r"precisions: expected"),
@@ -413,11 +423,7 @@ def test_normalization_policy_is_validated_inherited_and_overridable(tmp_path):
         ('[normalization]\napply = "low"\nreason = "  "\n', r"reason must be a non-empty string"),
         ('[normalization]\napply = "low"\nreason = "r"\nwhere = "gpu"\n', r"where"),
         ('normalization = "low"\n', r"\[normalization\] must be a table"),
-    ]:
-        bad = tmp_path / "bad.toml"
-        bad.write_text("schema_version = 1\n" + body)
-        with pytest.raises(ListError, match=pattern):
-            load_lists(str(bad), context=CUDA)
+    ])
     strict = tmp_path / "strict.toml"
     strict.write_text('schema_version = 1\n[normalization]\napply = "float32"\nreason = "bit-exact with TF"\n')
     layered = load_lists("default", context=CUDA, user_file=strict)
@@ -800,7 +806,7 @@ def test_bounded_entries_are_validated_inherited_and_can_be_turned_off(tmp_path)
     assert not load_lists("default", context=BF16).bounded
     assert not load_lists("default", context=CUDA, level="TREAT_INFER_AS_DENY").bounded
     assert "Exp" not in load_lists("default", context=CUDA, edits=[ListEdit("remove", "deny", "Exp")]).bounded
-    for body, pattern in [
+    _assert_refused(tmp_path, [
         ('[float16.bounded]\nExp = "reason"\n', r"expected an inline table"),
         ('[float16.bounded]\nExp = { reason = "r" }\n', r"input_max: expected a number .*\(missing\)"),
         ('[float16.bounded]\nExp = { input_max = "11", reason = "r" }\n', r"input_max: expected a number"),
@@ -813,11 +819,7 @@ def test_bounded_entries_are_validated_inherited_and_can_be_turned_off(tmp_path)
         ('[float16.bounded]\nNoSuchOpAnywhere = { input_max = 1.0, reason = "r" }\n', r"unknown op name"),
         ('tf_version = "2.21"\n[versions."2.20".float16.bounded]\nExp = { input_max = 1.0, reason = "r" }\n',
          r"not versioned"),
-    ]:
-        bad = tmp_path / "bad.toml"
-        bad.write_text("schema_version = 1\n" + body)
-        with pytest.raises(ListError, match=pattern):
-            load_lists(str(bad), context=CUDA)
+    ])
     # -inf turns an entry off, and so does any later statement about the op: a user file that
     # lists it (on deny again: it means it), or an edit naming it.
     off = tmp_path / "off.toml"
