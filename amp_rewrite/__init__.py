@@ -18,8 +18,8 @@ targets in :mod:`~amp_rewrite.plan.targets`.
 from __future__ import annotations
 
 from . import _moved
-from .api import (RewriteResult, estimate_node_times, estimate_step_time, resolve_lists, resolve_target,
-                  rewrite_graph_def)
+from .api import (RewriteResult, StepEstimates, estimate_node_times, estimate_step_time, resolve_lists,
+                  resolve_planner, resolve_target, rewrite_graph_def)
 from .autotune import AutotuneOptions, AutotuneResult, autotune, autotune_model
 from .errors import (
     AmpRewriteError,
@@ -82,7 +82,9 @@ __all__ = [
     "explain_node",
     "Explanation",
     "RewriteResult",
+    "StepEstimates",
     "resolve_lists",
+    "resolve_planner",
     "resolve_target",
     "load_graph_def",
     "parse_graph_def",

@@ -39,16 +39,26 @@ from .graph.shapes import assign_function_shapes, check_variable_shapes, graph_s
 from .option_types import (check_bool, check_list_edits, check_names, check_optional_str, check_path,
                            check_str)
 from .plan.cost_model import DeviceCosts
-from .plan.step_cost import NodeTime, StepEstimate, estimate_graphs
+from .plan.step_cost import NodeTime, StepEstimate, call_counts, estimate_graphs, estimate_parts, total_of
 from .plan.targets import Target, detect_target, parse_target, resolve_precision
 from .graph.validate import check_cycles
 
-__all__ = ["RewriteResult", "rewrite_graph_def", "resolve_lists", "resolve_target", "installed_tf_version",
-           "tensorflow_lists_version", "estimate_step_time"]
+__all__ = ["RewriteResult", "StepEstimates", "rewrite_graph_def", "resolve_lists", "resolve_planner",
+           "resolve_target", "installed_tf_version", "tensorflow_lists_version", "estimate_step_time"]
 
 log = logging.getLogger(__name__)
 
 Precision = Literal["float16", "bfloat16"]
+
+
+@dataclass(frozen=True)
+class StepEstimates:
+    """The cost model's estimates of one run of a step (the graph and the functions it runs,
+    as :func:`estimate_step_time` prices them) before and after a rewrite, priced from that
+    rewrite's own import of the graph."""
+
+    given: StepEstimate
+    rewritten: StepEstimate
 
 
 @dataclass(frozen=True)
@@ -68,6 +78,8 @@ class RewriteResult:
     #: names, as ``plans``): what per-signature summaries count
     #: (:func:`amp_rewrite.models.saved_model.signature_summaries`).
     converted: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    #: The whole step as given and as rewritten, where the call asked (``price_step``).
+    step_estimates: StepEstimates | None = None
 
 
 IGNORE_PERFORMANCE_VAR = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_IGNORE_PERFORMANCE"
@@ -204,6 +216,28 @@ def resolve_lists(
     return op_lists, effective_level
 
 
+def resolve_planner(
+    *,
+    planner: str | None = None,
+    lists: str | os.PathLike[str] = "default",
+    lists_file: str | os.PathLike[str] | None = None,
+    target: str | Target = "auto",
+    precision: str = "auto",
+    add: Mapping[str, Iterable[str] | str] | None = None,
+    remove: Mapping[str, Iterable[str] | str] | None = None,
+    level: str | None = None,
+    use_env: bool = True,
+) -> str:
+    """The planner :func:`rewrite_graph_def` runs with these options: ``planner`` where given,
+    else the one the lists name (``"greedy"``, ``"optimal"`` or ``"min-casts"``).  Raises what
+    the rewrite would raise for these options; reads the list files (cached) and, with
+    ``use_env``, the environment."""
+    check_optional_str("planner", planner, what="'greedy', 'optimal', 'min-casts' or None")
+    if planner is not None:
+        return planner
+    return _target_and_lists(target, precision, lists, lists_file, add, remove, level, use_env)[3].planner
+
+
 def _file_key(ref: str | os.PathLike[str]) -> tuple[str, float | None]:
     """A cache key for a profile name or list file: the name and, for a file, its mtime, so
     an edited file is read again."""
@@ -323,6 +357,12 @@ _PARAMETERS_DOC = """    Parameters
         step is estimated no faster than the float32 step without loss scaling, which no
         single graph's check can see (:mod:`amp_rewrite.training.tf_function`).  Cost-aware
         planners only: the greedy planner is TensorFlow's, which converts what its lists say.
+    price_step
+        Also estimate the whole step (the graph and the functions it runs, as
+        :func:`estimate_step_time` prices them, for ``target``, ``precision`` and ``compiled``)
+        as given and as rewritten: ``RewriteResult.step_estimates``.  Priced from this call's
+        own import, so it costs a fraction of pricing the input and the output again (two
+        imports).  Cost-aware planners only, whose import infers the tensor sizes a price needs.
 
 """
 
@@ -348,6 +388,7 @@ def rewrite_graph_def(
     compiled: bool = False,
     keep_float32: Collection[str] | None = None,
     declined: str | None = None,
+    price_step: bool = False,
 ) -> RewriteResult:
     """Rewrite a GraphDef (and its function library) to mixed precision.
 
@@ -367,7 +408,7 @@ def rewrite_graph_def(
             fetches=fetches, add=add, remove=remove, level=level, exclude=exclude,
             functions=functions, tensorflow_bugs=tensorflow_bugs, use_env=use_env, registry=registry,
             planner=planner, variable_shapes=variable_shapes, compiled=compiled,
-            keep_float32=keep_float32, declined=declined,
+            keep_float32=keep_float32, declined=declined, price_step=price_step,
         )
 
 
@@ -397,8 +438,10 @@ def _rewrite_graph_def(
     compiled: bool = False,
     keep_float32: Collection[str] | None = None,
     declined: str | None = None,
+    price_step: bool = False,
 ) -> RewriteResult:
     check_optional_str("declined", declined, what="a reason or None")
+    check_bool("price_step", price_step)
     graph_def, fetches = _checked_arguments(graph_def, compiled, tensorflow_bugs, use_env, functions, planner,
                                             fetches, registry)
     registry = registry or default_registry()
@@ -416,6 +459,11 @@ def _rewrite_graph_def(
     if declined is not None and not optimal:
         raise AmpRewriteError("declined needs a cost-aware planner ('optimal' or 'min-casts'); the greedy "
                               "planner converts what its lists say")
+    if price_step and not optimal:
+        # The greedy planner's import infers no shapes, and its plans must not depend on
+        # whether the caller asked for prices (the normalization rule reads shapes it is given).
+        raise AmpRewriteError("price_step needs a cost-aware planner ('optimal' or 'min-casts'); price a "
+                              "greedy rewrite's input and output with estimate_step_time")
     if functions not in ("all", "reachable"):
         raise AmpRewriteError(f"functions must be 'all' or 'reachable', not {functions!r}")
     clock = time.perf_counter
@@ -424,6 +472,7 @@ def _rewrite_graph_def(
     timings["lists"] = t0 - t_lists
     imported = _import(graph_def, registry, functions, optimal, variable_shapes)
     ir_graphs = [imported.graph, *imported.functions.values()]  # to free at the end
+    pricing = _StepPricing(imported, tgt, precision, registry, compiled) if price_step else None
     g = imported.graph
     preserve = preserved_nodes(g, fetches)
     preserve |= scope_keep & set(g.nodes)
@@ -439,6 +488,7 @@ def _rewrite_graph_def(
     plans[""], stats[""] = stage.run(g, options)
     skipped_functions = _rewrite_functions(imported, stage, options, excluder, scope_keep, excluded_counts,
                                            plans, stats)
+    step_estimates = pricing.estimates(imported) if pricing is not None else None
     t3 = clock()
     out = export_graph_def(imported, registry)
     timings["export"] += clock() - t3
@@ -458,7 +508,30 @@ def _rewrite_graph_def(
         ir_graph.clear()
     _log_outcome(report, precision, precision_reason, tgt, op_lists)
     converted = {name: frozenset(n for n, _ in s.converted) for name, s in stats.items()}
-    return RewriteResult(out, report, plans, timings, converted)
+    return RewriteResult(out, report, plans, timings, converted, step_estimates)
+
+
+class _StepPricing:
+    """The whole step of an imported graph priced as given (at construction, before any stage
+    changes the IR), and again once rewritten (:meth:`estimates`), with the same call counts:
+    a rewrite changes types and adds Casts, never calls or loop trips.  A function the rewrite
+    skipped is exported as given, so it keeps its price as given."""
+
+    def __init__(self, imported: Any, target: Target, precision: Precision, registry: OpRegistry,
+                 compiled: bool) -> None:
+        self._args = (device_costs(target, precision), registry)
+        self._compiled = compiled
+        self._counts = call_counts(imported.graph, imported.functions)
+        self._given = estimate_parts(imported.graph, imported.functions, *self._args, compiled=compiled,
+                                     counts=self._counts)
+
+    def estimates(self, rewritten: Any) -> StepEstimates:
+        """The estimates of the step as given and as ``rewritten`` (the same import, after the
+        stages).  Reads ``rewritten`` only."""
+        parts = estimate_parts(rewritten.graph, rewritten.functions, *self._args, compiled=self._compiled,
+                               counts=self._counts)
+        kept = {name: part for name, part in self._given.items() if name not in parts}
+        return StepEstimates(total_of(self._given), total_of({**parts, **kept}))
 
 
 def _rewrite_functions(imported: Any, stage: _Stage, options: DecideOptions, excluder: NameMatcher,

@@ -833,3 +833,24 @@ def test_bounded_entries_are_validated_inherited_and_can_be_turned_off(tmp_path)
     mine = tmp_path / "mine.toml"
     mine.write_text('schema_version = 1\n[float16.bounded]\nExp = { input_max = -1.0, reason = "mine" }\n')
     assert load_lists("default", context=CUDA, user_file=mine).bounded["Exp"] == (-1.0, "mine")
+
+
+def test_the_planner_a_rewrite_runs_is_the_options_or_the_lists(tmp_path: Path) -> None:
+    """``resolve_planner`` says which planner ``rewrite_graph_def`` runs with the same options
+    (the training path asks before rewriting, to price a step the optimal planner will check):
+    ``planner`` where given, else the profile's or the list file's.  Bad options raise the
+    rewrite's own errors."""
+    from amp_rewrite.api import resolve_planner
+
+    assert resolve_planner(target="gpu:9.0", use_env=False) == "greedy"
+    assert resolve_planner(lists="optimal", target="gpu:9.0", use_env=False) == "optimal"
+    assert resolve_planner(lists="optimal", planner="min-casts", target="gpu:9.0") == "min-casts"
+    custom = tmp_path / "mine.toml"
+    custom.write_text('schema_version = 1\nextends = "default"\nplanner = "optimal"\n')
+    assert resolve_planner(lists=str(custom), target="gpu:9.0", use_env=False) == "optimal"
+    with pytest.raises(ListError):
+        resolve_planner(lists="no-such-profile", target="gpu:9.0", use_env=False)
+    from amp_rewrite.errors import AmpRewriteError
+
+    with pytest.raises(AmpRewriteError, match="planner"):
+        resolve_planner(planner=3)  # type: ignore[arg-type]

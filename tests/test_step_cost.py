@@ -411,3 +411,127 @@ def test_node_times_add_up_to_the_step_estimate():
         assert all(t.known_shape for t in main.values())
     kinds = {(t.op, t.kind, t.precision) for t in amp_rewrite.estimate_node_times(rewritten, target="gpu:9.0")[""].values()}
     assert ("MatMul", "dense", "low") in kinds and ("Cast", "cast", "low") in kinds
+
+
+def _called_functions_step() -> tf.compat.v1.GraphDef:
+    """A step that runs two library functions, each an ``N`` x ``N`` MatMul, and a loop whose
+    body is one (seven rows): the main graph, functions and a loop body, all priced."""
+    T, M = 7, N
+
+    @tf.function
+    def first(x, w):
+        return tf.nn.relu(tf.matmul(x, w))
+
+    @tf.function
+    def second(x, w):
+        return tf.matmul(x, w) * 0.5
+
+    @tf.function
+    def step(seq, x, w):
+        rows = tf.TensorArray(tf.float32, size=T).unstack(seq)
+
+        def body(i, acc):
+            return i + 1, acc + tf.matmul(rows.read(i), w)
+
+        looped = tf.while_loop(lambda i, acc: i < T, body, (tf.constant(0), tf.zeros((M, M))))[1]
+        return second(first(x, w), w) + looped
+
+    spec = tf.TensorSpec((M, M))
+    return step.get_concrete_function(tf.TensorSpec((T, M, M)), spec, spec).graph.as_graph_def()
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_rewrite_prices_the_step_as_given_and_as_rewritten_as_estimate_step_time_does(compiled):
+    """``price_step`` prices the whole step (main graph, called functions, a loop body per
+    iteration) from the rewrite's own import, before and after the rewrite: the same estimates
+    as pricing the input and the output again, which costs two imports more.  The rewrite
+    converted something, so the two differ.  Cost-aware planners only; off by default."""
+    gd = _called_functions_step()
+    options = {"target": TARGET, "precision": "float16", "use_env": False, "compiled": compiled}
+    result = amp_rewrite.rewrite_graph_def(gd, lists="optimal", price_step=True, **options)
+    assert result.report["converted_nodes"] > 0
+    estimates = result.step_estimates
+    assert estimates.given == amp_rewrite.estimate_step_time(gd, target=TARGET, compiled=compiled)
+    assert estimates.rewritten == amp_rewrite.estimate_step_time(result.graph_def, target=TARGET, compiled=compiled)
+    assert estimates.given.low_nodes == 0 and estimates.rewritten.low_nodes > 0
+    assert estimates.rewritten.dense_ns < estimates.given.dense_ns
+    assert amp_rewrite.rewrite_graph_def(gd, lists="optimal", **options).step_estimates is None
+    with pytest.raises(amp_rewrite.AmpRewriteError, match="price_step needs a cost-aware planner"):
+        amp_rewrite.rewrite_graph_def(gd, lists="default", price_step=True, **options)
+    with pytest.raises(amp_rewrite.AmpRewriteError, match="price_step"):
+        amp_rewrite.rewrite_graph_def(gd, lists="optimal", price_step="yes", **options)
+
+
+def test_a_function_the_rewrite_skips_keeps_its_price_as_given():
+    """A library function the rewrite cannot take (here: a cycle not closed by a loop) is
+    exported as it was, so the rewritten step prices it as given; the other function's MatMul
+    is priced in float16."""
+    gd = _called_functions_step()
+    bodies = {f.signature.name: f for f in gd.library.function
+              if any(n.op == "MatMul" for n in f.node_def) and not any(n.op == "Relu" for n in f.node_def)
+              and any(n.op == "Mul" for n in f.node_def)}
+    (name, broken), = bodies.items()
+    for a, b in (("cycle_a", "cycle_b"), ("cycle_b", "cycle_a")):
+        node = broken.node_def.add(name=a, op="Identity", input=[f"{b}:output:0"])
+        node.attr["T"].type = dt.FLOAT
+    result = amp_rewrite.rewrite_graph_def(gd, lists="optimal", price_step=True, target=TARGET,
+                                           precision="float16", use_env=False)
+    assert name in result.report["skipped_functions"]
+    one = node_cost("MatMul", [(N, N), (N, N)], [(N, N)], 2, DEVICE_COSTS["gpu-hopper"],
+                    constant_weights=False)
+    given, rewritten = result.step_estimates.given, result.step_estimates.rewritten
+    assert given == amp_rewrite.estimate_step_time(gd, target=TARGET)
+    # TensorFlow cannot import the broken body to infer its shapes, so its MatMul is priced at
+    # the model's default size (a few hundred ns): the other eight, converted, save high - low
+    # each, and the broken one is in the rewritten step at its price as given.
+    broken_ns = given.dense_ns - 8 * one.high
+    assert 0 < broken_ns < one.low
+    assert rewritten.dense_ns == pytest.approx(broken_ns + 8 * one.low, abs=1.0)
+
+
+def test_the_shapes_of_a_graph_inferred_before_are_reused():
+    """Shape inference runs TensorFlow's import (seconds on a training step); the training
+    path's whole-step check prices a step and then rewrites it, and an autotune rewrites one
+    graph per candidate.  The same bytes, variable shapes and registry give the same shapes
+    without importing again, as a copy; anything else that differs is inferred anew."""
+    from amp_rewrite.graph import shapes as shapes_module
+    from amp_rewrite.graph.op_registry import TensorFlowRegistry
+
+    shapes_module.clear_shape_memo()
+    inferred = []
+    infer = shapes_module._infer_graph_shapes  # noqa: SLF001
+    infer_function = shapes_module._infer_function_shapes  # noqa: SLF001
+
+    def counted(*args):
+        inferred.append("graph")
+        return infer(*args)
+
+    def counted_function(*args):
+        inferred.append("function")
+        return infer_function(*args)
+
+    import unittest.mock as mock
+
+    gd = _mlp(frozen=False)
+    with mock.patch.object(shapes_module, "_infer_graph_shapes", counted), \
+            mock.patch.object(shapes_module, "_infer_function_shapes", counted_function):
+        first = shapes_module.graph_shapes(gd)
+        same_bytes = tf.compat.v1.GraphDef.FromString(gd.SerializeToString())
+        again = shapes_module.graph_shapes(same_bytes)
+        assert again == first and inferred == ["graph"]
+        again["relu0"] = ((1,),)  # a copy: the memo is not changed through it
+        assert shapes_module.graph_shapes(gd)["relu0"] == ((N, N),) and inferred == ["graph"]
+        shapes_module.graph_shapes(gd, {"w0": (N, N)})
+        assert inferred == ["graph"] * 2
+        shapes_module.graph_shapes(gd, registry=TensorFlowRegistry())  # another registry
+        assert inferred == ["graph"] * 3
+
+        fdef = _called_functions_step().library.function[0]
+        assert shapes_module.function_shapes(fdef) == shapes_module.function_shapes(fdef)
+        assert inferred.count("function") == 1
+        # A message that cannot be serialized (over protobuf's 2 GB) is inferred each time.
+        with mock.patch.object(shapes_module, "_digest", lambda message: None):
+            shapes_module.graph_shapes(gd)
+            shapes_module.function_shapes(fdef)
+        assert inferred.count("graph") == 4 and inferred.count("function") == 2
+    shapes_module.clear_shape_memo()

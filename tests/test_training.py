@@ -12,6 +12,7 @@ every op these graphs use, gradients included, so the rewritten graphs run here)
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Iterator
 
 import numpy as np
@@ -651,14 +652,22 @@ def test_the_whole_step_check_is_made_without_xla_only(monkeypatch: Any) -> None
     planner's margin covers: a converted loss-scaled step is not traced again nor priced whole
     (the first step would pay for it).  The min-casts planner converts what TensorFlow does and
     is not second-guessed either.  Without XLA the optimal planner's step is priced whole, both
-    steps."""
+    steps: the mixed one by its own rewrite (``price_step``, from the import it made), the
+    float32 one by ``estimate_step_time``."""
     n = 2048
     x = tf.constant(np.random.default_rng(0).standard_normal((n, n)).astype(np.float32))
     ws = [tf.Variable(np.full((n, n), 0.01, np.float32)) for _ in range(3)]
-    priced = []
-    estimate = amp_rewrite.api.estimate_step_time
+    priced, rewrites = [], []
+    estimate, rewrite = amp_rewrite.api.estimate_step_time, amp_rewrite.api.rewrite_graph_def
     monkeypatch.setattr(amp_rewrite.api, "estimate_step_time",
                         lambda *args, **kwargs: priced.append(kwargs["compiled"]) or estimate(*args, **kwargs))
+
+    @functools.wraps(rewrite)  # the options are checked against its signature
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        rewrites.append(kwargs.get("price_step", False))
+        return rewrite(*args, **kwargs)
+
+    monkeypatch.setattr(amp_rewrite.api, "rewrite_graph_def", recorded)
     for jit_compile, planner in ((True, "optimal"), (False, "min-casts"), (False, "optimal")):
         opt = amp_rewrite.enable_mixed_precision_graph_rewrite(keras.optimizers.Adam(1e-3), target="gpu:9.0",
                                                                precision="float16", lists="optimal",
@@ -677,7 +686,8 @@ def test_the_whole_step_check_is_made_without_xla_only(monkeypatch: Any) -> None
         step = amp_rewrite.function(body, jit_compile=jit_compile)
         runner = step._runner(step.get_concrete_function(x))  # noqa: SLF001  (built, not run)
         assert runner.result.report["converted_nodes"] > 0
-    assert priced == [False, False]
+        assert (runner.result.step_estimates is not None) == (not jit_compile and planner == "optimal")
+    assert rewrites == [False, False, True] and priced == [False]
 
 
 def test_the_unscaled_mark_is_the_traced_graphs_and_refuses_variables() -> None:

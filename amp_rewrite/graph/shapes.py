@@ -22,8 +22,11 @@ then maps each such placeholder to a variable handle of that shape.
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from typing import Any, Collection, Mapping, Sequence
+import threading
+from collections import OrderedDict
+from typing import Any, Collection, Hashable, Mapping, Sequence
 
 from . import dtypes as dt
 from ..errors import AmpRewriteError, InvalidGraphError
@@ -32,7 +35,7 @@ from .op_registry import OpRegistry, default_registry
 from .tensor_names import node_name
 
 __all__ = ["CallArguments", "Shape", "assign_function_shapes", "call_arguments", "check_variable_shapes",
-           "function_shapes", "graph_shapes", "merge_call_arguments", "numel"]
+           "clear_shape_memo", "function_shapes", "graph_shapes", "merge_call_arguments", "numel"]
 
 log = logging.getLogger(__name__)
 
@@ -222,8 +225,85 @@ def _read_shapes(graph: Any, wanted: set[str], skip: set[str] = frozenset()) -> 
     }
 
 
+class _RecentShapes:
+    """The last ``size`` shape inferences of one kind, by what they depend on: the bytes of
+    the message (a digest of its deterministic serialization), the shapes the caller gave,
+    and the registry (by identity).  Callers that infer the shapes of one graph several times
+    -- the training path's whole-step check prices a step and then rewrites it; an autotune
+    rewrites one graph per candidate -- run TensorFlow's import once.  Shape inference is a
+    pure function of those inputs, so a hit is what inferring again would give.  Thread-safe;
+    hands out copies."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._entries: OrderedDict[Hashable, tuple[OpRegistry, dict[str, tuple[Shape, ...]]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, registry: OpRegistry) -> dict[str, tuple[Shape, ...]] | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or entry[0] is not registry:
+                return None
+            self._entries.move_to_end(key)
+            return dict(entry[1])
+
+    def put(self, key: Hashable, registry: OpRegistry, shapes: Mapping[str, tuple[Shape, ...]]) -> None:
+        with self._lock:
+            self._entries[key] = (registry, dict(shapes))
+            self._entries.move_to_end(key)
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+#: A main graph's shapes can hold a few hundred thousand entries: few are kept.
+_RECENT_GRAPHS = _RecentShapes(4)
+_RECENT_FUNCTIONS = _RecentShapes(64)
+
+
+def _digest(message: Any) -> bytes | None:
+    """A digest of ``message``'s deterministic serialization, or ``None`` where it cannot be
+    serialized (then nothing is kept: inference says why the shapes are unknown).  Pure."""
+    try:
+        return hashlib.sha256(message.SerializeToString(deterministic=True)).digest()
+    except Exception:  # noqa: BLE001 - e.g. a message over protobuf's 2 GB; TensorFlow's import would fail too
+        return None
+
+
+def _shapes_key(shapes: Mapping[str, Shape] | None) -> tuple[tuple[str, Shape], ...]:
+    return tuple(sorted((name, None if shape is None else tuple(shape)) for name, shape in (shapes or {}).items()))
+
+
+def clear_shape_memo() -> None:
+    """Forget the shape inferences :func:`graph_shapes` and :func:`function_shapes` keep (tests
+    that count TensorFlow imports, or free their memory)."""
+    _RECENT_GRAPHS.clear()
+    _RECENT_FUNCTIONS.clear()
+
+
 def graph_shapes(graph_def: Any, variable_shapes: Mapping[str, Shape] | None = None,
                  registry: OpRegistry | None = None) -> dict[str, tuple[Shape, ...]]:
+    """Static output shapes of every node of ``graph_def``'s main graph (:func:`_infer_graph_shapes`),
+    inferred once for the last few graphs asked (:class:`_RecentShapes`).  Pure."""
+    registry = registry or default_registry()
+    digest = _digest(graph_def)
+    if digest is None:
+        return _infer_graph_shapes(graph_def, variable_shapes, registry)
+    key = (digest, _shapes_key(variable_shapes))
+    shapes = _RECENT_GRAPHS.get(key, registry)
+    if shapes is None:
+        shapes = _infer_graph_shapes(graph_def, variable_shapes, registry)
+        _RECENT_GRAPHS.put(key, registry, shapes)
+    else:
+        log.debug("static shapes of a graph inferred before (%d nodes): reused", len(graph_def.node))
+    return shapes
+
+
+def _infer_graph_shapes(graph_def: Any, variable_shapes: Mapping[str, Shape] | None,
+                        registry: OpRegistry) -> dict[str, tuple[Shape, ...]]:
     """Static output shapes of every node of ``graph_def``'s main graph.  Pure.
 
     TensorFlow imports an inert copy (:func:`~amp_rewrite.graph.inert.inert_graph_def`): no
@@ -237,7 +317,6 @@ def graph_shapes(graph_def: Any, variable_shapes: Mapping[str, Shape] | None = N
     """
     import tensorflow as tf
 
-    registry = registry or default_registry()
     inert = inert_graph_def(graph_def, registry)
     recorded = _attr_shapes(graph_def.node)
     if inert is None:
@@ -406,6 +485,22 @@ def _restore_function_names(graph_def: Any, named: Mapping[tuple[str, str], Any]
 
 def function_shapes(fdef: Any, registry: OpRegistry | None = None,
                     call: CallArguments | None = None) -> dict[str, tuple[Shape, ...]]:
+    """:func:`_infer_function_shapes`, inferred once for the last few bodies and call
+    arguments asked (:class:`_RecentShapes`).  Pure; never raises."""
+    registry = registry or default_registry()
+    digest = _digest(fdef)
+    if digest is None:
+        return _infer_function_shapes(fdef, registry, call)
+    key = (digest, None if call is None else tuple(call))
+    shapes = _RECENT_FUNCTIONS.get(key, registry)
+    if shapes is None:
+        shapes = _infer_function_shapes(fdef, registry, call)
+        _RECENT_FUNCTIONS.put(key, registry, shapes)
+    return shapes
+
+
+def _infer_function_shapes(fdef: Any, registry: OpRegistry,
+                           call: CallArguments | None) -> dict[str, tuple[Shape, ...]]:
     """Static output shapes of the nodes of one FunctionDef body.  Argument shapes come from
     its ``_input_shapes`` attribute or argument attributes, else from ``call`` (what its call
     sites pass, :func:`merge_call_arguments`), whose variable shapes also give each resource
@@ -421,7 +516,6 @@ def function_shapes(fdef: Any, registry: OpRegistry | None = None,
 
     import tensorflow as tf
 
-    registry = registry or default_registry()
     variables = {a.name: v for a, (_, v) in zip(fdef.signature.input_arg, call or ()) if v is not None}
 
     def import_body(message: Any, graph_def: Any) -> None:

@@ -58,7 +58,7 @@ from .cost_model import (ALIAS_OPS, DENSE_OPS, METADATA_OPS, UNKNOWN_DIM, Device
                          elements, node_cost)
 
 __all__ = ["BUFFER_OPS", "KERNEL_BOUNDARY_OPS", "LOOP_OPS", "NodeTime", "StepCheck", "StepEstimate", "call_counts",
-           "estimate_graph", "estimate_graphs", "loop_trips", "node_precision"]
+           "estimate_graph", "estimate_graphs", "estimate_parts", "loop_trips", "node_precision", "total_of"]
 
 #: Ops that hold, read or write a buffer without a kernel computing anything a precision
 #: changes: arguments and results, constants (folded when the graph is loaded), variables
@@ -446,23 +446,43 @@ def call_counts(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph])
     return counts
 
 
+def estimate_parts(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph],
+                   costs_of: Callable[[str], DeviceCosts], registry: OpRegistry, *, compiled: bool,
+                   counts: Mapping[str, int] | None = None,
+                   per_node: dict[str, dict[str, NodeTime]] | None = None) -> dict[str, StepEstimate]:
+    """The parts of one run of ``main``'s step: ``""`` -> :func:`estimate_graph` of ``main``,
+    then each function of ``functions`` that runs (``counts``, by default
+    :func:`call_counts`) -> its estimate times the number of times it runs.  ``counts`` may name
+    functions missing from ``functions`` (those are left out).  ``per_node``, when given,
+    receives per graph its nodes' :class:`NodeTime`, per run of ``main`` (a loop body's times
+    its iterations); the only thing mutated."""
+    counts = call_counts(main, functions) if counts is None else counts
+    nodes: dict[str, NodeTime] | None = {} if per_node is not None else None
+    parts = {"": estimate_graph(main, costs_of, registry, compiled=compiled, per_node=nodes)}
+    if per_node is not None and nodes is not None:
+        per_node[""] = nodes
+    for name, times in counts.items():
+        if times and name in functions:
+            nodes = {} if per_node is not None else None
+            parts[name] = estimate_graph(functions[name], costs_of, registry, compiled=compiled,
+                                         per_node=nodes).scaled(times)
+            if per_node is not None and nodes is not None:
+                per_node[name] = {n: t.scaled(times) for n, t in nodes.items()}
+    return parts
+
+
+def total_of(parts: Mapping[str, StepEstimate]) -> StepEstimate:
+    """The sum of ``parts`` (:func:`estimate_parts`), in their order.  Pure."""
+    total = StepEstimate()
+    for part in parts.values():
+        total = total + part
+    return total
+
+
 def estimate_graphs(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph],
                     costs_of: Callable[[str], DeviceCosts], registry: OpRegistry, *,
                     compiled: bool, per_node: dict[str, dict[str, NodeTime]] | None = None) -> StepEstimate:
     """:func:`estimate_graph` of ``main`` plus each function's times the number of times it
-    runs per run of ``main`` (:func:`call_counts`: a loop body once per iteration).
-    ``per_node``, when given, receives per graph (``""`` for ``main``, else the function's name)
-    its nodes' :class:`NodeTime`, per run of ``main`` (a loop body's times its iterations);
-    the only thing mutated."""
-    nodes: dict[str, NodeTime] | None = {} if per_node is not None else None
-    total = estimate_graph(main, costs_of, registry, compiled=compiled, per_node=nodes)
-    if per_node is not None and nodes is not None:
-        per_node[""] = nodes
-    for name, times in call_counts(main, functions).items():
-        if times:
-            nodes = {} if per_node is not None else None
-            total = total + estimate_graph(functions[name], costs_of, registry, compiled=compiled,
-                                           per_node=nodes).scaled(times)
-            if per_node is not None and nodes is not None:
-                per_node[name] = {n: t.scaled(times) for n, t in nodes.items()}
-    return total
+    runs per run of ``main`` (:func:`call_counts`: a loop body once per iteration): the total
+    of :func:`estimate_parts`.  ``per_node`` as there; the only thing mutated."""
+    return total_of(estimate_parts(main, functions, costs_of, registry, compiled=compiled, per_node=per_node))

@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 DEFAULT_TARGET = "auto"
 
 # Options that the training API computes itself and so may not be passed through.
-_RESERVED = {"graph_def", "declined"}
+_RESERVED = {"graph_def", "declined", "price_step"}
 
 class LossScaleSettings:
     """The read-only settings both loss-scaled optimizers (Keras 3 and TF1) expose.

@@ -23,7 +23,9 @@ How it works, for each concrete function (one per input signature, as ``tf.funct
    something in a loss-scaled step that runs without XLA, the mixed step is priced whole
    (:func:`amp_rewrite.estimate_step_time`: every graph of the step, loss scaling's overflow
    scan and conditional update included) against the float32 step without loss scaling,
-   traced as in 5.  The planner's own check prices one
+   traced as in 5 (the mixed step's estimate is the rewrite's own, ``price_step``, from the
+   import it made; TensorFlow's shape inference of the float32 step, done to price it, serves
+   its rewrite too).  The planner's own check prices one
    graph against the same graph in float32, loss scaling in both; but the alternative to a
    mixed step is the user's float32 step, which has no loss scaling.  Unless the mixed step
    is estimated faster by the whole-step checks' margin (3%; without XLA on a GPU 10%, the
@@ -179,8 +181,9 @@ def _whole_step_estimates(result: Any, mixed_graph: Any, float32_graph: Any,
                           options: Mapping[str, Any]) -> tuple[float, float, float]:
     """``(mixed ns, float32 ns, margin)``: the step estimates without XLA
     (:func:`amp_rewrite.estimate_step_time`) of ``result``'s rewritten step (traced as
-    ``mixed_graph``, whose captured variables size it) and of ``float32_graph``, on the target
-    and in the precision of the rewrite, and the gain a rewrite needs there
+    ``mixed_graph``, whose captured variables size it; the rewrite's own estimate where it
+    priced the step, ``price_step``) and of ``float32_graph``, on the target and in the
+    precision of the rewrite, and the gain a rewrite needs there
     (:func:`amp_rewrite.step_check.target_step_margin`).  The caller's ``variable_shapes`` win,
     as in the runner's rewrite.  Raises what pricing raises; reads the graphs only."""
     from ..api import estimate_step_time, resolve_target
@@ -194,8 +197,26 @@ def _whole_step_estimates(result: Any, mixed_graph: Any, float32_graph: Any,
         return estimate_step_time(graph_def, target=target, precision=precision, compiled=False,
                                   variable_shapes=shapes, registry=options.get("registry")).total_ns
 
-    return (priced(result.graph_def, mixed_graph), priced(float32_graph.as_graph_def(), float32_graph),
+    mixed = (result.step_estimates.rewritten.total_ns if result.step_estimates is not None
+             else priced(result.graph_def, mixed_graph))
+    return (mixed, priced(float32_graph.as_graph_def(), float32_graph),
             target_step_margin(resolve_target(target), precision, compiled=False))
+
+
+#: The rewrite options that say which planner runs (:func:`amp_rewrite.api.resolve_planner`).
+_PLANNER_OPTIONS = ("planner", "lists", "lists_file", "target", "precision", "add", "remove", "level", "use_env")
+
+
+def _optimal_planner(options: Mapping[str, Any]) -> bool:
+    """Whether a rewrite with ``options`` runs the optimal planner; ``False`` where the
+    options are bad (the rewrite itself then says why).  Reads list files and the environment
+    as the rewrite does."""
+    from ..api import resolve_planner
+
+    try:
+        return resolve_planner(**{k: options[k] for k in _PLANNER_OPTIONS if k in options}) == "optimal"
+    except AmpRewriteError:
+        return False
 
 
 def _duration(ns: float) -> str:
@@ -603,7 +624,10 @@ class Function:
             if runner is None:
                 start = time.perf_counter()
                 options = self._plan_options(concrete)
-                runner = _Runner(concrete, options, jit_compile=self._jit_compile,
+                # Where the whole-step check may follow, the rewrite prices the mixed step from
+                # its own import (a BERT-base step: seconds less than importing it again).
+                first = {**options, "price_step": True} if self._may_check_step(concrete, options) else options
+                runner = _Runner(concrete, first, jit_compile=self._jit_compile,
                                  name=getattr(self, "__name__", "step"), owner=self)
                 unscaled_runner = self._unscaled(concrete, runner, options)
                 if unscaled_runner is None:
@@ -676,6 +700,12 @@ class Function:
             log.debug("amp_rewrite: %s keeps loss scaling: tracing it again failed: %s", self._description, exc)
             return None
 
+    def _may_check_step(self, concrete: Any, options: Mapping[str, Any]) -> bool:
+        """Whether :meth:`_float32_if_faster` may check ``concrete``'s rewrite (with
+        ``options``): a loss-scaled step, without XLA, rewritten by the optimal planner."""
+        return (bool(self._traced_options.get(concrete.name)) and not options.get("compiled")
+                and self._jit_compile is not True and _optimal_planner(options))
+
     def _float32_if_faster(self, concrete: Any, runner: _Runner, options: Mapping[str, Any]) -> _Runner | None:
         """Where the cost-aware planner converted part of ``concrete``, a loss-scaled step that
         runs without XLA (``runner`` runs it rewritten), and the float32 step without loss
@@ -692,11 +722,11 @@ class Function:
         result = runner.result
         if not result.report.get("converted_nodes") or not self._traced_options.get(concrete.name):
             return None
-        if options.get("compiled") or self._jit_compile is True:
+        if options.get("compiled") or self._jit_compile is True:  # (as _may_check_step)
             # XLA fuses the loss scale's ops: what they add is a read of every gradient (BERT-base:
             # 0.4 GB, about 1% of its step on an H100), within the planner's 3% margin, and no
             # kernels of their own.  Not worth a second trace and two step estimates (BERT-base:
-            # 18-23 s more before the first step, here).  (A step whose XLA compile fails later
+            # 13-16 s more before the first step, here).  (A step whose XLA compile fails later
             # runs without XLA and is not checked.)
             return None
         if not any(p.placement is not None and p.placement.objective == "optimal" for p in result.plans.values()):
