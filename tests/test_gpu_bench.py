@@ -603,3 +603,23 @@ def test_the_gpu_session_script_names_only_known_workloads_and_variants_and_fits
         files = set(re.findall(r'"\$out/([\w.\-]+)"', body))
         files |= {f[:-3] + ".json" for f in files if f.endswith(".md") and "gpu_bench.py" in body}
         assert len(files | {"log.txt"}) <= 7, (stage, sorted(files))
+
+
+def test_the_list_files_the_gpu_session_names_load_and_differ_from_the_default_as_they_say():
+    """``bench/gpu_session.sh profile`` runs ``ours_exp_denied`` with ``bench/lists/exp_denied.toml``:
+    a list file that stopped loading would cost a GPU call.  It is the default profile with
+    the range-proven ``Exp`` exemption taken back (TensorFlow's rule), and nothing else."""
+    import amp_rewrite
+
+    target = amp_rewrite.resolve_target("gpu:9.0")
+    lists_dir = os.path.join(ROOT, "bench", "lists")
+    with open(os.path.join(ROOT, "bench", "gpu_session.sh")) as f:
+        session = f.read()
+    named = sorted(name for name in os.listdir(lists_dir) if name.endswith(".toml"))
+    assert named and all(f"bench/lists/{name}" in session for name in named)
+    denied, _ = amp_rewrite.resolve_lists(os.path.join(lists_dir, "exp_denied.toml"), target=target,
+                                          precision="float16", environ={})
+    default, _ = amp_rewrite.resolve_lists("default", target=target, precision="float16", environ={})
+    assert "Exp" in default.bounded and "Exp" not in denied.bounded and "Exp" in denied.deny
+    assert (denied.allow, denied.infer, denied.clear, denied.planner) == \
+        (default.allow, default.infer, default.clear, default.planner)
