@@ -71,14 +71,16 @@ class RewriteResult:
     graph_def: Any
     report: dict[str, Any]
     plans: Mapping[str, Plan] = field(default_factory=dict)
-    #: Seconds per stage (``lists``, ``import``, ``decide``, ``rewrite``, ``export``); kept out of
-    #: the report so the report stays byte-identical across runs.
+    #: Seconds per stage (``lists``, ``import``, ``decide``, ``rewrite``, ``export``, and ``price``
+    #: where the call asked ``price_step``); kept out of the report so the report stays
+    #: byte-identical across runs.
     timings: Mapping[str, float] = field(default_factory=dict)
     #: The nodes with at least one type attribute converted, per graph (``""`` and function
     #: names, as ``plans``): what per-signature summaries count
     #: (:func:`amp_rewrite.models.saved_model.signature_summaries`).
     converted: Mapping[str, frozenset[str]] = field(default_factory=dict)
-    #: The whole step as given and as rewritten, where the call asked (``price_step``).
+    #: The whole step as given and as rewritten, where the call asked (``price_step``) and the
+    #: step could be priced.
     step_estimates: StepEstimates | None = None
 
 
@@ -233,9 +235,11 @@ def resolve_planner(
     the rewrite would raise for these options; reads the list files (cached) and, with
     ``use_env``, the environment."""
     check_optional_str("planner", planner, what="'greedy', 'optimal', 'min-casts' or None")
-    if planner is not None:
-        return planner
-    return _target_and_lists(target, precision, lists, lists_file, add, remove, level, use_env)[3].planner
+    op_lists = _target_and_lists(target, precision, lists, lists_file, add, remove, level, use_env)[3]
+    chosen = planner if planner is not None else op_lists.planner
+    if chosen not in PLANNERS:
+        raise AmpRewriteError(f"planner must be one of {', '.join(PLANNERS)}, not {chosen!r}")
+    return chosen
 
 
 def _file_key(ref: str | os.PathLike[str]) -> tuple[str, float | None]:
@@ -363,6 +367,7 @@ _PARAMETERS_DOC = """    Parameters
         as given and as rewritten: ``RewriteResult.step_estimates``.  Priced from this call's
         own import, so it costs a fraction of pricing the input and the output again (two
         imports).  Cost-aware planners only, whose import infers the tensor sizes a price needs.
+        ``None``, with a WARNING, where the step cannot be priced (the rewrite stands).
 
 """
 
@@ -472,7 +477,10 @@ def _rewrite_graph_def(
     timings["lists"] = t0 - t_lists
     imported = _import(graph_def, registry, functions, optimal, variable_shapes)
     ir_graphs = [imported.graph, *imported.functions.values()]  # to free at the end
+    t_price = clock()
     pricing = _StepPricing(imported, tgt, precision, registry, compiled) if price_step else None
+    if pricing is not None:
+        timings["price"] = clock() - t_price
     g = imported.graph
     preserve = preserved_nodes(g, fetches)
     preserve |= scope_keep & set(g.nodes)
@@ -483,12 +491,16 @@ def _rewrite_graph_def(
                               declined)
     plans: dict[str, Plan] = {}
     stats: dict[str, RewriteStats] = {}
-    timings["import"] += clock() - t0
+    timings["import"] += clock() - t0 - timings.get("price", 0.0)
     stage = _Stage(op_lists, tgt, precision, registry, _placement(chosen_planner), not tensorflow_bugs, timings)
     plans[""], stats[""] = stage.run(g, options)
     skipped_functions = _rewrite_functions(imported, stage, options, excluder, scope_keep, excluded_counts,
                                            plans, stats)
-    step_estimates = pricing.estimates(imported) if pricing is not None else None
+    step_estimates = None
+    if pricing is not None:
+        t_price = clock()
+        step_estimates = pricing.estimates(imported)
+        timings["price"] += clock() - t_price
     t3 = clock()
     out = export_graph_def(imported, registry)
     timings["export"] += clock() - t3
@@ -515,23 +527,41 @@ class _StepPricing:
     """The whole step of an imported graph priced as given (at construction, before any stage
     changes the IR), and again once rewritten (:meth:`estimates`), with the same call counts:
     a rewrite changes types and adds Casts, never calls or loop trips.  A function the rewrite
-    skipped is exported as given, so it keeps its price as given."""
+    skipped is exported as given, so it keeps its price as given.  Where the step cannot be
+    priced (a graph the model does not expect), the estimates are ``None``, with a WARNING:
+    the rewrite itself stands."""
 
     def __init__(self, imported: Any, target: Target, precision: Precision, registry: OpRegistry,
                  compiled: bool) -> None:
         self._args = (device_costs(target, precision), registry)
         self._compiled = compiled
-        self._counts = call_counts(imported.graph, imported.functions)
-        self._given = estimate_parts(imported.graph, imported.functions, *self._args, compiled=compiled,
-                                     counts=self._counts)
+        self._given: dict[str, StepEstimate] | None = None
+        try:
+            self._counts = call_counts(imported.graph, imported.functions)
+            self._given = estimate_parts(imported.graph, imported.functions, *self._args, compiled=compiled,
+                                         counts=self._counts)
+        except Exception as exc:  # noqa: BLE001  (pricing is an extra: the rewrite goes on)
+            _price_failed(exc)
 
-    def estimates(self, rewritten: Any) -> StepEstimates:
+    def estimates(self, rewritten: Any) -> StepEstimates | None:
         """The estimates of the step as given and as ``rewritten`` (the same import, after the
-        stages).  Reads ``rewritten`` only."""
-        parts = estimate_parts(rewritten.graph, rewritten.functions, *self._args, compiled=self._compiled,
-                               counts=self._counts)
-        kept = {name: part for name, part in self._given.items() if name not in parts}
-        return StepEstimates(total_of(self._given), total_of({**parts, **kept}))
+        stages), or ``None`` where it could not be priced.  Reads ``rewritten`` only."""
+        if self._given is None:
+            return None
+        try:
+            parts = estimate_parts(rewritten.graph, rewritten.functions, *self._args, compiled=self._compiled,
+                                   counts=self._counts)
+        except Exception as exc:  # noqa: BLE001
+            _price_failed(exc)
+            return None
+        # In the given order, so that the sums are those estimate_step_time makes of the output.
+        return StepEstimates(total_of(self._given),
+                             total_of({name: parts.get(name, part) for name, part in self._given.items()}))
+
+
+def _price_failed(exc: BaseException) -> None:
+    log.warning("amp_rewrite: the step was rewritten but could not be priced (price_step): %s: %s",
+                type(exc).__name__, exc)
 
 
 def _rewrite_functions(imported: Any, stage: _Stage, options: DecideOptions, excluder: NameMatcher,

@@ -854,3 +854,7 @@ def test_the_planner_a_rewrite_runs_is_the_options_or_the_lists(tmp_path: Path) 
 
     with pytest.raises(AmpRewriteError, match="planner"):
         resolve_planner(planner=3)  # type: ignore[arg-type]
+    with pytest.raises(AmpRewriteError, match="planner must be one of"):
+        resolve_planner(planner="fastest", target="gpu:9.0")
+    with pytest.raises(ListError):  # the lists are resolved as the rewrite resolves them, planner given or not
+        resolve_planner(planner="optimal", lists="no-such-profile", target="gpu:9.0", use_env=False)

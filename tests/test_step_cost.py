@@ -487,6 +487,64 @@ def test_a_function_the_rewrite_skips_keeps_its_price_as_given():
     broken_ns = given.dense_ns - 8 * one.high
     assert 0 < broken_ns < one.low
     assert rewritten.dense_ns == pytest.approx(broken_ns + 8 * one.low, abs=1.0)
+    assert rewritten == amp_rewrite.estimate_step_time(result.graph_def, target=TARGET)  # the same sums
+
+
+def test_a_function_called_by_the_step_and_by_a_library_function_that_never_runs_counts_once():
+    """The library may hold functions nothing runs (a SavedModel's other signatures): one that
+    calls a function the step calls too must not hold back that function's count (it did, and
+    the step then priced ``outer`` and ``inner`` at 0).  Priced from the rewrite's import of every
+    function (``functions="all"``), the step is what ``estimate_step_time`` makes of it."""
+    from amp_rewrite.plan.step_cost import call_counts
+
+    @tf.function
+    def inner(x, w):
+        return tf.nn.relu(tf.matmul(x, w))
+
+    @tf.function
+    def outer(x, w):
+        return inner(x, w) * 2.0
+
+    @tf.function
+    def step(x, w):
+        return outer(x, w) + 1.0
+
+    @tf.function
+    def unused(x, w):
+        return outer(x, w) - 1.0
+
+    spec = tf.TensorSpec((N, N))
+    gd = step.get_concrete_function(spec, spec).graph.as_graph_def()
+    gd.library.function.add().CopyFrom(unused.get_concrete_function(spec, spec).function_def)
+    result = amp_rewrite.rewrite_graph_def(gd, lists="optimal", target=TARGET, precision="float16", use_env=False,
+                                           compiled=True, price_step=True, functions="all")
+    one = node_cost("MatMul", [(N, N), (N, N)], [(N, N)], 2, DEVICE_COSTS["gpu-hopper"], constant_weights=False)
+    assert result.step_estimates.given.dense_ns == pytest.approx(one.high)
+    assert result.step_estimates.given == amp_rewrite.estimate_step_time(gd, target=TARGET, compiled=True)
+    assert result.step_estimates.rewritten == amp_rewrite.estimate_step_time(result.graph_def, target=TARGET,
+                                                                             compiled=True)
+    main, a, b, c = nx_graph("main"), nx_graph("a"), nx_graph("b"), nx_graph("never")
+    main.add_node("call", op="PartitionedCall", funcs=("a",), order=(0, 0))
+    a.add_node("call", op="PartitionedCall", funcs=("b",), order=(0, 0))
+    c.add_node("call", op="PartitionedCall", funcs=("a",), order=(0, 0))
+    assert call_counts(main, {"a": a, "b": b, "never": c}) == {"a": 1, "b": 1, "never": 0}
+
+
+def test_a_step_that_cannot_be_priced_is_still_rewritten_with_a_warning(caplog, monkeypatch):
+    """Pricing is an extra: where it fails, the rewrite stands, ``step_estimates`` is ``None``
+    and a WARNING says why (the training path then prices the step itself, or keeps its plan)."""
+    from amp_rewrite import api
+
+    def broken(*args, **kwargs):
+        raise ValueError("a graph the model does not expect")
+
+    monkeypatch.setattr(api, "estimate_parts", broken)
+    with caplog.at_level("WARNING", logger="amp_rewrite"):
+        result = amp_rewrite.rewrite_graph_def(_called_functions_step(), lists="optimal", target=TARGET,
+                                               precision="float16", use_env=False, price_step=True)
+    assert result.step_estimates is None and result.report["converted_nodes"] > 0
+    assert any("could not be priced" in r.getMessage() and "does not expect" in r.getMessage()
+               for r in caplog.records)
 
 
 def test_the_shapes_of_a_graph_inferred_before_are_reused():
@@ -529,9 +587,13 @@ def test_the_shapes_of_a_graph_inferred_before_are_reused():
         fdef = _called_functions_step().library.function[0]
         assert shapes_module.function_shapes(fdef) == shapes_module.function_shapes(fdef)
         assert inferred.count("function") == 1
+        # Other call arguments (lists as well as tuples) are another inference.
+        args = [[[N, N], None]] * len(fdef.signature.input_arg)
+        assert shapes_module.function_shapes(fdef, call=args) == shapes_module.function_shapes(fdef, call=args)
+        assert inferred.count("function") == 2
         # A message that cannot be serialized (over protobuf's 2 GB) is inferred each time.
         with mock.patch.object(shapes_module, "_digest", lambda message: None):
             shapes_module.graph_shapes(gd)
             shapes_module.function_shapes(fdef)
-        assert inferred.count("graph") == 4 and inferred.count("function") == 2
+        assert inferred.count("graph") == 4 and inferred.count("function") == 3
     shapes_module.clear_shape_memo()

@@ -623,9 +623,13 @@ def test_an_optimal_step_that_loss_scaling_makes_slower_runs_the_float32_step(ca
     assert "for the float32 step without loss scaling" in warning
     # What the planner alone does with the loss-scaled trace: it converts.
     ((traced, _),) = step._calls.values()  # noqa: SLF001
-    alone = amp_rewrite.rewrite_graph_def(traced.graph.as_graph_def(), use_env=False,
+    alone = amp_rewrite.rewrite_graph_def(traced.graph.as_graph_def(), use_env=False, price_step=True,
                                           variable_shapes=captured_variable_shapes(traced.graph), **gpu)
     assert alone.report["converted_nodes"] > 0
+    # The mixed step the WARNING prices is that rewrite's whole step, as rewritten.
+    from amp_rewrite.training.tf_function import _duration
+
+    assert f"estimated at {_duration(alone.step_estimates.rewritten.total_ns)} on" in warning
     plain = fit(keras.optimizers.Adam(1e-3))
     for a, b in zip(ours.weights, plain.weights):
         np.testing.assert_array_equal(a.numpy(), b.numpy())

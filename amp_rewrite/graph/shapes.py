@@ -273,8 +273,13 @@ def _digest(message: Any) -> bytes | None:
         return None
 
 
+def _frozen(value: Any) -> Any:
+    """``value`` with every list and tuple in it made a tuple (a hashable key).  Pure."""
+    return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
 def _shapes_key(shapes: Mapping[str, Shape] | None) -> tuple[tuple[str, Shape], ...]:
-    return tuple(sorted((name, None if shape is None else tuple(shape)) for name, shape in (shapes or {}).items()))
+    return tuple(sorted((name, _frozen(shape)) for name, shape in (shapes or {}).items()))
 
 
 def clear_shape_memo() -> None:
@@ -491,7 +496,7 @@ def function_shapes(fdef: Any, registry: OpRegistry | None = None,
     digest = _digest(fdef)
     if digest is None:
         return _infer_function_shapes(fdef, registry, call)
-    key = (digest, None if call is None else tuple(call))
+    key = (digest, _frozen(call))
     shapes = _RECENT_FUNCTIONS.get(key, registry)
     if shapes is None:
         shapes = _infer_function_shapes(fdef, registry, call)

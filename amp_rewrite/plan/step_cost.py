@@ -416,7 +416,8 @@ def call_counts(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph])
     """How many times each function of ``functions`` runs per run of ``main``: once per call,
     :func:`loop_trips` times per call from a loop (its body and condition), multiplied down
     nested calls; both branches of a conditional count (an upper bound).  A function nothing
-    calls runs 0 times.  Assumes the call graph has no cycle (checked on import).  Pure."""
+    reachable from ``main`` calls runs 0 times (a library function nothing calls calls nothing
+    either).  Assumes the call graph has no cycle (checked on import).  Pure."""
     calls: dict[str, list[tuple[str, int]]] = {}  # caller ("" = main) -> [(callee, times)]
     for key, g in [("", main), *sorted(functions.items())]:
         signatures = g.graph.get("signatures") or {}
@@ -428,10 +429,18 @@ def call_counts(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph])
                 called.add(node["op"])
             times = loop_trips(g, n) if node["op"] in LOOP_OPS else 1
             out.extend((f, times) for f in sorted(called) if f in functions)
+    # Only callers that run count: a function called by main and by a library function that
+    # never runs would otherwise wait for that caller forever and never pass its count on.
+    reachable, todo = {""}, [""]
+    while todo:
+        for f, _ in calls.get(todo.pop(), ()):
+            if f not in reachable:
+                reachable.add(f)
+                todo.append(f)
     # Kahn's algorithm from the main graph: a function's count is final once every caller's is.
     pending = {f: 0 for f in functions}
-    for callees in calls.values():
-        for f, _ in callees:
+    for caller in reachable:
+        for f, _ in calls.get(caller, ()):
             pending[f] += 1
     counts = dict.fromkeys(functions, 0)
     ready, runs = [""], {"": 1}
