@@ -725,7 +725,7 @@ class Function:
         if options.get("compiled") or self._jit_compile is True:  # (as _may_check_step)
             # XLA fuses the loss scale's ops: what they add is a read of every gradient (BERT-base:
             # 0.4 GB, about 1% of its step on an H100), within the planner's 3% margin, and no
-            # kernels of their own.  Not worth a second trace and two step estimates (BERT-base:
+            # kernels of their own.  Not worth a second trace and a step estimate (BERT-base:
             # 13-18 s more before the first step, here).  (A step whose XLA compile fails later
             # runs without XLA and is not checked.)
             return None
