@@ -26,7 +26,7 @@ import hashlib
 import logging
 import threading
 from collections import OrderedDict
-from typing import Any, Collection, Hashable, Mapping, Sequence
+from typing import Any, Callable, Collection, Hashable, Mapping, Sequence
 
 from . import dtypes as dt
 from ..errors import AmpRewriteError, InvalidGraphError
@@ -258,6 +258,23 @@ class _RecentShapes:
         with self._lock:
             self._entries.clear()
 
+    def recall(self, message: Any, extra: Hashable, registry: OpRegistry,
+               infer: Callable[[], dict[str, tuple[Shape, ...]]]) -> dict[str, tuple[Shape, ...]]:
+        """The shapes ``infer()`` gives for ``message`` (with ``extra``, what else they depend
+        on, and ``registry``): kept from an earlier call where there is one, else inferred and
+        kept.  A message that cannot be serialized is inferred each time."""
+        digest = _digest(message)
+        if digest is None:
+            return infer()
+        key = (digest, extra)
+        shapes = self.get(key, registry)
+        if shapes is None:
+            shapes = infer()
+            self.put(key, registry, shapes)
+        else:
+            log.debug("static shapes inferred before: reused (%d nodes)", len(shapes))
+        return shapes
+
 
 #: A main graph's shapes can hold a few hundred thousand entries: few are kept.
 _RECENT_GRAPHS = _RecentShapes(4)
@@ -294,17 +311,8 @@ def graph_shapes(graph_def: Any, variable_shapes: Mapping[str, Shape] | None = N
     """Static output shapes of every node of ``graph_def``'s main graph (:func:`_infer_graph_shapes`),
     inferred once for the last few graphs asked (:class:`_RecentShapes`).  Pure."""
     registry = registry or default_registry()
-    digest = _digest(graph_def)
-    if digest is None:
-        return _infer_graph_shapes(graph_def, variable_shapes, registry)
-    key = (digest, _shapes_key(variable_shapes))
-    shapes = _RECENT_GRAPHS.get(key, registry)
-    if shapes is None:
-        shapes = _infer_graph_shapes(graph_def, variable_shapes, registry)
-        _RECENT_GRAPHS.put(key, registry, shapes)
-    else:
-        log.debug("static shapes of a graph inferred before (%d nodes): reused", len(graph_def.node))
-    return shapes
+    return _RECENT_GRAPHS.recall(graph_def, _shapes_key(variable_shapes), registry,
+                                 lambda: _infer_graph_shapes(graph_def, variable_shapes, registry))
 
 
 def _infer_graph_shapes(graph_def: Any, variable_shapes: Mapping[str, Shape] | None,
@@ -493,15 +501,8 @@ def function_shapes(fdef: Any, registry: OpRegistry | None = None,
     """:func:`_infer_function_shapes`, inferred once for the last few bodies and call
     arguments asked (:class:`_RecentShapes`).  Pure; never raises."""
     registry = registry or default_registry()
-    digest = _digest(fdef)
-    if digest is None:
-        return _infer_function_shapes(fdef, registry, call)
-    key = (digest, _frozen(call))
-    shapes = _RECENT_FUNCTIONS.get(key, registry)
-    if shapes is None:
-        shapes = _infer_function_shapes(fdef, registry, call)
-        _RECENT_FUNCTIONS.put(key, registry, shapes)
-    return shapes
+    return _RECENT_FUNCTIONS.recall(fdef, _frozen(call), registry,
+                                    lambda: _infer_function_shapes(fdef, registry, call))
 
 
 def _infer_function_shapes(fdef: Any, registry: OpRegistry,
