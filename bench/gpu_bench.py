@@ -657,7 +657,7 @@ class VariantRun:
             "casts_to_low": report["casts_to_low"], "casts_to_high": report["casts_to_high"],
             "precision": report.get("precision"), "target": report.get("target"),
             "skipped": report.get("skipped"), "placement_estimated_us": est,
-            "xla_compiled": amp_fn.xla_compiled(),
+            "xla_compiled": amp_fn.xla_compiled(), "rewrite_s": amp_fn.rewrite_seconds,
         }
 
     def predicted_ratio(self, baseline: str | None) -> tuple[float | None, str]:
@@ -1053,6 +1053,9 @@ def render_markdown(results: dict[str, Any]) -> str:
         "- step ms: median over a repeat's timed steps, then median over repeats; `vs f32`: step time over "
         "`float32` (TF32 on, TensorFlow's default); rel err: first step's loss (training) or outputs "
         "(inference) against `float32_strict` on the same inputs and weights, max|a-b|/max|b|",
+        "- first step s: the first call (trace, rewrite, compile, run); for ours, in brackets, the seconds our "
+        "rewrite took of it (`amp_rewrite.function`'s `rewrite_seconds`: the rewrite, and any second trace, "
+        "estimate and rewrite of the float32 step)",
         "- peak MiB: device memory peak while the variant ran (absolute / above what was in use when it began)",
         "- predicted / measured: the cost model's estimate of our rewritten step over float32's, each "
         "priced whole (`amp_rewrite.estimate_step_time`), and the measured step time over `float32` "
@@ -1090,9 +1093,10 @@ def render_markdown(results: dict[str, Any]) -> str:
             peak = (f"{_fmt(v['peak_mem_mib'], '.0f')} / {_fmt(v['peak_mem_above_start_mib'], '.0f')}"
                     if v["peak_mem_mib"] is not None else "n/a")
             vs = v["step_ms"] / f32 if f32 else None
+            first = _fmt(v['first_step_s'], '.1f') + (f" ({rw['rewrite_s']:.1f})" if rw.get("rewrite_s") else "")
             lines.append(
                 f"| {name} | {_fmt(v['step_ms'])} | {_fmt(v['examples_per_s'], '.1f')} | {_fmt(vs, '.3f')} | "
-                f"{_fmt(v['first_step_s'], '.1f')} | {peak} | {_fmt(v['rel_err_vs_float32_strict'], '.2e')} | "
+                f"{first} | {peak} | {_fmt(v['rel_err_vs_float32_strict'], '.2e')} | "
                 f"{conv} | {casts} | {_fmt(v.get('predicted_ratio'), '.3f') if 'predicted_ratio' in v else ''} | "
                 f"{_fmt(v.get('measured_ratio'), '.3f') if 'measured_ratio' in v else ''} |")
         lines.append("")

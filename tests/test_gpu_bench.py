@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -77,6 +78,8 @@ def test_reduced_run_measures_every_variant_and_model(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((tmp_path / "GPU_RESULTS.json").read_text())
     assert "A/A gap" in out.read_text()
+    # Our variants' first step shows the rewrite's share of it, in brackets.
+    assert re.search(r"\| ours_default \| [^|]+ \| [^|]+ \| [^|]+ \| [\d.]+ \([\d.]+\) \|", out.read_text())
 
     names = list(gpu_bench.REDUCED_DEFAULT)
     assert [r["workload"] for r in results["workloads"]] == names
@@ -102,6 +105,8 @@ def test_reduced_run_measures_every_variant_and_model(tmp_path):
                 assert "rewrite" not in v
                 continue
             rw = v["rewrite"]
+            if "autotune_choice" not in rw:  # a live rewrite: its share of the first step, apart
+                assert 0 < rw["rewrite_s"] < v["first_step_s"], (where, name)
             if name == "ours_user":
                 # As a user enables it: target and precision "auto" (this machine), and Keras's
                 # jit_compile="auto", which Keras resolves to no XLA on a CPU-only machine.

@@ -536,6 +536,8 @@ class Function:
         self._tf_function_unscaled: Any = None
         #: Per traced signature (the traced concrete function's name): the runner that runs it.
         self._runners: dict[str, _Runner] = {}
+        #: Per traced signature: seconds its runner took to build (:attr:`rewrite_seconds`).
+        self._build_seconds: dict[str, float] = {}
         #: (concrete, runner) per call key (:func:`_call_key`): a training step calls the same
         #: signature every step, and tf.function's own lookup hashes every captured variable.
         self._calls: dict[tuple[Any, ...], tuple[Any, _Runner]] = {}
@@ -634,8 +636,9 @@ class Function:
                     unscaled_runner = self._float32_if_faster(concrete, runner, options)
                 runner = unscaled_runner or runner
                 self._runners[concrete.name] = runner
+                self._build_seconds[concrete.name] = time.perf_counter() - start
                 # Built at the first call of each signature, so this is the first step's line.
-                report_rewrite(self, self._description, runner.result.report, time.perf_counter() - start,
+                report_rewrite(self, self._description, runner.result.report, self._build_seconds[concrete.name],
                                unscaled=unscaled_runner is not None)
             return runner
 
@@ -775,6 +778,15 @@ class Function:
         """The :class:`~amp_rewrite.RewriteResult` of each traced signature so far."""
         with self._lock:
             return [r.result for r in self._runners.values()]
+
+    @property
+    def rewrite_seconds(self) -> float:
+        """Seconds spent so far building the runners of the traced signatures, each at its first
+        call: the rewrite, and where it happened the step traced again without loss scaling, its
+        estimate and rewrite.  Not the first trace, nor TensorFlow's (or XLA's) compilation of
+        the runner, which the first call pays after it."""
+        with self._lock:
+            return sum(self._build_seconds.values())
 
     def executed_graphs(self) -> list[Any]:
         """The graphs TensorFlow ran: the runner functions' graphs, rewritten ops inside.
