@@ -703,11 +703,22 @@ class Function:
             log.debug("amp_rewrite: %s keeps loss scaling: tracing it again failed: %s", self._description, exc)
             return None
 
+    def _loss_scaled_without_xla(self, concrete: Any, options: Mapping[str, Any]) -> bool:
+        """Whether ``concrete`` was traced with loss scaling and runs without XLA (``options``
+        price it so too): the steps :meth:`_float32_if_faster` checks.
+
+        Under XLA the loss scale's ops fuse: what they add is a read of every gradient (BERT-base:
+        0.4 GB, about 1% of its step on an H100), within the planner's 3% margin, and no kernels
+        of their own.  Not worth a second trace and a step estimate (BERT-base: 13-18 s more
+        before the first step, here).  (A step whose XLA compile fails later runs without XLA
+        and is not checked.)"""
+        return (bool(self._traced_options.get(concrete.name)) and not options.get("compiled")
+                and self._jit_compile is not True)
+
     def _may_check_step(self, concrete: Any, options: Mapping[str, Any]) -> bool:
         """Whether :meth:`_float32_if_faster` may check ``concrete``'s rewrite (with
         ``options``): a loss-scaled step, without XLA, rewritten by the optimal planner."""
-        return (bool(self._traced_options.get(concrete.name)) and not options.get("compiled")
-                and self._jit_compile is not True and _optimal_planner(options))
+        return self._loss_scaled_without_xla(concrete, options) and _optimal_planner(options)
 
     def _float32_if_faster(self, concrete: Any, runner: _Runner, options: Mapping[str, Any]) -> _Runner | None:
         """Where the cost-aware planner converted part of ``concrete``, a loss-scaled step that
@@ -723,14 +734,7 @@ class Function:
         on every kernel, that alone can cost more than float16 saves.  Kept as traced where
         loss scaling must stay (:func:`_why_loss_scaling_stays`) or the second trace fails."""
         result = runner.result
-        if not result.report.get("converted_nodes") or not self._traced_options.get(concrete.name):
-            return None
-        if options.get("compiled") or self._jit_compile is True:  # (as _may_check_step)
-            # XLA fuses the loss scale's ops: what they add is a read of every gradient (BERT-base:
-            # 0.4 GB, about 1% of its step on an H100), within the planner's 3% margin, and no
-            # kernels of their own.  Not worth a second trace and a step estimate (BERT-base:
-            # 13-18 s more before the first step, here).  (A step whose XLA compile fails later
-            # runs without XLA and is not checked.)
+        if not result.report.get("converted_nodes") or not self._loss_scaled_without_xla(concrete, options):
             return None
         if not any(p.placement is not None and p.placement.objective == "optimal" for p in result.plans.values()):
             return None  # the lists decided, not the cost model: the user asked for what they convert
