@@ -4,6 +4,7 @@ Usage::
 
     python bench/calibrate_in_place.py                                  # the default models
     python bench/calibrate_in_place.py --items efficientnetb0/inference --rounds 15
+    python bench/calibrate_in_place.py --items resnet50@224/inference --batch 8   # sizes people run
 
 ``calibrate_elementwise.py`` times one op at a time on fresh tensors; inside a model the same
 kernels behave differently (other tensors compete for the caches, Grappler fuses Conv2D with
@@ -23,7 +24,7 @@ net of the class's weight re-layout (``low_dense_overhead``, which the model add
 dense ops whose weights are not constant).  Sums, not medians of per-node ratios, because the
 planner adds node times: the large nodes are the ones that matter.  These are the numbers
 :data:`amp_rewrite.plan.cost_model.DEVICE_COSTS` keeps per op (``dense``, whose bands and ratio
-are the "net" column, and ``elementwise``).  ``--dump`` writes every dense node's times, to
+are the "net" column, and ``elementwise``).  ``--dump`` writes every node's times, to
 check a table against single models.
 """
 
@@ -49,10 +50,10 @@ sys.path[:0] = [os.path.join(HERE, ".."), HERE]
 import tensorflow as tf  # noqa: E402
 
 import bench  # noqa: E402  (Runner: a session as users run one)
-from amp_rewrite.plan.cost_model import DENSE_OPS, DEVICE_COSTS, X86_BF16_DENSE, node_cost  # noqa: E402
+from amp_rewrite.plan.cost_model import DENSE_OPS, DEVICE_COSTS, X86_BF16_DENSE, elements, node_cost  # noqa: E402
 from amp_rewrite.graph.shapes import check_variable_shapes, graph_shapes  # noqa: E402
 from amp_rewrite.graph.tensor_names import parse_graph_input  # noqa: E402
-from models import corpus, register  # noqa: E402
+from models import WEIGHTS, corpus, register, resolve_items, set_batch, set_weights  # noqa: E402
 
 DEFAULT_ITEMS = tuple(f"{model}/{kind}" for model in ("efficientnetb0", "mobilenetv2", "resnet50",
                                                         "densenet121", "inceptionv3", "vgg16", "bert_like")
@@ -142,8 +143,10 @@ def calibrate(items: list[str], cls: str, rounds: int,
     """Per (op, band): [measured float32 us, modelled float32 us, measured bfloat16 us, nodes,
     measured bfloat16 us net of the class's ``low_dense_overhead``].
 
-    With ``rows``, also appends one dict per dense node (item, node, op, flops, modelled
-    float32 us, measured float32 and bfloat16 us, whether its weights are constant).
+    With ``rows``, also appends one dict per node that ran in bfloat16 (item, batch, node, op, flops,
+    modelled float32 us, measured float32 and bfloat16 us, the elements it reads and writes, the
+    shapes of its inputs and outputs,
+    and for dense ops whether its weights are constant).
     """
     bare = replace(DEVICE_COSTS[cls], elementwise=MappingProxyType({}), dense=MappingProxyType({}))
     overhead_us = bare.low_dense_overhead / 1e3
@@ -184,10 +187,12 @@ def calibrate(items: list[str], cls: str, rounds: int,
             a[2] += statistics.median(t16)
             a[3] += 1
             a[4] += statistics.median(t16) - fixed
-            if rows is not None and op in DENSE_OPS:
-                rows.append({"item": name, "node": head, "op": op, "flops": priced.flops, "model_us": model,
+            if rows is not None:
+                rows.append({"item": name, "batch": corpus.BATCH, "node": head, "op": op, "flops": priced.flops, "model_us": model,
                              "f32_us": statistics.median(t32), "bf16_us": statistics.median(t16),
-                             "constant_weights": constant})
+                             "elements": sum(elements(s) for s in (*ins, *outs)),
+                             "in_shapes": ins, "out_shapes": outs,
+                             "constant_weights": constant if op in DENSE_OPS else None})
     return acc
 
 
@@ -198,11 +203,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--sessions", type=int, default=3, help="pairs of fresh sessions the rounds are spread over")
     ap.add_argument("--min-us", type=float, default=300.0, help="leave out ops with less float32 time")
-    ap.add_argument("--dump", metavar="JSON", help="also write every dense node's times here")
+    ap.add_argument("--dump", metavar="JSON", help="also write every node's times here")
+    ap.add_argument("--batch", type=int, default=corpus.BATCH,
+                    help="examples per step (items named model@side/kind are built at that input size)")
+    ap.add_argument("--weights", choices=WEIGHTS, default="init",
+                    help="the models' weights: Keras's initial ones (the class's batch-2 tables were measured so), "
+                         "or a trained model's biases and batch-norm statistics (models.trained_like)")
     args = ap.parse_args(argv)
     register()
+    set_batch(args.batch)
+    set_weights(args.weights)
     rows: list[dict] = []
-    acc = calibrate(args.items.split(","), args.cls, args.rounds, rows, args.sessions)
+    acc = calibrate(resolve_items(args.items.split(",")), args.cls, args.rounds, rows, args.sessions)
     if args.dump:
         with open(args.dump, "w") as f:
             json.dump(rows, f, indent=0, sort_keys=True)

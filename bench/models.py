@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable
+from typing import Callable, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 import corpus  # noqa: E402  (tests/corpus.py: builders and runners shared with the tests)
 
-__all__ = ["corpus", "BENCH_MODELS", "QUICK_MODELS", "ALL_MODELS", "item_names", "register", "resized"]
+__all__ = ["corpus", "BENCH_MODELS", "QUICK_MODELS", "ALL_MODELS", "item_names", "register", "resized",
+           "resolve_items", "set_batch", "set_weights", "trained_like", "WEIGHTS"]
 
 
 def _keras():
@@ -84,7 +85,6 @@ BENCH_MODELS: dict[str, tuple[Callable, Callable]] = {
     "bert_like": (_bert_like, _adam),
     "efficientnetb0": (_efficientnetb0, _sgd),
 }
-_IMAGE_MODELS = frozenset({"densenet121", "inceptionv3", "vgg16", "efficientnetb0"})
 _ORIG_INPUTS = corpus._inputs
 
 
@@ -98,20 +98,97 @@ def _inputs(name, shape):
     return x, y
 
 
+def _corpus_application(cls: str, side: int):
+    # The test corpus' ResNet50 and MobileNetV2 at another size; a non-default size only
+    # triggers a "weights for 224" warning, which does not apply (weights=None).
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _application(cls, side)
+
+
+#: Image models :func:`resized` can build at another input size, and how.
+_RESIZABLE: dict[str, Callable] = {
+    "densenet121": _densenet121, "inceptionv3": _inceptionv3, "vgg16": _vgg16, "efficientnetb0": _efficientnetb0,
+    "resnet50": lambda side: _corpus_application("ResNet50", side),
+    "mobilenetv2": lambda side: _corpus_application("MobileNetV2", side),
+}
+
+
 def resized(model: str, side: int) -> str:
-    """Registers the image model ``model`` of :data:`BENCH_MODELS` at a ``side x side`` input
-    as the corpus model ``"{model}@{side}"`` (calls :func:`register`) and returns that name.
+    """Registers the image model ``model`` (one of :data:`_RESIZABLE`) at a ``side x side``
+    input as the corpus model ``"{model}@{side}"`` (calls :func:`register`) and returns that
+    name.  Mutates ``corpus.MODELS``.
 
     For checks off the benchmark's sizes, e.g. InceptionV3's training loss at batch 2: at 75x75
     its last batch norms normalize two values per channel, whose outputs are the sign of their
-    difference, so the loss jumps with any rounding upstream; at 150x150 they reduce 18.
-    Raises ``KeyError`` for a model that takes no images."""
-    if model not in _IMAGE_MODELS:
-        raise KeyError(f"{model!r} is not one of the resizable image models: {', '.join(sorted(_IMAGE_MODELS))}")
+    difference, so the loss jumps with any rounding upstream; at 150x150 they reduce 18.  And
+    for the cost model at the sizes people run (``calibrate_in_place.py --items
+    resnet50@224/inference --batch 8``).  Raises ``KeyError`` for a model that takes no images."""
+    if model not in _RESIZABLE:
+        raise KeyError(f"{model!r} is not one of the resizable image models: {', '.join(sorted(_RESIZABLE))}")
     register()
     name = f"{model}@{side}"
-    corpus.MODELS[name] = (lambda: BENCH_MODELS[model][0](side), BENCH_MODELS[model][1])
+    build = _RESIZABLE[model]
+    optimizer = (BENCH_MODELS.get(model) or corpus.MODELS[model])[1]
+    corpus.MODELS[name] = (lambda: build(side), optimizer)
     return name
+
+
+def resolve_items(names: Sequence[str]) -> list[str]:
+    """``names`` with every ``"model@side/kind"`` registered (:func:`resized`); others as given."""
+    for name in names:
+        model = name.split("/", 1)[0]
+        if "@" in model:
+            base, side = model.split("@", 1)
+            resized(base, int(side))
+    return list(names)
+
+
+#: Weights a benchmark model is built with (:func:`set_weights`).
+WEIGHTS = ("init", "trained")
+
+
+def trained_like(model, seed: int = 0) -> None:
+    """Gives ``model`` the parameters a trained model has where Keras initializes constants:
+    biases, batch-norm shifts and moving means drawn around 0 (scale 0.1), batch-norm scales
+    and moving variances drawn from [0.5, 1.5].  Mutates ``model``; deterministic for ``seed``.
+
+    Why: Keras initializes every bias and batch-norm shift and mean to zero, and in a frozen
+    graph Grappler drops an add of zeros, which leaves a convolution without the bias its
+    activation fuses behind: on TensorFlow 2.21 with oneDNN, every Relu and Relu6 of the
+    ``weights=None`` ResNet50, MobileNetV2 and VGG16 inference graphs ran as a kernel of its
+    own (MobileNetV2's Relu6s took 20 of the 43 ms of its bfloat16 step at 224x224, batch 8),
+    where a trained model's are fused into the convolution.  The cost model prices the
+    trained model's graph."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    for var in model.weights:
+        leaf = var.path.rsplit("/", 1)[-1]
+        shape = tuple(var.shape)
+        if leaf in ("bias", "beta", "moving_mean"):
+            var.assign((0.1 * rng.standard_normal(shape)).astype(var.dtype))
+        elif leaf in ("gamma", "moving_variance"):
+            var.assign(rng.uniform(0.5, 1.5, shape).astype(var.dtype))
+
+
+def set_weights(kind: str) -> None:
+    """Builds every benchmark model from now on with ``kind`` weights (one of
+    :data:`WEIGHTS`): ``"init"``, Keras's initial ones (``weights=None``), or ``"trained"``
+    (:func:`trained_like`).  Mutates the corpus module; for the tools' entry points."""
+    if kind not in WEIGHTS:
+        raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {kind!r}")
+    corpus.PREPARE_MODEL = trained_like if kind == "trained" else None
+
+
+def set_batch(batch: int) -> None:
+    """Builds every corpus item from now on at ``batch`` examples (the corpus' default is
+    :data:`corpus.BATCH`, 2).  Mutates the corpus module; for the tools' entry points."""
+    if batch < 1:
+        raise ValueError(f"batch must be at least 1, got {batch}")
+    corpus.BATCH = batch
 
 
 def register() -> None:

@@ -70,6 +70,10 @@ __all__ = [
 BATCH = 2
 NUM_CLASSES = 10
 SEED = 1234
+#: Called with every Keras model right after it is built, before anything is traced (``None``:
+#: the model keeps its initial weights).  The benchmark tools set it
+#: (``bench/models.py:set_weights``); the tests leave it alone.
+PREPARE_MODEL = None
 
 Kind = Literal["inference", "training", "v1loop"]
 
@@ -219,6 +223,8 @@ def _build_model_items(model_name: str) -> dict[str, CorpusGraph]:
     keras.backend.clear_session()
     keras.utils.set_random_seed(SEED)
     model, in_shape, from_logits = factory()
+    if PREPARE_MODEL is not None:
+        PREPARE_MODEL(model)
     x, y = _inputs(model_name, in_shape)
     x_spec = tf.TensorSpec((BATCH, *in_shape), tf.float32, name="x")
     y_spec = tf.TensorSpec((BATCH,), tf.int32, name="y")

@@ -77,17 +77,35 @@ def test_the_rewritten_graph_is_estimated_faster_than_float32_and_every_part_is_
     assert f32.total_ns == f32.device_ns
 
 
+def _biased_mlp(frozen: bool) -> tf.compat.v1.GraphDef:
+    """Two large MatMuls, each followed by a bias and a ReLU; weights and biases constants
+    (``frozen``) or fed."""
+
+    def build() -> None:
+        h = v1.placeholder(tf.float32, [N, N], name="x")
+        for i in range(2):
+            w, b = ((tf.constant(np.full(shape, 0.01, np.float32)) if frozen else v1.placeholder(tf.float32, shape))
+                    for shape in ((N, N), (N,)))
+            h = tf.nn.relu(tf.nn.bias_add(tf.matmul(h, w), b), name=f"relu{i}")
+        tf.identity(h, name="y")
+
+    return graph_def(build)
+
+
 def test_without_xla_the_affine_ops_grappler_folds_into_frozen_weights_cost_nothing():
-    """Grappler folds an element-wise op with a constant operand into the frozen MatMul before
-    it, and fuses the activation: with constant weights only the MatMuls run, as the planner
-    prices it (:mod:`amp_rewrite.plan.grappler_folds`); with fed weights the four element-wise
-    ops are kernels.  Under XLA, XLA's fusion is priced instead, frozen or not."""
-    frozen = amp_rewrite.estimate_step_time(_mlp(), target=TARGET)
-    fed = amp_rewrite.estimate_step_time(_mlp(frozen=False), target=TARGET)
+    """Grappler fuses a constant bias into the frozen MatMul before it, and the activation
+    behind that bias: with constant weights only the MatMuls run, as the planner prices it
+    (:mod:`amp_rewrite.plan.grappler_folds`); with fed weights the four element-wise ops are
+    kernels.  A ReLU with no bias before it is not fused, and a scaling after a ReLU is not
+    folded (``_mlp``).  Under XLA, XLA's fusion is priced instead, frozen or not."""
+    frozen = amp_rewrite.estimate_step_time(_biased_mlp(True), target=TARGET)
+    fed = amp_rewrite.estimate_step_time(_biased_mlp(False), target=TARGET)
     assert (frozen.kernels, frozen.elementwise_ns) == (2, 0.0)
     assert fed.kernels == 6 and fed.elementwise_ns > 0
     assert frozen.dense_ns == pytest.approx(fed.dense_ns)
-    xla = [amp_rewrite.estimate_step_time(_mlp(frozen=f), target=TARGET, compiled=True) for f in (True, False)]
+    unbiased = amp_rewrite.estimate_step_time(_mlp(), target=TARGET)
+    assert unbiased.kernels == 6 and unbiased.elementwise_ns > 0
+    xla = [amp_rewrite.estimate_step_time(_biased_mlp(f), target=TARGET, compiled=True) for f in (True, False)]
     assert xla[0].kernels == xla[1].kernels == 4
 
 

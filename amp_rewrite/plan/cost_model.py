@@ -18,6 +18,9 @@ op -- because its job is to rank colourings, not to predict step times:
 * everything else is element-wise: ``bytes / bandwidth``, times a per-op factor for ops
   whose float32 kernel is compute bound (Erfc, Softplus, Selu ...), and in low precision
   times the device's ratio for that op (:attr:`DeviceCosts.elementwise`) or its generic one;
+  a class measured at large sizes too has a second table for tensors past an edge
+  (:attr:`DeviceCosts.large_elementwise`: large tensors stream from memory, where small ones
+  stay in the caches and pay fixed costs);
 * a Cast costs ``op_overhead + elements * (4 + 2) / bandwidth``, or, for a tensor of known
   shape on a device class whose Casts were measured in place inside models
   (:attr:`DeviceCosts.cast_in_place`), that measured fixed cost plus cost per element;
@@ -78,7 +81,8 @@ from ..graph.op_registry import OpRegistry
 from ..graph.shapes import Shape, numel
 from .targets import Device
 
-__all__ = ["DeviceCosts", "DenseBand", "dense_band", "DEVICE_COSTS", "costs_for", "gpu_costs", "TF32_OFF",
+__all__ = ["DeviceCosts", "DenseBand", "dense_band", "elementwise_entry", "X86_BF16_LARGE_ELEMENTWISE",
+           "X86_BF16_LARGE_ELEMENTS", "DEVICE_COSTS", "costs_for", "gpu_costs", "TF32_OFF",
            "GPU_DENSE_EFFICIENCY", "GPU_KERNEL_OVERHEAD", "GPU_HOST_PER_KERNEL", "GPU_LOW_ELEMENTWISE", "NodeCost",
            "node_cost",
            "cast_cost", "DENSE_OPS", "RNN_OPS", "RNN_GRAD_OPS", "ALIAS_OPS", "METADATA_OPS", "misaligned_dims",
@@ -198,6 +202,14 @@ class DeviceCosts:
     #: step: the least estimated gain a whole-step check asks of a rewrite there
     #: (:func:`amp_rewrite.step_check.whole_step_margin`), where it exceeds the planner's 3%.
     unfused_step_error: float = 0.0
+    #: Element-wise ops on tensors of at least ``large_elements`` elements (inputs and outputs
+    #: together), measured in place at those sizes: (float32 time over the memory-bound
+    #: estimate, low-precision time over float32 time), as :attr:`elementwise` is for smaller
+    #: ones.  A kernel's fixed costs and cache-resident data shape the small ratios; streaming
+    #: from memory shapes the large ones.  Ops not listed use :attr:`elementwise`.
+    large_elementwise: Mapping[str, tuple[float, float]] = field(default_factory=lambda: MappingProxyType({}),
+                                                                 hash=False)
+    large_elements: int = 0
 
 
 #: Element-wise ops in bfloat16 on x86 CPUs, measured on this repository's benchmark CPU (AMD
@@ -227,6 +239,27 @@ X86_BF16_ELEMENTWISE: Mapping[str, tuple[float, float]] = MappingProxyType({
     "Sub": (1.0, 1.45), "Mul": (1.0, 1.2), "RealDiv": (1.0, 3.5), "_Swish": (4.4, 1.0),
     "Pad": (1.0, 0.6), "ConcatV2": (1.0, 0.6), "Tile": (1.5, 0.75), "Mean": (1.3, 0.7),
     "Sum": (1.2, 0.8),
+})
+
+#: Element-wise ops on tensors of at least :data:`X86_BF16_LARGE_ELEMENTS` elements (inputs
+#: and outputs), measured in place in bfloat16 on the same CPU (``bench/calibrate_in_place.py
+#: --batch 8``: ResNet50, MobileNetV2, EfficientNetB0, DenseNet121 and InceptionV3 inference at
+#: 224x224, and the first three's training steps at 128x128, 2026-11-27; the dumps and commands
+#: are in ``bench/cpu_runs/2026-11-27-sizes/``).  Same columns as above, but the float32
+#: column is not floored at 1: streaming a large tensor, simple arithmetic runs at 2-5x the
+#: class's memory-bound estimate (whose bandwidth prices the batch-2 tensors, fixed costs
+#: included), and a swish kernel at 0.4 of it, where at batch 2 it took 4.4.  The ratios move
+#: too: Relu and AddV2 lose less in bfloat16 (1.7 and 1.3 rather than 2.4 and 1.6), Relu6
+#: more (4.8), and pooling and slicing, which the small table leaves at the generic 1.2, gain
+#: 30-45% from the halved bytes.  The edge, 2^19 elements, splits the two calibrations: 2% of
+#: the batch-2 element-wise time lies above it, 81% of the batch-8 time.
+X86_BF16_LARGE_ELEMENTS = 2**19
+X86_BF16_LARGE_ELEMENTWISE: Mapping[str, tuple[float, float]] = MappingProxyType({
+    "Mul": (0.38, 1.33), "Mean": (0.86, 0.7), "SquaredDifference": (0.92, 1.26), "Relu": (0.24, 1.73),
+    "Sum": (0.99, 0.62), "AddV2": (0.29, 1.34), "_Swish": (0.4, 0.96), "Sub": (0.49, 1.71),
+    "ConcatV2": (0.39, 0.42), "AddN": (0.22, 2.23), "Tile": (0.96, 0.79), "Pad": (0.44, 0.47),
+    "Sigmoid": (0.85, 3.17), "RealDiv": (0.21, 2.84), "Relu6": (0.17, 4.76), "ReluGrad": (0.28, 1.54),
+    "Relu6Grad": (0.25, 2.31), "MaxPool": (0.68, 0.59), "AvgPool": (0.91, 0.68), "Slice": (0.43, 0.55),
 })
 
 #: Dense ops in bfloat16 on this repository's benchmark CPU, measured in place with
@@ -262,9 +295,15 @@ X86_BF16_DENSE: Mapping[str, tuple[DenseBand, ...]] = MappingProxyType({
                             DenseBand(math.inf, 0.4, 0.5)),
     "Conv2DBackpropFilter": (DenseBand(5e6, 3.8, 1.0), DenseBand(2e7, 1.4, 0.97), DenseBand(2e8, 0.85, 1.0),
                              DenseBand(math.inf, 0.42, 0.66)),
-    "DepthwiseConv2dNative": (DenseBand(math.inf, 3.5, 1.0),),
-    "DepthwiseConv2dNativeBackpropInput": (DenseBand(math.inf, 5.0, 2.45),),
-    "DepthwiseConv2dNativeBackpropFilter": (DenseBand(math.inf, 21.0, 2.5),),
+    # Depthwise convolutions above 5 Mflop were measured at batch 8 (the large element-wise
+    # ops' run, above): the forward one gains a third there, where the small ones gain
+    # nothing, and all of them run far inside the small ones' multiple of the roofline.  The
+    # two filter gradients above 20 Mflop (0.9 and 0.92 in the run) are too few to price;
+    # they keep the band below.
+    "DepthwiseConv2dNative": (DenseBand(5e6, 3.5, 1.0), DenseBand(2e7, 0.43, 0.67), DenseBand(math.inf, 0.38, 0.57)),
+    "DepthwiseConv2dNativeBackpropInput": (DenseBand(5e6, 5.0, 2.45), DenseBand(2e7, 1.05, 2.53),
+                                           DenseBand(math.inf, 0.68, 7.1)),
+    "DepthwiseConv2dNativeBackpropFilter": (DenseBand(5e6, 21.0, 2.5), DenseBand(math.inf, 2.3, 3.06)),
 })
 
 #: The device feature of a GPU whose float32 math is strict FP32: TF32 switched off
@@ -377,7 +416,9 @@ DEVICE_COSTS: dict[str, DeviceCosts] = {
     # keeps the chain's price, since a loop runs its Casts one after another, once per step.
     "cpu-avx512-bf16": DeviceCosts("cpu-avx512-bf16", 40.0, 70.0, 16.0, 1.2, 1.0, 20_000.0, 16, 60.0,
                                    X86_BF16_ELEMENTWISE, cast_in_place=(1_000.0, 0.2),
-                                   low_dense_overhead=20_000.0, dense=X86_BF16_DENSE),
+                                   low_dense_overhead=20_000.0, dense=X86_BF16_DENSE,
+                                   large_elementwise=X86_BF16_LARGE_ELEMENTWISE,
+                                   large_elements=X86_BF16_LARGE_ELEMENTS),
 }
 # AMX in bfloat16: the tiles' dense rates, with the element-wise kernels of any x86 CPU
 # without bf16 arithmetic (above).
@@ -418,6 +459,10 @@ class NodeCost:
     low: float
     flops: float
     misaligned: tuple[int, ...] = ()
+    #: Priced from the device class's measurements of this op at this size (an element-wise
+    #: op listed in :attr:`DeviceCosts.elementwise` or :attr:`DeviceCosts.large_elementwise`),
+    #: so a gain it shows is as sure as its loss.  Dense ops are always priced.
+    measured: bool = False
 
 
 def elements(shape: Shape) -> int:
@@ -594,9 +639,21 @@ def node_cost(
         # to the roofline, and the low-precision ratio, for ops of this size.
         high = (flops / f32_rate + mem_high) * band.scale
         return NodeCost(high, high * band.ratio + fixed, flops, bad)
-    compute, low_ratio = costs.elementwise.get(op, (1.0, costs.low_elementwise))
+    entry = elementwise_entry(costs, op, elems)
+    compute, low_ratio = entry or (1.0, costs.low_elementwise)
     high = mem_high * compute
-    return NodeCost(high, high * low_ratio, 0.0)
+    return NodeCost(high, high * low_ratio, 0.0, measured=entry is not None)
+
+
+def elementwise_entry(costs: DeviceCosts, op: str, elems: int) -> tuple[float, float] | None:
+    """The measured ``(float32 scale, low/float32 ratio)`` of element-wise ``op`` on
+    ``costs``' class for a node reading and writing ``elems`` elements, or ``None`` where the
+    class has not measured it at that size.  Pure."""
+    if costs.large_elements and elems >= costs.large_elements:
+        entry = costs.large_elementwise.get(op)
+        if entry is not None:
+            return entry
+    return costs.elementwise.get(op)
 
 
 def cast_cost(shape: Shape, low_bytes: int, costs: DeviceCosts, *, compiled: bool = False) -> float:

@@ -1,7 +1,8 @@
 """What Grappler removes from a graph before it runs, so that the cost model prices none of it:
 element-wise ops folded into a frozen dense op (constant folding pushes an inference batch
-norm's scale and shift into the weights and a bias, and the remapper fuses the bias and the
-activation after it), and a swish fused into one kernel.
+norm's scale into a convolution's weights, and the remapper fuses the adds after it as a bias
+and the activation behind that bias; which chains fold is measured, :data:`FOLDABLE_AFFINE`),
+and a swish fused into one kernel.
 
 The planner (:mod:`.optimal`) and the whole-step estimate (:mod:`.step_cost`) both read these,
 so that without XLA the step estimate, which checks the planner's plans, prices the graph the
@@ -15,66 +16,129 @@ from typing import Mapping, Sequence
 
 import networkx as nx
 
-__all__ = ["FOLDABLE_AFFINE", "FORWARD_DENSE", "FUSABLE_ACTIVATIONS", "FUSED_SWISH", "is_folded", "swish_parts"]
+__all__ = ["FOLDABLE_AFFINE", "FOLDABLE_BIASES", "FOLDABLE_SCALES", "FORWARD_DENSE", "FUSABLE_ACTIVATIONS",
+           "FUSED_SWISH", "SCALABLE_DENSE", "is_folded", "swish_parts"]
 
 Inputs = Mapping[str, Sequence[tuple[str, int]]]
 
-#: Element-wise ops with one constant operand that Grappler folds into the frozen convolution
-#: or MatMul before them (constant folding pushes the scale and shift of an inference batch
-#: norm into the weights and a bias; the remapper fuses the bias), and the activations the
-#: remapper fuses after such a bias.
-FOLDABLE_AFFINE = frozenset({"Add", "AddV2", "Sub", "Mul", "BiasAdd", "RealDiv"})
+#: How Grappler (TensorFlow 2.21, oneDNN on a CPU) folds the element-wise ops after a dense op
+#: with constant weights, measured with step stats on small graphs in float32 and bfloat16
+#: alike (each row: what ran as a kernel besides the convolution):
+#:
+#: * ``conv * s + b -> Relu6`` (a frozen batch norm, MobileNetV2's): nothing.  Constant folding
+#:   pushes a Mul by a constant directly on a convolution into its weights; the remapper fuses
+#:   the adds of constants after it as the bias, and an activation after that bias;
+#: * ``conv + b1 + b2 -> Relu``: nothing (adds of constants fold into one bias);
+#: * ``BiasAdd(conv, b) * s + t -> Relu`` (a convolution with a bias before its batch norm,
+#:   ResNet50's): Mul, AddV2, Relu.  A Mul after the bias is not pushed into the weights, and
+#:   nothing after it fuses;
+#: * ``(conv - m) * s + b -> Relu``: Sub, Mul, AddV2, Relu (a Sub is not taken as a bias);
+#: * ``conv -> Relu`` and ``conv * s -> Relu``: Relu.  An activation fuses only behind a bias,
+#:   so a zero bias, which Grappler drops (Keras initializes biases to zero), leaves it a kernel;
+#: * ``depthwise * s + b -> Relu6``: Mul, AddV2, Relu6: nothing folds into a depthwise one.
+#:
+#: A MatMul's bias and activation fuse as a convolution's (``_FusedMatMul``), but a Mul is
+#: pushed only into a convolution's weights.
+#: Ops by a constant that scale (folded into a convolution's weights when directly on it;
+#: Grappler turns a division by a constant into a Mul).
+FOLDABLE_SCALES = frozenset({"Mul", "RealDiv"})
+#: Ops by a constant that become the fused bias.
+FOLDABLE_BIASES = frozenset({"Add", "AddV2", "BiasAdd"})
+#: Either: what may stand between a dense op and its fused activation.
+FOLDABLE_AFFINE = FOLDABLE_SCALES | FOLDABLE_BIASES
+#: Activations the remapper fuses behind a bias.
 FUSABLE_ACTIVATIONS = frozenset({"Relu", "Relu6", "Elu", "LeakyRelu"})
-FORWARD_DENSE = frozenset({"Conv2D", "Conv3D", "DepthwiseConv2dNative", "MatMul", "_FusedConv2D",
-                           "_FusedMatMul"})
+#: Convolutions whose weights a Mul by a constant is pushed into.
+SCALABLE_DENSE = frozenset({"Conv2D", "Conv3D", "_FusedConv2D"})
+#: Dense ops the remapper fuses a bias and an activation into.
+FORWARD_DENSE = SCALABLE_DENSE | frozenset({"MatMul", "_FusedMatMul"})
+
+# The states of a chain from a dense op outwards (:func:`_fold_states`).
+_SCALING, _BIASED, _ACTIVATED, _UNFOLDED = range(4)
+
+
+def _step(state: int, op: str, scalable: bool) -> int:
+    """The state after element-wise ``op`` in a chain that was in ``state`` (see the table
+    above): scales only directly on a scalable convolution, biases until an activation, one
+    activation behind a bias."""
+    if op in FOLDABLE_SCALES and state == _SCALING and scalable:
+        return _SCALING
+    if op in FOLDABLE_BIASES and state in (_SCALING, _BIASED):
+        return _BIASED
+    if op in FUSABLE_ACTIVATIONS and state == _BIASED:
+        return _ACTIVATED
+    return _UNFOLDED
 
 
 def is_folded(g: nx.MultiDiGraph, ops: Mapping[str, str], inputs: Inputs, name: str, consts: frozenset[str],
-              memo: dict[str, bool]) -> bool:
+              memo: dict[str, tuple[int, bool]]) -> bool:
     """Whether element-wise ``name`` of ``g`` disappears when the graph is loaded, folded or
     fused into the dense op with constant weights (``consts``: the constant nodes) before it,
-    through other such ops, each the only consumer of its input.  ``ops`` and ``inputs`` are
-    ``g``'s ops and data inputs by node.  Such a node costs nothing at run time in either
-    precision: pricing it as a kernel, as the model prices other element-wise ops, charged
-    every batch norm of a frozen model as if it ran and kept its convolutions float32.
+    through a chain of ops each the only consumer of its input, as the table above says
+    Grappler does.  ``ops`` and ``inputs`` are ``g``'s ops and data inputs by node.  Such a
+    node costs nothing at run time in either precision: pricing it as a kernel, as the model
+    prices other element-wise ops, charged every batch norm of a frozen model as if it ran
+    and kept its convolutions float32.
 
-    Mutates only ``memo``, the cache of answers (node name -> folded), which it fills for
-    every node it walks through.  Iterative: the walk follows a chain of single-input ops
-    upstream, and a chain of 100,000 Relus is a valid graph, so recursing once per node
-    would overflow Python's stack.  A node met again on the walk (a cycle, which only a
-    malformed loop could make) counts as not folded.
+    Mutates only ``memo``, the callers' cache (node -> the state of the chain ending there,
+    and whether its dense op takes scales), which it fills for every node it walks through.
+    Iterative: the walk follows a chain of single-input ops upstream, and a chain of 100,000
+    Relus is a valid graph, so recursing once per node would overflow Python's stack; asked
+    in topological order, each walk stops at the previous node's answer.  A node met again
+    on the walk (a cycle, which only a malformed loop could make) counts as not folded.
     """
-    path: list[str] = []
+    if name not in memo:
+        _fill_chain(g, ops, inputs, name, consts, memo)
+    return memo[name][0] != _UNFOLDED
+
+
+def _link(g: nx.MultiDiGraph, ops: Mapping[str, str], inputs: Inputs, name: str,
+          consts: frozenset[str]) -> str | None:
+    """The input ``name`` folds onto: its one non-constant input, when ``name`` is an op by a
+    constant or an activation and is that input's only consumer; else ``None``."""
+    op, ins = ops[name], inputs[name]
+    src = None
+    if op in FOLDABLE_AFFINE and len(ins) == 2:
+        variable = [i for i in ins if i[0] not in consts]
+        src = variable[0][0] if len(variable) == 1 else None
+    elif op in FUSABLE_ACTIVATIONS and len(ins) == 1:
+        src = ins[0][0]
+    if src is None or sum(1 for _ in g.successors(src)) != 1:
+        return None
+    return src
+
+
+def _fill_chain(g: nx.MultiDiGraph, ops: Mapping[str, str], inputs: Inputs, name: str, consts: frozenset[str],
+                memo: dict[str, tuple[int, bool]]) -> None:
+    """Sets ``memo`` for ``name`` and every node on its chain up to a dense op with constant
+    weights or a node already answered (see :func:`is_folded`)."""
+    chain: list[str] = []
+    seen: set[str] = set()
+    start: tuple[int, bool] = (_UNFOLDED, False)
     x = name
-    while True:
-        got = memo.get(x)
-        if got is not None:
-            # Answered before, or on the current walk (a cycle): seeded False below.
-            answer = got
+    while x not in seen:
+        seen.add(x)
+        src = _link(g, ops, inputs, x, consts)
+        if src is None:
+            chain.append(x)
             break
-        # Seed False before following the input, so that a cycle ends the walk unfolded.
-        memo[x] = False
-        path.append(x)
-        op, ins = ops[x], inputs[x]
-        src = None
-        if op in FOLDABLE_AFFINE and len(ins) == 2:
-            variable = [i for i in ins if i[0] not in consts]
-            src = variable[0][0] if len(variable) == 1 else None
-        elif op in FUSABLE_ACTIVATIONS and len(ins) == 1:
-            src = ins[0][0]
-        if src is None or sum(1 for _ in g.successors(src)) != 1:
-            answer = False
-            break
+        chain.append(x)
         src_ins = inputs[src]
         if ops[src] in FORWARD_DENSE and len(src_ins) > 1 and src_ins[1][0] in consts:
-            answer = True
+            start = (_SCALING, ops[src] in SCALABLE_DENSE)
             break
-        # Otherwise ``x`` is folded exactly when its single-consumer input ``src`` is.
+        if src in memo:
+            start = memo[src]
+            break
         x = src
-    # Every node on the path is folded exactly when the last one is.
-    for y in path:
-        memo[y] = answer
-    return answer
+    else:
+        start = (_UNFOLDED, False)  # a cycle
+    if chain and _link(g, ops, inputs, chain[-1], consts) is None:
+        start = (_UNFOLDED, False)
+    state, scalable = start
+    for y in reversed(chain):
+        state = _step(state, ops[y], scalable) if state != _UNFOLDED else _UNFOLDED
+        memo[y] = (state, scalable)
 
 
 #: The fused swish kernel's name in a device class's element-wise table

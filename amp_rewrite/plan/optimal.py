@@ -297,7 +297,7 @@ def _unary_costs(p: PaintingState, free: list[bool], pricing: _Pricing, shape_aw
     cost_high = [0.0] * n
     cost_low = [0.0] * n
     misaligned: dict[str, tuple[int, ...]] = {}
-    folded: dict[str, bool] = {}
+    folded: dict[str, tuple[int, bool]] = {}  # grappler_folds.is_folded's cache
     consts = _constant_nodes(p)
     # A swish is priced as one fused kernel, on its Sigmoid, where the device has the fusion;
     # its Muls cost nothing more.
@@ -323,10 +323,10 @@ def _unary_costs(p: PaintingState, free: list[bool], pricing: _Pricing, shape_aw
         device = pricing.costs_of(name)
         nc = node_cost(priced, ins, outs, 2, device, shape_aware=shape_aware,
                        constant_weights=weights is not None and weights in consts, compiled=compiled)
-        if op in DENSE_OPS or priced in device.elementwise or compiled:
-            # Dense ops, element-wise ops whose time on this device class was measured, and,
-            # under XLA, every element-wise op: fused, it costs the bytes of its output, as a
-            # Cast does, so its gain is as sure as the Cast's price.  (Dropping it, the
+        if op in DENSE_OPS or nc.measured or compiled:
+            # Dense ops, element-wise ops whose time on this device class was measured at
+            # this size, and, under XLA, every element-wise op: fused, it costs the bytes of
+            # its output, as a Cast does, so its gain is as sure as the Cast's price.  (Dropping it, the
             # optimal plans of ResNet50, MobileNetV2 and EfficientNetB0 under XLA were
             # estimated 7%, 15% and 30% slower than the default profile's on an H200.)
             cost_high[carrier] += nc.high

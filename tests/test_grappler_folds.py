@@ -1,0 +1,145 @@
+"""What Grappler folds into a frozen dense op (``amp_rewrite.plan.grappler_folds``): the rules
+measured on TensorFlow 2.21 with oneDNN, one graph per row of the module's table, and the
+walk's limits (long chains, several consumers, cycles)."""
+
+from __future__ import annotations
+
+import networkx as nx
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from amp_rewrite.graph.tensor_names import parse_graph_input
+from amp_rewrite.plan import grappler_folds
+from graphs import graph_def, v1
+
+
+def _const(*shape: int) -> tf.Tensor:
+    return tf.constant(np.full(shape, 0.5, np.float32))
+
+
+def _conv(x: tf.Tensor) -> tf.Tensor:
+    return tf.nn.conv2d(x, _const(1, 1, 4, 4), 1, "SAME", name="conv")
+
+
+def _folded(build_tail) -> dict[str, bool]:
+    """``is_folded`` for every element-wise node of ``x -> build_tail(x) -> out``, asked in
+    topological order as the planner and the step estimate ask."""
+    def build() -> None:
+        x = v1.placeholder(tf.float32, (1, 8, 8, 4), name="x")
+        tf.identity(build_tail(x), name="out")
+
+    gd = graph_def(build)
+    ops = {n.name: n.op for n in gd.node}
+    inputs = {n.name: [(parse_graph_input(i).node, parse_graph_input(i).port) for i in n.input
+                       if not i.startswith("^")] for n in gd.node}
+    g = nx.MultiDiGraph()
+    for n in gd.node:
+        g.add_node(n.name)
+        for src, _ in inputs[n.name]:
+            g.add_edge(src, n.name)
+    consts = frozenset(n for n, op in ops.items() if op == "Const")
+    memo: dict = {}
+    watched = grappler_folds.FOLDABLE_AFFINE | grappler_folds.FUSABLE_ACTIVATIONS | {"Sub"}
+    return {n: grappler_folds.is_folded(g, ops, inputs, n, consts, memo) for n in nx.topological_sort(g)
+            if ops[n] in watched}
+
+
+@pytest.mark.parametrize("tail, expected", [
+    # A frozen batch norm after a convolution without a bias (MobileNetV2): all of it.
+    (lambda x: tf.nn.relu6(tf.add(tf.multiply(_conv(x), _const(4), name="s"), _const(4), name="t"), name="act"),
+     {"s": True, "t": True, "act": True}),
+    # Two adds of constants become one bias.
+    (lambda x: tf.nn.relu(tf.add(tf.add(_conv(x), _const(4), name="b1"), _const(4), name="b2"), name="act"),
+     {"b1": True, "b2": True, "act": True}),
+    # A convolution's own bias, then a batch norm (ResNet50): only the bias.
+    (lambda x: tf.nn.relu(tf.add(tf.multiply(tf.nn.bias_add(_conv(x), _const(4), name="b"), _const(4), name="s"),
+                                 _const(4), name="t"), name="act"),
+     {"b": True, "s": False, "t": False, "act": False}),
+    # A Sub is not taken as a bias, and nothing after it folds.
+    (lambda x: tf.nn.relu(tf.multiply(tf.subtract(_conv(x), _const(4), name="c"), _const(4), name="s"), name="act"),
+     {"c": False, "s": False, "act": False}),
+    # No bias: the scale folds into the weights, the activation does not fuse.
+    (lambda x: tf.nn.relu(tf.multiply(_conv(x), _const(4), name="s"), name="act"), {"s": True, "act": False}),
+    (lambda x: tf.nn.relu(_conv(x), name="act"), {"act": False}),
+    # After a bias a scale is not folded.
+    (lambda x: tf.nn.relu(tf.multiply(tf.add(_conv(x), _const(4), name="b"), _const(4), name="s"), name="act"),
+     {"b": True, "s": False, "act": False}),
+    # Nothing folds into a depthwise convolution.
+    (lambda x: tf.nn.relu6(tf.add(tf.multiply(tf.nn.depthwise_conv2d(x, _const(3, 3, 4, 1), [1, 1, 1, 1], "SAME"),
+                                              _const(4), name="s"), _const(4), name="t"), name="act"),
+     {"s": False, "t": False, "act": False}),
+    # A MatMul takes a bias and an activation, but no scale.
+    (lambda x: tf.nn.relu(tf.add(tf.matmul(tf.reshape(x, (4, 64)), _const(64, 4)), _const(4), name="b"), name="act"),
+     {"b": True, "act": True}),
+    (lambda x: tf.nn.relu(tf.add(tf.multiply(tf.matmul(tf.reshape(x, (4, 64)), _const(64, 4)), _const(4), name="s"),
+                                 _const(4), name="b"), name="act"),
+     {"s": False, "b": False, "act": False}),
+])
+def test_what_grappler_folds_after_a_frozen_dense_op(tail, expected):
+    assert _folded(tail) == expected
+
+
+def test_a_fed_weight_or_a_second_reader_stops_the_fold():
+    def fed(x):
+        w = v1.placeholder(tf.float32, (1, 1, 4, 4), name="w")
+        return tf.nn.relu(tf.add(tf.nn.conv2d(x, w, 1, "SAME"), _const(4), name="b"), name="act")
+
+    assert _folded(fed) == {"b": False, "act": False}
+
+    def shared(x):
+        c = _conv(x)
+        biased = tf.add(c, _const(4), name="b")
+        return tf.nn.relu(biased, name="act") + tf.reduce_sum(c)
+
+    folded = _folded(shared)
+    assert folded["b"] is False and folded["act"] is False
+
+
+def test_a_long_chain_is_answered_without_recursion():
+    """A chain of 20,000 ops is a valid graph: the walk is iterative, and each answer stops
+    at the previous one's (asked in order), so the whole chain costs linear time."""
+    def tail(x):
+        h = tf.add(_conv(x), _const(4), name="b")
+        h = tf.nn.relu(h, name="act")
+        for i in range(20_000):
+            h = tf.nn.relu(h, name=f"r{i}")
+        return h
+
+    folded = _folded(tail)
+    assert folded["b"] and folded["act"] and not folded["r0"] and not folded["r19999"]
+
+
+def test_the_fold_rules_agree_with_grapplers_own_folding():
+    """Differential: for every pattern of ``bench/fold_probe.py``, the element-wise kernels
+    TensorFlow's Grappler leaves running (step stats of a session as users run one) are
+    exactly the nodes ``is_folded`` says are not folded.  Small inputs, float32 (the probe
+    found bfloat16 alike on TensorFlow 2.21)."""
+    import collections
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+    import fold_probe
+
+    elementwise = grappler_folds.FOLDABLE_AFFINE | grappler_folds.FUSABLE_ACTIVATIONS | {"Sub"}
+    shape = (1, 8, 8, 64)
+    for name, pattern in fold_probe.PATTERNS.items():
+        if "zero bias" in name:
+            continue  # Grappler drops an add of zeros by its value, which the rules do not read
+        graph, _, _ = fold_probe.build(pattern, tf.float32, shape)
+        gd = graph.as_graph_def()
+        ops = {n.name: n.op for n in gd.node}
+        inputs = {n.name: [(parse_graph_input(i).node, parse_graph_input(i).port) for i in n.input
+                           if not i.startswith("^")] for n in gd.node}
+        g = nx.MultiDiGraph()
+        for n in gd.node:
+            g.add_node(n.name)
+            for src, _ in inputs[n.name]:
+                g.add_edge(src, n.name)
+        consts = frozenset(n for n, op in ops.items() if op == "Const")
+        memo: dict = {}
+        predicted = collections.Counter(ops[n] for n in nx.topological_sort(g) if ops[n] in elementwise
+                                        and not grappler_folds.is_folded(g, ops, inputs, n, consts, memo))
+        ran = {k: v for k, v in fold_probe.kernels(pattern, tf.float32, shape).items() if k in elementwise}
+        assert dict(predicted) == ran, name
