@@ -4,6 +4,7 @@ Usage::
 
     python bench/calibrate_casts.py                                   # efficientnetb0/inference
     python bench/calibrate_casts.py --graph resnet50/inference --count 24 --rounds 15
+    python bench/calibrate_casts.py --graph efficientnetb0@224/inference --batch 8 --weights trained
 
 A Cast the planner inserts sits on the data path of a real graph, between ops that the
 executor may run in parallel with others.  Its cost there is not the cost of a Cast in a
@@ -126,10 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--count", type=int, default=16, help="round trips per variant (2 Casts each)")
     ap.add_argument("--rounds", type=int, default=11)
     ap.add_argument("--iters", type=int, default=10, help="steps per timing sample")
+    models.add_model_options(ap)
     args = ap.parse_args(argv)
-    models.register()
+    models.apply_model_options(args)
 
-    item = corpus.build(args.graph)
+    item = corpus.build(models.resolve_items([args.graph])[0])
     gd = item.graph_def
     cands = _candidates(gd, set(item.fetches), item.variables)
     if len(cands) < 2 * args.count:

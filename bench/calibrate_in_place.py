@@ -53,7 +53,7 @@ import bench  # noqa: E402  (Runner: a session as users run one)
 from amp_rewrite.plan.cost_model import DENSE_OPS, DEVICE_COSTS, X86_BF16_DENSE, elements, node_cost  # noqa: E402
 from amp_rewrite.graph.shapes import check_variable_shapes, graph_shapes  # noqa: E402
 from amp_rewrite.graph.tensor_names import parse_graph_input  # noqa: E402
-from models import WEIGHTS, corpus, register, resolve_items, set_batch, set_weights  # noqa: E402
+from models import add_model_options, apply_model_options, corpus, resolve_items  # noqa: E402
 
 DEFAULT_ITEMS = tuple(f"{model}/{kind}" for model in ("efficientnetb0", "mobilenetv2", "resnet50",
                                                         "densenet121", "inceptionv3", "vgg16", "bert_like")
@@ -148,7 +148,9 @@ def calibrate(items: list[str], cls: str, rounds: int,
     shapes of its inputs and outputs,
     and for dense ops whether its weights are constant).
     """
-    bare = replace(DEVICE_COSTS[cls], elementwise=MappingProxyType({}), dense=MappingProxyType({}))
+    # The class's roofline alone: its measured tables (the large tensors' too) set aside.
+    bare = replace(DEVICE_COSTS[cls], elementwise=MappingProxyType({}), dense=MappingProxyType({}),
+                   large_elementwise=MappingProxyType({}))
     overhead_us = bare.low_dense_overhead / 1e3
     acc: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0, 0.0])
     for name in items:
@@ -188,7 +190,8 @@ def calibrate(items: list[str], cls: str, rounds: int,
             a[3] += 1
             a[4] += statistics.median(t16) - fixed
             if rows is not None:
-                rows.append({"item": name, "batch": corpus.BATCH, "node": head, "op": op, "flops": priced.flops, "model_us": model,
+                rows.append({"item": name, "batch": corpus.BATCH, "node": head, "op": op, "flops": priced.flops,
+                             "model_us": model,
                              "f32_us": statistics.median(t32), "bf16_us": statistics.median(t16),
                              "elements": sum(elements(s) for s in (*ins, *outs)),
                              "in_shapes": ins, "out_shapes": outs,
@@ -204,15 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sessions", type=int, default=3, help="pairs of fresh sessions the rounds are spread over")
     ap.add_argument("--min-us", type=float, default=300.0, help="leave out ops with less float32 time")
     ap.add_argument("--dump", metavar="JSON", help="also write every node's times here")
-    ap.add_argument("--batch", type=int, default=corpus.BATCH,
-                    help="examples per step (items named model@side/kind are built at that input size)")
-    ap.add_argument("--weights", choices=WEIGHTS, default="init",
-                    help="the models' weights: Keras's initial ones (the class's batch-2 tables were measured so), "
-                         "or a trained model's biases and batch-norm statistics (models.trained_like)")
+    # The class's batch-2 tables were measured with Keras's initial weights.
+    add_model_options(ap, weights="init")
     args = ap.parse_args(argv)
-    register()
-    set_batch(args.batch)
-    set_weights(args.weights)
+    apply_model_options(args)
     rows: list[dict] = []
     acc = calibrate(resolve_items(args.items.split(",")), args.cls, args.rounds, rows, args.sessions)
     if args.dump:

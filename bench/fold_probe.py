@@ -51,7 +51,8 @@ def _matmul(x: tf.Tensor) -> tf.Tensor:
 
 #: name -> the ops after the input ``x`` (8x56x56x64); constants are 0.5 unless said.
 PATTERNS: dict[str, Callable[[tf.Tensor], tf.Tensor]] = {
-    "conv * s + t -> relu6 (frozen batch norm)": lambda x: tf.nn.relu6(_conv(x) * _const(x.dtype, 64) + _const(x.dtype, 64)),
+    "conv * s + t -> relu6 (frozen batch norm)":
+        lambda x: tf.nn.relu6(_conv(x) * _const(x.dtype, 64) + _const(x.dtype, 64)),
     "conv + b1 + b2 -> relu": lambda x: tf.nn.relu(_conv(x) + _const(x.dtype, 64) + _const(x.dtype, 64)),
     "bias_add(conv, b) * s + t -> relu (bias, then batch norm)":
         lambda x: tf.nn.relu(tf.nn.bias_add(_conv(x), _const(x.dtype, 64)) * _const(x.dtype, 64) + _const(x.dtype, 64)),
@@ -59,11 +60,22 @@ PATTERNS: dict[str, Callable[[tf.Tensor], tf.Tensor]] = {
                                                        + _const(x.dtype, 64)),
     "conv * s -> relu (no bias)": lambda x: tf.nn.relu(_conv(x) * _const(x.dtype, 64)),
     "conv -> relu": lambda x: tf.nn.relu(_conv(x)),
-    "bias_add(conv, 0) -> relu (a zero bias)": lambda x: tf.nn.relu(tf.nn.bias_add(_conv(x), _const(x.dtype, 64, value=0.0))),
+    "bias_add(conv, 0) -> relu (a zero bias)":
+        lambda x: tf.nn.relu(tf.nn.bias_add(_conv(x), _const(x.dtype, 64, value=0.0))),
     "(conv + b) * s -> relu": lambda x: tf.nn.relu((_conv(x) + _const(x.dtype, 64)) * _const(x.dtype, 64)),
     "depthwise * s + t -> relu6": lambda x: tf.nn.relu6(
         tf.nn.depthwise_conv2d(x, _const(x.dtype, 3, 3, 64, 1), [1, 1, 1, 1], "SAME") * _const(x.dtype, 64)
         + _const(x.dtype, 64)),
+    "depthwise + b -> relu6": lambda x: tf.nn.relu6(
+        tf.nn.depthwise_conv2d(x, _const(x.dtype, 3, 3, 64, 1), [1, 1, 1, 1], "SAME") + _const(x.dtype, 64)),
+    "conv * scalar + b -> relu": lambda x: tf.nn.relu(_conv(x) * _const(x.dtype) + _const(x.dtype, 64)),
+    "conv + scalar -> relu": lambda x: tf.nn.relu(_conv(x) + _const(x.dtype)),
+    "conv * s[1,1,1,C] + t[1,1,1,C] -> relu (Keras's reshaped batch norm)":
+        lambda x: tf.nn.relu(_conv(x) * _const(x.dtype, 1, 1, 1, 64) + _const(x.dtype, 1, 1, 1, 64)),
+    "conv * map + b -> relu": lambda x: tf.nn.relu(_conv(x) * _const(x.dtype, 1, *x.shape[1:]) + _const(x.dtype, 64)),
+    "conv + map -> relu (a whole feature map)": lambda x: tf.nn.relu(_conv(x) + _const(x.dtype, 1, *x.shape[1:])),
+    "c / conv + b -> relu": lambda x: tf.nn.relu(_const(x.dtype, 64) / _conv(x) + _const(x.dtype, 64)),
+    "conv / c + b -> relu": lambda x: tf.nn.relu(_conv(x) / _const(x.dtype, 64) + _const(x.dtype, 64)),
     "matmul + b -> relu": lambda x: tf.nn.relu(_matmul(x) + _const(x.dtype, 64)),
     "matmul * s + t -> relu": lambda x: tf.nn.relu(_matmul(x) * _const(x.dtype, 64) + _const(x.dtype, 64)),
 }

@@ -22,7 +22,8 @@
 #             BERT; then the LSTM (no XLA for cuDNN's layer in Keras), whose optimal step is
 #             forecast to convert; then ResNet50 with TF32 off in a process of its own.
 #   nodes     Per-node times without XLA (float32, TF32 off, ours default and optimal) for
-#             bench/calibrate_gpu_in_place.py, which prices the same nodes here.
+#             bench/calibrate_gpu_in_place.py, which prices the same nodes here; then which
+#             element-wise ops Grappler folds into a frozen convolution on the GPU.
 #   more      Workloads never measured, with the done-when variants, as far as 520 s go.
 #
 # The benchmarks and profiles rewrite their files as they go (gpu_bench after each workload,
@@ -81,9 +82,13 @@ train)
         --out "$out/gpu_strict_alone.md"
     ;;
 nodes)
-    step timeout 540 python3 bench/gpu_profile.py --workloads resnet50-train-b64,bert_base-train-b32 \
+    step timeout 500 python3 bench/gpu_profile.py --workloads resnet50-train-b64,bert_base-train-b32 \
         --variants float32,float32_strict,ours_default,ours_optimal --nodes --steps 3 \
         --out "$out/nodes.json"
+    # What Grappler folds into a frozen convolution on this GPU (amp_rewrite/plan/
+    # grappler_folds.py encodes what it folds with oneDNN on a CPU; the planner applies it to
+    # GPU targets too, unmeasured).
+    step timeout 90 sh -c "python3 -u bench/fold_probe.py > '$out/fold_probe.txt'"
     ;;
 more)
     step timeout 560 python3 bench/gpu_bench.py \

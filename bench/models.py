@@ -19,7 +19,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 import corpus  # noqa: E402  (tests/corpus.py: builders and runners shared with the tests)
 
 __all__ = ["corpus", "BENCH_MODELS", "QUICK_MODELS", "ALL_MODELS", "item_names", "register", "resized",
-           "resolve_items", "set_batch", "set_weights", "trained_like", "WEIGHTS"]
+           "resolve_items", "set_batch", "set_weights", "trained_like", "WEIGHTS", "add_model_options",
+           "apply_model_options"]
 
 
 def _keras():
@@ -181,6 +182,25 @@ def set_weights(kind: str) -> None:
     if kind not in WEIGHTS:
         raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, got {kind!r}")
     corpus.PREPARE_MODEL = trained_like if kind == "trained" else None
+
+
+def add_model_options(ap, *, batch: int | None = None, weights: str = "init") -> None:
+    """Adds ``--batch`` and ``--weights`` to a tool's argument parser ``ap`` (mutates it);
+    :func:`apply_model_options` carries them out.  Defaults: the corpus' batch, and
+    ``weights``."""
+    ap.add_argument("--batch", type=int, default=batch or corpus.BATCH,
+                    help="examples per step (an item's input size is its model@side name's)")
+    ap.add_argument("--weights", choices=WEIGHTS, default=weights,
+                    help="the models' weights: Keras's initial ones, or a trained model's biases and batch-norm "
+                         "statistics (trained_like: what Grappler folds into a frozen graph depends on them)")
+
+
+def apply_model_options(args) -> None:
+    """Registers the benchmark's models and builds every item from now on with ``args``'
+    ``--batch`` and ``--weights`` (:func:`add_model_options`).  Mutates the corpus module."""
+    register()
+    set_batch(args.batch)
+    set_weights(args.weights)
 
 
 def set_batch(batch: int) -> None:

@@ -32,7 +32,7 @@ sys.path[:0] = [os.path.join(HERE, ".."), HERE]
 
 import amp_rewrite  # noqa: E402
 import bench  # noqa: E402
-from models import WEIGHTS, corpus, register, resolve_items, set_batch, set_weights  # noqa: E402
+from models import add_model_options, apply_model_options, corpus, resolve_items  # noqa: E402
 
 __all__ = ["check_item", "markdown", "main"]
 
@@ -89,18 +89,13 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--items", required=True, help="model@side/kind items, comma-separated")
-    ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--iters", type=int, default=3, help="steps per timing sample")
     ap.add_argument("--sessions", type=int, default=3)
     ap.add_argument("--out", default=".")
-    ap.add_argument("--weights", choices=WEIGHTS, default="trained",
-                    help="the models' weights: Keras's initial ones, or a trained model's biases and batch-norm "
-                         "statistics (models.trained_like: what Grappler folds depends on them)")
+    add_model_options(ap, batch=8, weights="trained")
     args = ap.parse_args(argv)
-    register()
-    set_batch(args.batch)
-    set_weights(args.weights)
+    apply_model_options(args)
     rows = []
     for name in resolve_items(args.items.split(",")):
         rows.append(check_item(name, args.rounds, args.iters, args.sessions))

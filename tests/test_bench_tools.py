@@ -224,3 +224,23 @@ def test_sizes_check_tables_measured_against_estimated_ratios():
            "estimated": {"tensorflow": 0.681, "optimal": 0.681}, "optimal_low_nodes": 495, "optimal_casts": 215}
     table = sizes_check.markdown([row])
     assert "| resnet50@224/inference | 8 | 340.0 (0.4%) | 0.631 / 0.681 | 0.630 / 0.681 | 495, 215 | 9 |" in table
+
+
+def test_model_options_and_kernel_names():
+    """The tools share ``--batch``/``--weights`` (``models.add_model_options``); the step
+    breakdown charges oneDNN's fused kernels to the op at their head."""
+    import argparse
+
+    import models
+    import step_breakdown
+
+    ap = argparse.ArgumentParser()
+    models.add_model_options(ap, batch=8, weights="trained")
+    args = ap.parse_args([])
+    assert (args.batch, args.weights) == (8, "trained")
+    assert ap.parse_args(["--batch", "4", "--weights", "init"]).batch == 4
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--weights", "pretrained"])
+    assert [step_breakdown.kernel_op(k) for k in ("_MklNativeFusedConv2D", "_MklNativePadWithConv2D", "_MklMatMul",
+                                                  "_MklNativeFusedMatMul", "Relu", "_MklSwish")] == [
+        "Conv2D", "Conv2D", "MatMul", "MatMul", "Relu", "Sigmoid"]

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from amp_rewrite.graph.shapes import graph_shapes
 from amp_rewrite.graph.tensor_names import parse_graph_input
 from amp_rewrite.plan import grappler_folds
 from graphs import graph_def, v1
@@ -22,27 +23,34 @@ def _conv(x: tf.Tensor) -> tf.Tensor:
     return tf.nn.conv2d(x, _const(1, 1, 4, 4), 1, "SAME", name="conv")
 
 
-def _folded(build_tail) -> dict[str, bool]:
-    """``is_folded`` for every element-wise node of ``x -> build_tail(x) -> out``, asked in
-    topological order as the planner and the step estimate ask."""
-    def build() -> None:
-        x = v1.placeholder(tf.float32, (1, 8, 8, 4), name="x")
-        tf.identity(build_tail(x), name="out")
+#: The element-wise ops whose folding the tests check.
+WATCHED = grappler_folds.FOLDABLE_AFFINE | grappler_folds.FUSABLE_ACTIVATIONS | {"Sub"}
 
-    gd = graph_def(build)
+
+def _answers(gd) -> dict[str, tuple[str, bool]]:
+    """``(op, is_folded)`` for every watched node of ``gd``, asked in topological order as the
+    planner and the step estimate ask."""
     ops = {n.name: n.op for n in gd.node}
     inputs = {n.name: [(parse_graph_input(i).node, parse_graph_input(i).port) for i in n.input
                        if not i.startswith("^")] for n in gd.node}
-    g = nx.MultiDiGraph()
+    g = nx.MultiDiGraph(shapes=graph_shapes(gd))
     for n in gd.node:
         g.add_node(n.name)
         for src, _ in inputs[n.name]:
             g.add_edge(src, n.name)
     consts = frozenset(n for n, op in ops.items() if op == "Const")
     memo: dict = {}
-    watched = grappler_folds.FOLDABLE_AFFINE | grappler_folds.FUSABLE_ACTIVATIONS | {"Sub"}
-    return {n: grappler_folds.is_folded(g, ops, inputs, n, consts, memo) for n in nx.topological_sort(g)
-            if ops[n] in watched}
+    return {n: (ops[n], grappler_folds.is_folded(g, ops, inputs, n, consts, memo)) for n in nx.topological_sort(g)
+            if ops[n] in WATCHED}
+
+
+def _folded(build_tail) -> dict[str, bool]:
+    """``is_folded`` for every watched node of ``x -> build_tail(x) -> out``."""
+    def build() -> None:
+        x = v1.placeholder(tf.float32, (1, 8, 8, 4), name="x")
+        tf.identity(build_tail(x), name="out")
+
+    return {n: folded for n, (_, folded) in _answers(graph_def(build)).items()}
 
 
 @pytest.mark.parametrize("tail, expected", [
@@ -69,6 +77,26 @@ def _folded(build_tail) -> dict[str, bool]:
     (lambda x: tf.nn.relu6(tf.add(tf.multiply(tf.nn.depthwise_conv2d(x, _const(3, 3, 4, 1), [1, 1, 1, 1], "SAME"),
                                               _const(4), name="s"), _const(4), name="t"), name="act"),
      {"s": False, "t": False, "act": False}),
+    # A bias and an activation fuse into a depthwise convolution without a scale before them.
+    (lambda x: tf.nn.relu6(tf.add(tf.nn.depthwise_conv2d(x, _const(3, 3, 4, 1), [1, 1, 1, 1], "SAME"), _const(4),
+                                  name="b"), name="act"),
+     {"b": True, "act": True}),
+    # A bias is a vector, a scale a vector or a scalar: a whole map runs, and so does a
+    # constant numerator.
+    (lambda x: tf.nn.relu(tf.add(tf.multiply(_conv(x), tf.constant(0.5), name="s"), _const(4), name="b"), name="act"),
+     {"s": True, "b": True, "act": True}),
+    (lambda x: tf.nn.relu(tf.add(_conv(x), tf.constant(0.5), name="b"), name="act"), {"b": False, "act": False}),
+    (lambda x: tf.nn.relu(tf.add(tf.multiply(_conv(x), _const(1, 1, 1, 4), name="s"), _const(1, 1, 1, 4), name="b"),
+                          name="act"),
+     {"s": True, "b": True, "act": True}),
+    (lambda x: tf.nn.relu(tf.add(tf.multiply(_conv(x), _const(1, 8, 8, 4), name="s"), _const(4), name="b"),
+                          name="act"),
+     {"s": False, "b": False, "act": False}),
+    (lambda x: tf.nn.relu(tf.add(_conv(x), _const(1, 8, 8, 4), name="b"), name="act"), {"b": False, "act": False}),
+    (lambda x: tf.nn.relu(tf.add(tf.math.divide(_const(4), _conv(x), name="d"), _const(4), name="b"), name="act"),
+     {"d": False, "b": False, "act": False}),
+    (lambda x: tf.nn.relu(tf.add(tf.math.divide(_conv(x), _const(4), name="d"), _const(4), name="b"), name="act"),
+     {"d": True, "b": True, "act": True}),
     # A MatMul takes a bias and an activation, but no scale.
     (lambda x: tf.nn.relu(tf.add(tf.matmul(tf.reshape(x, (4, 64)), _const(64, 4)), _const(4), name="b"), name="act"),
      {"b": True, "act": True}),
@@ -122,24 +150,11 @@ def test_the_fold_rules_agree_with_grapplers_own_folding():
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
     import fold_probe
 
-    elementwise = grappler_folds.FOLDABLE_AFFINE | grappler_folds.FUSABLE_ACTIVATIONS | {"Sub"}
     shape = (1, 8, 8, 64)
     for name, pattern in fold_probe.PATTERNS.items():
         if "zero bias" in name:
             continue  # Grappler drops an add of zeros by its value, which the rules do not read
         graph, _, _ = fold_probe.build(pattern, tf.float32, shape)
-        gd = graph.as_graph_def()
-        ops = {n.name: n.op for n in gd.node}
-        inputs = {n.name: [(parse_graph_input(i).node, parse_graph_input(i).port) for i in n.input
-                           if not i.startswith("^")] for n in gd.node}
-        g = nx.MultiDiGraph()
-        for n in gd.node:
-            g.add_node(n.name)
-            for src, _ in inputs[n.name]:
-                g.add_edge(src, n.name)
-        consts = frozenset(n for n, op in ops.items() if op == "Const")
-        memo: dict = {}
-        predicted = collections.Counter(ops[n] for n in nx.topological_sort(g) if ops[n] in elementwise
-                                        and not grappler_folds.is_folded(g, ops, inputs, n, consts, memo))
-        ran = {k: v for k, v in fold_probe.kernels(pattern, tf.float32, shape).items() if k in elementwise}
+        predicted = collections.Counter(op for op, folded in _answers(graph.as_graph_def()).values() if not folded)
+        ran = {k: v for k, v in fold_probe.kernels(pattern, tf.float32, shape).items() if k in WATCHED}
         assert dict(predicted) == ran, name

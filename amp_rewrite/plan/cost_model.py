@@ -206,7 +206,8 @@ class DeviceCosts:
     #: together), measured in place at those sizes: (float32 time over the memory-bound
     #: estimate, low-precision time over float32 time), as :attr:`elementwise` is for smaller
     #: ones.  A kernel's fixed costs and cache-resident data shape the small ratios; streaming
-    #: from memory shapes the large ones.  Ops not listed use :attr:`elementwise`.
+    #: from memory shapes the large ones.  Ops not listed use :attr:`elementwise`.  A large
+    #: tensor is never priced under the largest small one (:func:`node_cost`).
     large_elementwise: Mapping[str, tuple[float, float]] = field(default_factory=lambda: MappingProxyType({}),
                                                                  hash=False)
     large_elements: int = 0
@@ -642,17 +643,28 @@ def node_cost(
     entry = elementwise_entry(costs, op, elems)
     compute, low_ratio = entry or (1.0, costs.low_elementwise)
     high = mem_high * compute
-    return NodeCost(high, high * low_ratio, 0.0, measured=entry is not None)
+    low = high * low_ratio
+    if _large(costs, op, elems):
+        # Never cheaper than the largest tensor under the edge: the small table's prices hold
+        # fixed costs that a larger tensor pays too (priced per element alone, a tensor just
+        # past the edge cost a quarter of one just under it).
+        small_compute, small_ratio = costs.elementwise.get(op, (1.0, costs.low_elementwise))
+        floor = costs.large_elements * 4 / costs.bandwidth * small_compute
+        high, low = max(high, floor), max(low, floor * small_ratio)
+    return NodeCost(high, low, 0.0, measured=entry is not None)
+
+
+def _large(costs: DeviceCosts, op: str, elems: int) -> bool:
+    """Whether ``op`` on ``elems`` elements is priced from the class's large-tensor table."""
+    return bool(costs.large_elements) and elems >= costs.large_elements and op in costs.large_elementwise
 
 
 def elementwise_entry(costs: DeviceCosts, op: str, elems: int) -> tuple[float, float] | None:
     """The measured ``(float32 scale, low/float32 ratio)`` of element-wise ``op`` on
     ``costs``' class for a node reading and writing ``elems`` elements, or ``None`` where the
     class has not measured it at that size.  Pure."""
-    if costs.large_elements and elems >= costs.large_elements:
-        entry = costs.large_elementwise.get(op)
-        if entry is not None:
-            return entry
+    if _large(costs, op, elems):
+        return costs.large_elementwise[op]
     return costs.elementwise.get(op)
 
 

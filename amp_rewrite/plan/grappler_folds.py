@@ -1,7 +1,8 @@
 """What Grappler removes from a graph before it runs, so that the cost model prices none of it:
 element-wise ops folded into a frozen dense op (constant folding pushes an inference batch
 norm's scale into a convolution's weights, and the remapper fuses the adds after it as a bias
-and the activation behind that bias; which chains fold is measured, :data:`FOLDABLE_AFFINE`),
+and the activation behind that bias; which chains fold was measured: the table above
+:data:`FOLDABLE_SCALES`),
 and a swish fused into one kernel.
 
 The planner (:mod:`.optimal`) and the whole-step estimate (:mod:`.step_cost`) both read these,
@@ -35,10 +36,17 @@ Inputs = Mapping[str, Sequence[tuple[str, int]]]
 #: * ``(conv - m) * s + b -> Relu``: Sub, Mul, AddV2, Relu (a Sub is not taken as a bias);
 #: * ``conv -> Relu`` and ``conv * s -> Relu``: Relu.  An activation fuses only behind a bias,
 #:   so a zero bias, which Grappler drops (Keras initializes biases to zero), leaves it a kernel;
-#: * ``depthwise * s + b -> Relu6``: Mul, AddV2, Relu6: nothing folds into a depthwise one.
+#: * ``depthwise * s + b -> Relu6`` (MobileNetV2's): Mul, AddV2, Relu6.  A scale is not pushed
+#:   into a depthwise convolution, and nothing after it fuses; ``depthwise + b -> Relu6``
+#:   fuses (``_FusedDepthwiseConv2dNative``);
+#: * ``conv + c`` with ``c`` a scalar or a whole feature map, ``conv * map``, and ``c / conv``:
+#:   every op runs.  A bias must hold one value per channel (``[C]`` or ``[1, 1, 1, C]``), a
+#:   scale that or a scalar (``conv * 0.5 + b -> Relu`` folds), and only ``x / c`` becomes a
+#:   scale.
 #:
 #: A MatMul's bias and activation fuse as a convolution's (``_FusedMatMul``), but a Mul is
-#: pushed only into a convolution's weights.
+#: pushed only into a Conv2D's or Conv3D's weights.  (Checked against Grappler by
+#: ``tests/test_grappler_folds.py`` and ``bench/fold_probe.py``.)
 #: Ops by a constant that scale (folded into a convolution's weights when directly on it;
 #: Grappler turns a division by a constant into a Mul).
 FOLDABLE_SCALES = frozenset({"Mul", "RealDiv"})
@@ -49,11 +57,11 @@ FOLDABLE_AFFINE = FOLDABLE_SCALES | FOLDABLE_BIASES
 #: Activations the remapper fuses behind a bias.
 FUSABLE_ACTIVATIONS = frozenset({"Relu", "Relu6", "Elu", "LeakyRelu"})
 #: Convolutions whose weights a Mul by a constant is pushed into.
-SCALABLE_DENSE = frozenset({"Conv2D", "Conv3D", "_FusedConv2D"})
+SCALABLE_DENSE = frozenset({"Conv2D", "Conv3D"})
 #: Dense ops the remapper fuses a bias and an activation into.
-FORWARD_DENSE = SCALABLE_DENSE | frozenset({"MatMul", "_FusedMatMul"})
+FORWARD_DENSE = SCALABLE_DENSE | frozenset({"MatMul", "DepthwiseConv2dNative"})
 
-# The states of a chain from a dense op outwards (:func:`_fold_states`).
+# The states of a chain from a dense op outwards (:func:`_step`).
 _SCALING, _BIASED, _ACTIVATED, _UNFOLDED = range(4)
 
 
@@ -92,15 +100,32 @@ def is_folded(g: nx.MultiDiGraph, ops: Mapping[str, str], inputs: Inputs, name: 
     return memo[name][0] != _UNFOLDED
 
 
+def _foldable_operand(g: nx.MultiDiGraph, op: str, tensor: tuple[str, int]) -> bool:
+    """Whether constant ``tensor`` can be folded as ``op``'s operand: a bias must hold one value
+    per channel (``[C]``, or ``[1, 1, 1, C]`` as Keras reshapes a batch norm's), a scale that
+    or a scalar; a shape the graph does not know counts as foldable."""
+    shapes = (g.graph.get("shapes") or {}).get(tensor[0])
+    if not shapes or tensor[1] >= len(shapes) or shapes[tensor[1]] is None:
+        return True
+    shape = shapes[tensor[1]]
+    if not shape:
+        return op in FOLDABLE_SCALES
+    return all(d == 1 for d in shape[:-1])
+
+
 def _link(g: nx.MultiDiGraph, ops: Mapping[str, str], inputs: Inputs, name: str,
           consts: frozenset[str]) -> str | None:
     """The input ``name`` folds onto: its one non-constant input, when ``name`` is an op by a
-    constant or an activation and is that input's only consumer; else ``None``."""
+    foldable constant (a division only by one) or an activation, and is that input's only
+    consumer; else ``None``."""
     op, ins = ops[name], inputs[name]
     src = None
     if op in FOLDABLE_AFFINE and len(ins) == 2:
         variable = [i for i in ins if i[0] not in consts]
-        src = variable[0][0] if len(variable) == 1 else None
+        constant = [i for i in ins if i[0] in consts]
+        if (len(variable) == 1 and _foldable_operand(g, op, constant[0])
+                and (op != "RealDiv" or ins[1] == constant[0])):
+            src = variable[0][0]
     elif op in FUSABLE_ACTIVATIONS and len(ins) == 1:
         src = ins[0][0]
     if src is None or sum(1 for _ in g.successors(src)) != 1:
@@ -131,10 +156,7 @@ def _fill_chain(g: nx.MultiDiGraph, ops: Mapping[str, str], inputs: Inputs, name
             start = memo[src]
             break
         x = src
-    else:
-        start = (_UNFOLDED, False)  # a cycle
-    if chain and _link(g, ops, inputs, chain[-1], consts) is None:
-        start = (_UNFOLDED, False)
+    # Otherwise (no dense op, or a cycle through ``name``) ``start`` stays unfolded.
     state, scalable = start
     for y in reversed(chain):
         state = _step(state, ops[y], scalable) if state != _UNFOLDED else _UNFOLDED

@@ -326,9 +326,10 @@ def _unary_costs(p: PaintingState, free: list[bool], pricing: _Pricing, shape_aw
         if op in DENSE_OPS or nc.measured or compiled:
             # Dense ops, element-wise ops whose time on this device class was measured at
             # this size, and, under XLA, every element-wise op: fused, it costs the bytes of
-            # its output, as a Cast does, so its gain is as sure as the Cast's price.  (Dropping it, the
-            # optimal plans of ResNet50, MobileNetV2 and EfficientNetB0 under XLA were
-            # estimated 7%, 15% and 30% slower than the default profile's on an H200.)
+            # its output, as a Cast does, so its gain is as sure as the Cast's price.
+            # (Dropping it, the optimal plans of ResNet50, MobileNetV2 and EfficientNetB0
+            # under XLA were estimated 7%, 15% and 30% slower than the default profile's on
+            # an H200.)
             cost_high[carrier] += nc.high
             cost_low[carrier] += nc.low
         else:
