@@ -244,3 +244,17 @@ def test_model_options_and_kernel_names():
     assert [step_breakdown.kernel_op(k) for k in ("_MklNativeFusedConv2D", "_MklNativePadWithConv2D", "_MklMatMul",
                                                   "_MklNativeFusedMatMul", "Relu", "_MklSwish")] == [
         "Conv2D", "Conv2D", "MatMul", "MatMul", "Relu", "Sigmoid"]
+
+
+def test_sizes_check_times_and_prices_one_small_item():
+    """End to end on the smallest corpus item (one round in one set of sessions): the float32
+    graph, its A/A copy, TensorFlow's bfloat16 rewrite and ours are timed, and both rewrites
+    are priced by the cost model against the same float32 estimate."""
+    import sizes_check
+
+    row = sizes_check.check_item("mlp/inference", rounds=1, iters=1, sessions=1)
+    assert set(row["measured"]) == {"float32", "float32_again", "tensorflow", "optimal"}
+    assert row["measured"]["float32"] == 1.0 and all(v > 0 for v in row["ms"].values())
+    assert set(row["estimated"]) == {"tensorflow", "optimal"} and all(v > 0 for v in row["estimated"].values())
+    assert row["estimated_float32_ms"] > 0 and row["batch"] == corpus.BATCH and row["rounds"] == 1
+    assert "| mlp/inference |" in sizes_check.markdown([row])
