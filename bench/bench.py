@@ -67,7 +67,8 @@ import tensorflow as tf  # noqa: E402
 import amp_rewrite  # noqa: E402
 from amp_rewrite.autotune import session_config  # noqa: E402
 from amp_rewrite.plan.targets import cpu_features  # noqa: E402
-from models import ALL_MODELS, QUICK_MODELS, corpus, item_names, register  # noqa: E402
+from models import (ALL_MODELS, QUICK_MODELS, add_model_options, apply_model_options, corpus,  # noqa: E402
+                    item_names, resolve_items)
 from tf_oracle import (  # noqa: E402
     amp_cast_count,
     converted_type_attrs,
@@ -648,7 +649,8 @@ def _bench_in_child(name: str, repeats: int, args: argparse.Namespace) -> dict[s
         out = os.path.join(tmp, "item.json")
         cmd = [sys.executable, os.path.abspath(__file__), "--one", name, "--one-out", out,
                "--repeats", str(repeats), "--iters", str(args.iters), "--budget", str(args.budget),
-               "--numerics-batches", str(args.numerics_batches), "--sessions", str(args.sessions)]
+               "--numerics-batches", str(args.numerics_batches), "--sessions", str(args.sessions),
+               "--batch", str(args.batch), "--weights", args.weights]
         proc = subprocess.run(cmd)
         if proc.returncode != 0 or not os.path.exists(out):
             raise SystemExit(f"benchmark of {name} failed (exit code {proc.returncode})")
@@ -677,11 +679,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=HERE)
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: bench one graph, write JSON to --one-out
     ap.add_argument("--one-out", help=argparse.SUPPRESS)
+    # RESULTS.md was measured with Keras's initial weights at the corpus' batch of 2;
+    # ``--weights trained`` builds the frozen graphs a trained model has (models.trained_like).
+    add_model_options(ap, weights="init")
     args = ap.parse_args(argv)
-    register()
+    apply_model_options(args)
     repeats = args.repeats or (3 if args.quick else 7)
     if args.one:
-        res = bench_item(args.one, repeats, args.iters, args.budget, args.numerics_batches, args.sessions)
+        res = bench_item(resolve_items([args.one])[0], repeats, args.iters, args.budget, args.numerics_batches,
+                         args.sessions)
         with open(args.one_out, "w") as f:
             json.dump(res, f, default=str)
         return 0
@@ -701,7 +707,8 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[str, Any] = {"machine": machine_info(), "repeats": repeats, "iters": args.iters,
                                "budget_s": args.budget, "quick": args.quick,
-                               "numerics_batches": args.numerics_batches, "sessions": args.sessions}
+                               "numerics_batches": args.numerics_batches, "sessions": args.sessions,
+                               "batch": args.batch, "weights": args.weights}
     print(json.dumps(results["machine"]), flush=True)
     if not args.scaling_only:
         results["graphs"] = []
