@@ -46,6 +46,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -78,6 +79,15 @@ from tf_oracle import (  # noqa: E402
 
 HALF = tf.float16.as_datatype_enum
 BF16 = tf.bfloat16.as_datatype_enum
+_KERNEL_LABEL = re.compile(r"[^=]*= (\S+?)\(")
+
+
+def kernel_name(node_stats: Any) -> str:
+    """The kernel a step-stats entry ran, from its timeline label (``"name = _MklNativeFusedConv2D(...)"``
+    -> ``"_MklNativeFusedConv2D"``), or ``""`` where the label names none.  The calibration tools
+    read Grappler's and oneDNN's fusions from it."""
+    m = _KERNEL_LABEL.match(node_stats.timeline_label)
+    return m.group(1) if m else ""
 
 
 def median(xs: list[float]) -> float:

@@ -60,7 +60,6 @@ DEFAULT_ITEMS = tuple(f"{model}/{kind}" for model in ("efficientnetb0", "mobilen
                       for kind in ("inference", "training"))
 #: Upper ends of the dense ops' size bands (multiply-add flops): the cost model's own.
 BAND_EDGES = tuple(band.below_flops for band in X86_BF16_DENSE["Conv2D"][:-1])
-_LABEL_OP = re.compile(r"[^=]*= (\S+?)\(")
 _FUSED_DENSE = re.compile(r"Conv|MatMul|Depthwise")
 
 
@@ -128,8 +127,7 @@ def node_times(graph_def, item, rounds: int,
                             times[k][ns.node_name].append(ns.op_end_rel_micros - ns.op_start_rel_micros)
                             if k == "bf16" and ns.output:
                                 dtypes[ns.node_name] = ns.output[0].tensor_description.dtype
-                                m = _LABEL_OP.match(ns.timeline_label)
-                                kernels[ns.node_name] = m.group(1) if m else ""
+                                kernels[ns.node_name] = bench.kernel_name(ns)
                 done += 1
         finally:
             for r in runners.values():

@@ -16,24 +16,23 @@ from __future__ import annotations
 
 import collections
 import os
-import re
 import sys
 from typing import Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.join(HERE, "..")]
+sys.path[:0] = [os.path.join(HERE, ".."), HERE]
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+import bench  # noqa: E402  (kernel_name: what a step-stats entry ran)
 from amp_rewrite.autotune import session_config  # noqa: E402
 
 __all__ = ["PATTERNS", "build", "kernels", "main"]
 
 v1 = tf.compat.v1
-_LABEL = re.compile(r"[^=]*= (\S+?)\(")
 _QUIET = {"_Arg", "_Retval", "NoOp", "Const", "Cast", "_MklCast", "Identity"}
 
 
@@ -104,9 +103,9 @@ def kernels(pattern: Callable[[tf.Tensor], tf.Tensor], dtype: tf.DType,
     count: collections.Counter[str] = collections.Counter()
     for dev in meta.step_stats.dev_stats:
         for ns in dev.node_stats:
-            m = _LABEL.match(ns.timeline_label)
-            if m and m.group(1) not in _QUIET:
-                count[m.group(1)] += 1
+            kernel = bench.kernel_name(ns)
+            if kernel and kernel not in _QUIET:
+                count[kernel] += 1
     return dict(sorted(count.items()))
 
 

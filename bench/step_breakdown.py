@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import re
 import statistics
 import sys
 
@@ -39,7 +38,6 @@ from models import add_model_options, apply_model_options, corpus, resolve_items
 
 __all__ = ["kernel_op", "measured_by_op", "estimated_by_op", "main"]
 
-_LABEL = re.compile(r"[^=]*= (\S+?)\(")
 #: oneDNN's kernels under the op they run (after the _Mkl/_MklNative prefix is dropped).  A
 #: fused swish goes to its Sigmoid, the node the cost model prices it on.
 _KERNEL_OPS = {"FusedConv2D": "Conv2D", "PadWithConv2D": "Conv2D", "PadWithFusedConv2D": "Conv2D",
@@ -64,9 +62,8 @@ def measured_by_op(graph_def, item, rounds: int) -> dict[str, float]:
             acc: dict[str, float] = collections.defaultdict(float)
             for dev in meta.step_stats.dev_stats:
                 for ns in dev.node_stats:
-                    m = _LABEL.match(ns.timeline_label)
-                    acc[kernel_op(m.group(1) if m else ns.node_name)] += (ns.op_end_rel_micros
-                                                                          - ns.op_start_rel_micros) / 1e3
+                    acc[kernel_op(bench.kernel_name(ns) or ns.node_name)] += (ns.op_end_rel_micros
+                                                                              - ns.op_start_rel_micros) / 1e3
             for op, ms in acc.items():
                 per[op].append(ms)
     finally:
