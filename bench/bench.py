@@ -420,6 +420,28 @@ def rel_error(got: list[np.ndarray] | None, ref: list[np.ndarray]) -> float | No
 # --------------------------------------------------------------------------- per graph
 
 
+def variable_shapes(item) -> dict[str, Any]:
+    """The shapes of ``item``'s stored variables, by resource placeholder: what the planners are
+    told about a training graph (as the tf.function training path tells them its captures')."""
+    return {ph: value.shape for ph, value in item.variables.items()}
+
+
+def this_cpu_target() -> str:
+    """The target that plans for *this* machine: ``"auto"`` (its own cost class) where it runs
+    bfloat16, else ``"cpu"`` (a CPU with AMX), so that a machine without bfloat16 still gets a
+    converted graph to time rather than the float32 graph under another name."""
+    return "auto" if amp_rewrite.resolve_target("auto").skip_reason("bfloat16") is None else "cpu"
+
+
+def optimal_bf16_for_this_cpu(item, **options: Any) -> Any:
+    """The optimal planner's bfloat16 rewrite of ``item`` (a ``tests.corpus`` item), planned for
+    this machine's class and told the variables' shapes; ``options`` go to ``rewrite_graph_def``
+    (e.g. ``price_step=True``).  Returns its ``RewriteResult``; mutates nothing."""
+    return amp_rewrite.rewrite_graph_def(item.graph_def, target=this_cpu_target(), precision="bfloat16",
+                                         fetches=list(item.fetches), use_env=False, lists="optimal",
+                                         variable_shapes=variable_shapes(item), **options)
+
+
 def bench_item(name: str, repeats: int, iters: int, budget_s: float = 0.0,
                numerics_batches: int = 16, sessions: int = 3) -> dict[str, Any]:
     t0 = time.perf_counter()
@@ -450,7 +472,7 @@ def bench_item(name: str, repeats: int, iters: int, budget_s: float = 0.0,
     # A training graph's variables are resource placeholders without shapes; the cost-aware
     # planner is told them, as the tf.function training path tells it (TF's pass is not: it
     # has no use for them).
-    vs = {ph: value.shape for ph, value in item.variables.items()}
+    vs = variable_shapes(item)
     default = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", fetches=fetches, use_env=False,
                                             variable_shapes=vs)
     optimal = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", fetches=fetches, use_env=False,
@@ -472,11 +494,8 @@ def bench_item(name: str, repeats: int, iters: int, budget_s: float = 0.0,
     ours_bf16 = amp_rewrite.rewrite_graph_def(gd, target="cpu", precision="bfloat16", fetches=fetches,
                                               use_env=False, variable_shapes=vs).graph_def
     # The optimal planner's cost model is per device class: for the speed on *this* machine it
-    # must plan for this CPU (target="auto"); "cpu" means "a CPU with AMX".
-    opt_target = "auto" if amp_rewrite.resolve_target("auto").skip_reason("bfloat16") is None else "cpu"
-    ours_opt_bf16 = amp_rewrite.rewrite_graph_def(gd, target=opt_target, precision="bfloat16",
-                                                  fetches=fetches, use_env=False, lists="optimal",
-                                                  variable_shapes=vs).graph_def
+    # must plan for this CPU's class, not "cpu" (a CPU with AMX).
+    ours_opt_bf16 = optimal_bf16_for_this_cpu(item).graph_def
     res["quality_bf16"] = {"tensorflow": quality(gd, tf_bf16, BF16, item), "ours_default": quality(gd, ours_bf16, BF16, item),
                            "ours_optimal": quality(gd, ours_opt_bf16, BF16, item)}
     force = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", fetches=fetches, use_env=False,

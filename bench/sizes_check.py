@@ -8,8 +8,8 @@ Usage::
 The benchmark corpus (``bench.py``) runs batch 2 at 64x64 so that it fits in minutes on two
 cores, and the CPU class was calibrated there.  This checks the class where it was not: per
 item (``model@side/kind``, see ``models.resized``), the float32 graph, TensorFlow's own
-oneDNN bfloat16 rewrite and ours (``lists="optimal"``, ``target="auto"``: planned for this
-CPU's class) are timed side by side (round robin over three sets of fresh sessions, float32
+oneDNN bfloat16 rewrite and ours (``lists="optimal"`` planned for this CPU's class,
+``bench.optimal_bf16_for_this_cpu``) are timed side by side (round robin over three sets of fresh sessions, float32
 twice for the A/A gap, ``bench.interleaved_step_times``), and each rewrite's ratio to float32
 is set against the cost model's estimate of the same two graphs (``estimate_step_time``; ours
 from the rewrite's own ``price_step``).  Writes ``sizes.json`` and ``sizes.md`` to ``--out``.
@@ -43,15 +43,14 @@ def check_item(name: str, rounds: int, iters: int, sessions: int = 3) -> dict[st
 
     item = corpus.build(name)
     gd, fetches = item.graph_def, list(item.fetches)
-    shapes = {ph: value.shape for ph, value in item.variables.items()}
+    shapes = bench.variable_shapes(item)
     t0 = time.perf_counter()
-    ours = amp_rewrite.rewrite_graph_def(gd, target="auto", precision="bfloat16", fetches=fetches, use_env=False,
-                                         lists="optimal", variable_shapes=shapes, price_step=True)
+    ours = bench.optimal_bf16_for_this_cpu(item, price_step=True)
     rewrite_s = time.perf_counter() - t0
     tf_bf16 = tf_amp_rewrite(gd, fetches, mode="bf16")
 
     def estimate(graph_def) -> float:
-        return amp_rewrite.estimate_step_time(graph_def, target="auto", precision="bfloat16",
+        return amp_rewrite.estimate_step_time(graph_def, target=bench.this_cpu_target(), precision="bfloat16",
                                               variable_shapes=shapes).total_ns
 
     if ours.step_estimates is not None:

@@ -73,7 +73,8 @@ def measured_by_op(graph_def, item, rounds: int) -> dict[str, float]:
 
 def estimated_by_op(graph_def, shapes) -> dict[str, float]:
     """The cost model's time per op (ms) for this CPU's class, every graph of the step."""
-    nodes = amp_rewrite.estimate_node_times(graph_def, target="auto", precision="bfloat16", variable_shapes=shapes)
+    nodes = amp_rewrite.estimate_node_times(graph_def, target=bench.this_cpu_target(), precision="bfloat16",
+                                           variable_shapes=shapes)
     acc: dict[str, float] = collections.defaultdict(float)
     for graph in nodes.values():
         for node in graph.values():
@@ -92,14 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     apply_model_options(args)
     item = corpus.build(resolve_items([args.item])[0])
     gd, fetches = item.graph_def, list(item.fetches)
-    shapes = {ph: value.shape for ph, value in item.variables.items()}
+    shapes = bench.variable_shapes(item)
     if args.rewrite == "tensorflow":
         from tf_oracle import tf_amp_rewrite
 
         rewritten = tf_amp_rewrite(gd, fetches, mode="bf16")
     else:
-        rewritten = amp_rewrite.rewrite_graph_def(gd, target="auto", precision="bfloat16", fetches=fetches,
-                                                  use_env=False, lists="optimal", variable_shapes=shapes).graph_def
+        rewritten = bench.optimal_bf16_for_this_cpu(item).graph_def
     f, o = measured_by_op(gd, item, args.rounds), measured_by_op(rewritten, item, args.rounds)
     ef, eo = estimated_by_op(gd, shapes), estimated_by_op(rewritten, shapes)
     ops = sorted(set(f) | set(o) | set(ef) | set(eo),
