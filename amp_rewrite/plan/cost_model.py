@@ -81,7 +81,7 @@ from ..graph.op_registry import OpRegistry
 from ..graph.shapes import Shape, numel
 from .targets import Device
 
-__all__ = ["DeviceCosts", "DenseBand", "dense_band", "elementwise_entry", "X86_BF16_LARGE_ELEMENTWISE",
+__all__ = ["DeviceCosts", "DenseBand", "dense_band", "conv_positions", "elementwise_entry", "X86_BF16_LARGE_ELEMENTWISE",
            "X86_BF16_LARGE_ELEMENTS", "DEVICE_COSTS", "costs_for", "gpu_costs", "TF32_OFF",
            "GPU_DENSE_EFFICIENCY", "GPU_KERNEL_OVERHEAD", "GPU_HOST_PER_KERNEL", "GPU_LOW_ELEMENTWISE", "NodeCost",
            "node_cost",
@@ -148,6 +148,11 @@ class DenseBand(NamedTuple):
     #: low-precision time over float32 time, without :attr:`DeviceCosts.low_dense_overhead`
     #: (added apart, only where the weights change every step).
     ratio: float
+    #: The band applies only to convolutions with fewer output positions times batch than this
+    #: (:func:`conv_positions`): the skinny GEMMs of deep layers at a small batch, which behave
+    #: unlike a wide convolution of the same flops.  Such a band comes before the band of the
+    #: same size range that serves every other op.
+    below_positions: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -288,7 +293,26 @@ X86_BF16_LARGE_ELEMENTWISE: Mapping[str, tuple[float, float]] = MappingProxyType
 #: InceptionV3 0.93 against 0.93, DenseNet121 1.03 against 1.02.
 #: Models, and runs, differ around these sums: DenseNet121's narrow 3x3x128x32 convolutions
 #: gained 7-12% in one profile and 9-24% in another, mostly below their bands.
-_X86_BF16_CONV2D = (DenseBand(5e6, 2.3, 0.8), DenseBand(2e7, 1.0, 0.86), DenseBand(2e8, 0.55, 0.64),
+#:
+#: Skinny convolutions (``below_positions``): a forward convolution whose weights change every
+#: step and that has few output positions times batch -- a deep layer at a small batch, a GEMM
+#: of 8-63 rows reading a filter of up to 2M elements -- loses in bfloat16, where the same flops
+#: spread over many positions gain a third or more.  Measured in place (``calibrate_in_place.py``,
+#: the ResNet50, MobileNetV2 and EfficientNetB0 training steps at batch 2, 2026-11-27, dumps in
+#: ``bench/cpu_runs/2026-11-27-sizes/``; ``bench/cpu_runs/2026-11-27-skinny/`` groups them):
+#: 5-20 Mflop under 16 positions 1.21x the roofline and 1.74 in bfloat16 (9 nodes), under 64
+#: positions 0.73 and 1.00 (12); 20-200 Mflop 1.23 and 1.00 (4), 0.53 and 0.81 (7).  The same
+#: shapes with constant weights (inference graphs, batch 1 and 2) gain as the wide ones do
+#: (0.61-0.84): oneDNN re-lays out a constant filter once, a variable's every step, and for a
+#: skinny GEMM that re-layout outweighs the arithmetic.  So these bands apply to variable
+#: weights only (:func:`node_cost`).  The gradients were not split: the input gradient gains
+#: as much on skinny shapes (0.46-0.66), and the filter gradient, which gains nothing in any
+#: band below 200 Mflop, lost 27% on four skinny nodes over 20 Mflop.
+_X86_BF16_CONV2D = (DenseBand(5e6, 2.3, 0.8),
+                    DenseBand(2e7, 1.21, 1.74, below_positions=16), DenseBand(2e7, 0.73, 1.0, below_positions=64),
+                    DenseBand(2e7, 1.0, 0.86),
+                    DenseBand(2e8, 1.23, 1.0, below_positions=16), DenseBand(2e8, 0.53, 0.81, below_positions=64),
+                    DenseBand(2e8, 0.55, 0.64),
                     DenseBand(math.inf, 0.2, 0.57))
 X86_BF16_DENSE: Mapping[str, tuple[DenseBand, ...]] = MappingProxyType({
     "Conv2D": _X86_BF16_CONV2D, "_FusedConv2D": _X86_BF16_CONV2D,
@@ -490,14 +514,7 @@ def _dense_flops(op: str, ins: Sequence[Shape], outs: Sequence[Shape]) -> tuple[
         rows = max(1, n_out // max(1, last))
         return 2.0 * n_out * k, (rows, k, last)
     if op in CONV_OPS:
-        # Forward: filter is input 1; backprop input: filter input 1, dy input 2; backprop
-        # filter: output is the filter gradient, dy input 2.
-        if op.startswith("Conv2DBackpropFilter") or op.startswith("Conv3DBackpropFilter"):
-            filt, dy = out, (ins[2] if len(ins) > 2 else None)
-        elif "BackpropInput" in op:
-            filt, dy = (ins[1] if len(ins) > 1 else None), (ins[2] if len(ins) > 2 else None)
-        else:
-            filt, dy = (ins[1] if len(ins) > 1 else None), out
+        filt, dy = _conv_operands(op, ins, outs)
         fd = _dims(filt)
         if fd and len(fd) >= 2:
             cin, cout = fd[-2], fd[-1]
@@ -518,6 +535,33 @@ def _dense_flops(op: str, ins: Sequence[Shape], outs: Sequence[Shape]) -> tuple[
         dy = out if not op.endswith("Filter") else (ins[2] if len(ins) > 2 else None)
         return 2.0 * elements(dy) * taps, ()
     return 0.0, ()
+
+
+def _conv_operands(op: str, ins: Sequence[Shape], outs: Sequence[Shape]) -> tuple[Shape, Shape]:
+    """``(filter, output-side tensor)`` of a convolution or one of its gradients.  Forward: the
+    filter is input 1 and the output is its own; backprop input: filter input 1, dy input 2;
+    backprop filter: the output is the filter gradient, dy input 2.  Pure."""
+    out = outs[0] if outs else None
+    if op.startswith("Conv2DBackpropFilter") or op.startswith("Conv3DBackpropFilter"):
+        return out, (ins[2] if len(ins) > 2 else None)
+    if "BackpropInput" in op:
+        return (ins[1] if len(ins) > 1 else None), (ins[2] if len(ins) > 2 else None)
+    return (ins[1] if len(ins) > 1 else None), out
+
+
+def conv_positions(op: str, ins: Sequence[Shape], outs: Sequence[Shape]) -> int | None:
+    """Output positions times batch (``N * H_out * W_out``, and ``* D_out`` in 3-D) of a
+    convolution or one of its gradients: the rows of the GEMM it amounts to, or ``None`` when
+    the op is not a convolution or the shape is not fully known.  The weights' share of the
+    work is one over twice this: a deep layer at a small batch (a few positions) is a skinny
+    GEMM that reads a large filter for little arithmetic.  Pure."""
+    if op not in CONV_OPS:
+        return None
+    _, dy = _conv_operands(op, ins, outs)
+    dims = _dims(dy)
+    if not dims or len(dims) < 2:
+        return None
+    return math.prod(dims[:-1])
 
 
 def _rnn_work(ins: Sequence[Shape]) -> tuple[float, tuple[int, ...], int]:
@@ -559,10 +603,13 @@ def _dense_rates(costs: DeviceCosts, op: str) -> tuple[float, float]:
     return f32 * costs.dense_efficiency, low * costs.dense_efficiency
 
 
-def dense_band(costs: DeviceCosts, op: str, flops: float) -> DenseBand | None:
-    """The measured band of ``op`` at ``flops`` on ``costs``' device class, if it has one."""
+def dense_band(costs: DeviceCosts, op: str, flops: float, positions: int | None = None) -> DenseBand | None:
+    """The measured band of ``op`` at ``flops`` on ``costs``' device class, if it has one.
+    ``positions`` (:func:`conv_positions`) selects a skinny convolution's band; unknown, the
+    op is priced as a wide one.  Pure."""
     for band in costs.dense.get(op, ()):
-        if flops < band.below_flops:
+        if flops < band.below_flops and (positions is not None and positions < band.below_positions
+                                         or band.below_positions == math.inf):
             return band
     return None
 
@@ -632,7 +679,10 @@ def node_cost(
                 low_rate = max(costs.misaligned_low_flops * costs.dense_efficiency,
                                low_rate * alignment_efficiency(dims, costs.multiple))
         fixed = 0.0 if constant_weights and "BackpropFilter" not in op else costs.low_dense_overhead
-        band = dense_band(costs, op, flops)
+        # A skinny convolution's band holds the per-step re-layout of a variable filter, which a
+        # constant one does not pay: with constant weights it is priced as a wide one.
+        positions = None if constant_weights else conv_positions(op, in_shapes, out_shapes)
+        band = dense_band(costs, op, flops, positions)
         if band is None:
             return NodeCost(flops / f32_rate + mem_high + serial, flops / low_rate + mem_low + fixed + serial,
                             flops, bad)
