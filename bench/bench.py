@@ -506,7 +506,7 @@ def bench_item(name: str, repeats: int, iters: int, budget_s: float = 0.0,
         r = Runner(graph, item)
         return (lambda: r.sess.run(r.fetches, r.feeds)), r.close
 
-    tuned = amp_rewrite.autotune(gd, fetches=fetches, runner=runner, target=opt_target, precision="bfloat16",
+    tuned = amp_rewrite.autotune(gd, fetches=fetches, runner=runner, target=this_cpu_target(), precision="bfloat16",
                                  use_env=False, repeats=max(3, repeats), steps=iters, variable_shapes=vs,
                                  sessions=sessions)
     res["autotune_bf16"] = {"choice": tuned.choice, "step_ms": dict(tuned.step_ms),

@@ -81,8 +81,8 @@ from ..graph.op_registry import OpRegistry
 from ..graph.shapes import Shape, numel
 from .targets import Device
 
-__all__ = ["DeviceCosts", "DenseBand", "dense_band", "conv_positions", "elementwise_entry", "X86_BF16_LARGE_ELEMENTWISE",
-           "X86_BF16_LARGE_ELEMENTS", "DEVICE_COSTS", "costs_for", "gpu_costs", "TF32_OFF",
+__all__ = ["DeviceCosts", "DenseBand", "dense_band", "conv_positions", "elementwise_entry",
+           "X86_BF16_LARGE_ELEMENTWISE", "X86_BF16_LARGE_ELEMENTS", "DEVICE_COSTS", "costs_for", "gpu_costs", "TF32_OFF",
            "GPU_DENSE_EFFICIENCY", "GPU_KERNEL_OVERHEAD", "GPU_HOST_PER_KERNEL", "GPU_LOW_ELEMENTWISE", "NodeCost",
            "node_cost",
            "cast_cost", "DENSE_OPS", "RNN_OPS", "RNN_GRAD_OPS", "ALIAS_OPS", "METADATA_OPS", "misaligned_dims",
