@@ -273,3 +273,13 @@ def test_bench_item_runs_every_variant_of_one_small_item():
     assert "tf_bf16" not in res["same_as_float32"] and res["quality_bf16"]["tensorflow"]["casts"] > 0
     assert res["numerics_batches"] == 2 and set(res["rel_error"]) >= variants - {"float32", "float32_again"}
     assert res["rel_error"]["tf_bf16"] > 0  # converted: its output moved
+
+
+def test_optimal_scaling_times_the_planner_itself():
+    """The scaling rows of the optimal planner say how much of the rewrite its placement took
+    (the issue-24 goal line is computed from it): a wrapper that no longer sits on the path
+    the API calls would report zero."""
+    (row,) = bench.scaling([2000], timeout=300, planner="optimal")
+    assert "error" not in row, row
+    assert 0 < row["planner_s"] < row["total_s"] and row["planner_cpu_s"] > 0
+    assert row["nodes"] >= 1000 and row["planner_us_per_node"] > 0
