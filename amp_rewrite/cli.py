@@ -393,9 +393,10 @@ def _start_tensorflow_quietly() -> None:
     with tempfile.TemporaryFile() as capture:
         os.dup2(capture.fileno(), 2)
         try:
-            import tensorflow as tf
+            with _sigint_deferred():
+                import tensorflow as tf
 
-            tf.config.list_physical_devices("GPU")
+                tf.config.list_physical_devices("GPU")
             started = True
         except KeyboardInterrupt:
             interrupted = True  # the caller says so in one line; the banner is noise then
@@ -407,6 +408,32 @@ def _start_tensorflow_quietly() -> None:
             if not started and not interrupted:
                 capture.seek(0)
                 sys.stderr.write(capture.read().decode("utf-8", "replace"))
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """While the block runs, Ctrl-C is noted instead of raised, and raised as
+    ``KeyboardInterrupt`` when the block ends (a second Ctrl-C changes nothing).
+
+    Why: a Ctrl-C sent while TensorFlow's library was loading was once lost: the command went
+    on, wrote its output and exited 0 (seen in a full test run, under load). TensorFlow's
+    Python code has bare ``except:`` clauses, which swallow a ``KeyboardInterrupt`` raised
+    inside them. Deferring costs the user the rest of the import (a few seconds) and never
+    loses the keystroke. Signal handlers can only be set in the main thread; elsewhere the
+    block runs as is.
+    """
+    pressed: list[int] = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pressed:
+        raise KeyboardInterrupt
 
 
 class _Terminated(BaseException):

@@ -185,6 +185,27 @@ def test_cli_error_for_a_list_op_name_with_a_newline_is_one_line(tmp_path, capsy
     assert not (tmp_path / "o.pb").exists()
 
 
+def test_ctrl_c_during_the_tensorflow_import_survives_code_that_swallows_it():
+    """A Ctrl-C that lands inside library code catching every exception (as some of
+    TensorFlow's import does) is not lost: it is raised when the import block ends."""
+    import signal
+
+    from amp_rewrite.cli import _sigint_deferred
+
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        with _sigint_deferred():
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                for _ in range(1000):  # the handler runs between bytecodes
+                    pass
+            except BaseException:  # what a bare ``except:`` does
+                pytest.fail("the interrupt was raised inside the block")
+    assert signal.getsignal(signal.SIGINT) is before
+    with _sigint_deferred():  # no Ctrl-C: nothing raised
+        pass
+
+
 def test_ctrl_c_while_tensorflow_starts_prints_one_line(tmp_path):
     """F12: Ctrl-C while TensorFlow imports printed a 60-line traceback.  SIGINT is sent as
     soon as TensorFlow's library appears in the process (its import takes seconds); the
