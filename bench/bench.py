@@ -442,6 +442,16 @@ def optimal_bf16_for_this_cpu(item, **options: Any) -> Any:
                                          variable_shapes=variable_shapes(item), **options)
 
 
+def plan_summary(result: Any, low: str = "bfloat16") -> dict[str, Any]:
+    """What a rewrite did, in three numbers: ``low_nodes`` (nodes it runs in ``low``),
+    ``casts`` (both ways) and ``est_ratio`` (its estimated step time over the graph's as
+    given; ``None`` unless it was asked to ``price_step``).  Reads ``result`` only."""
+    est = result.step_estimates
+    return {"low_nodes": sum(1 for n in result.report["nodes"].values() if n.get("dtype") == low),
+            "casts": result.report["casts_to_low"] + result.report["casts_to_high"],
+            "est_ratio": est.rewritten.total_ns / est.given.total_ns if est else None}
+
+
 def bench_item(name: str, repeats: int, iters: int, budget_s: float = 0.0,
                numerics_batches: int = 16, sessions: int = 3) -> dict[str, Any]:
     t0 = time.perf_counter()

@@ -9,10 +9,10 @@ The benchmark corpus (``bench.py``) runs batch 2 at 64x64 so that it fits in min
 cores, and the CPU class was calibrated there.  This checks the class where it was not: per
 item (``model@side/kind``, see ``models.resized``), the float32 graph, TensorFlow's own
 oneDNN bfloat16 rewrite and ours (``lists="optimal"`` planned for this CPU's class,
-``bench.optimal_bf16_for_this_cpu``) are timed side by side (round robin over three sets of fresh sessions, float32
-twice for the A/A gap, ``bench.interleaved_step_times``), and each rewrite's ratio to float32
-is set against the cost model's estimate of the same two graphs (``estimate_step_time``; ours
-from the rewrite's own ``price_step``).  Writes ``sizes.json`` and ``sizes.md`` to ``--out``.
+``bench.optimal_bf16_for_this_cpu``) are timed side by side (round robin over three sets of
+fresh sessions, float32 twice for the A/A gap, ``bench.interleaved_step_times``), and each
+rewrite's ratio to float32 is set against the cost model's estimate of the same two graphs
+(``estimate_step_time``; ours from the rewrite's own ``price_step``).  Writes ``sizes.json`` and ``sizes.md`` to ``--out``.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def check_item(name: str, rounds: int, iters: int, sessions: int = 3) -> dict[st
         f32_ns, ours_ns = estimate(gd), estimate(ours.graph_def)
     graphs = {"float32": gd, "float32_again": gd, "tensorflow": tf_bf16, "optimal": ours.graph_def}
     times, done = bench.interleaved_step_times(graphs, item, repeats=rounds, iters=iters, sessions=sessions)
-    low_nodes = sum(1 for n in ours.report["nodes"].values() if n.get("dtype") == "bfloat16")
+    summary = bench.plan_summary(ours)
     return {
         "item": name, "batch": corpus.BATCH, "weights": "init" if corpus.PREPARE_MODEL is None else "trained",
         "rounds": done, "rewrite_s": rewrite_s,
@@ -67,7 +67,7 @@ def check_item(name: str, rounds: int, iters: int, sessions: int = 3) -> dict[st
         "measured": {k: v / times["float32"] for k, v in times.items()},
         "estimated": {"tensorflow": estimate(tf_bf16) / f32_ns, "optimal": ours_ns / f32_ns},
         "estimated_float32_ms": f32_ns / 1e6,
-        "optimal_low_nodes": low_nodes, "optimal_casts": ours.report["casts_to_low"] + ours.report["casts_to_high"],
+        "optimal_low_nodes": summary["low_nodes"], "optimal_casts": summary["casts"],
     }
 
 

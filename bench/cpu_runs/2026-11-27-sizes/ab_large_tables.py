@@ -27,10 +27,7 @@ for name in items:
         from amp_rewrite.graph import shapes; shapes.clear_shape_memo()
         r = amp_rewrite.rewrite_graph_def(gd, target="auto", precision="bfloat16", fetches=fetches, use_env=False,
                                           lists="optimal", variable_shapes=vs, price_step=True)
-        est = r.step_estimates
-        out[label] = {"low_nodes": sum(1 for n in r.report["nodes"].values() if n.get("dtype") == "bfloat16"),
-                      "casts": r.report["casts_to_low"] + r.report["casts_to_high"],
-                      "est_ratio": est.rewritten.total_ns / est.given.total_ns if est else None}
+        out[label] = B.plan_summary(r)
         graphs[label] = r.graph_def
     cm.DEVICE_COSTS["cpu-avx512-bf16"] = NEW
     same = graphs["old"].SerializeToString(deterministic=True) == graphs["new"].SerializeToString(deterministic=True)

@@ -31,10 +31,7 @@ for name in M.resolve_items(sys.argv[1].split(",")):
     for label, cls in (("old", OLD), ("new", NEW)):
         cm.DEVICE_COSTS["cpu-avx512-bf16"] = cls
         r = B.optimal_bf16_for_this_cpu(item, price_step=True)
-        est = r.step_estimates
-        out[label] = {"low_nodes": sum(1 for n in r.report["nodes"].values() if n.get("dtype") == "bfloat16"),
-                      "casts": r.report["casts_to_low"] + r.report["casts_to_high"],
-                      "est_ratio": est.rewritten.total_ns / est.given.total_ns if est else None}
+        out[label] = B.plan_summary(r)
         graphs[label] = r.graph_def
     cm.DEVICE_COSTS["cpu-avx512-bf16"] = NEW
     out["same_plan"] = (graphs["old"].SerializeToString(deterministic=True)
