@@ -59,7 +59,8 @@ DEFAULT_ITEMS = tuple(f"{model}/{kind}" for model in ("efficientnetb0", "mobilen
                                                         "densenet121", "inceptionv3", "vgg16", "bert_like")
                       for kind in ("inference", "training"))
 #: Upper ends of the dense ops' size bands (multiply-add flops): the cost model's own.
-BAND_EDGES = tuple(band.below_flops for band in X86_BF16_DENSE["Conv2D"][:-1])
+#: (The skinny convolutions' bands share their size ranges' edges: each edge once.)
+BAND_EDGES = tuple(sorted({band.below_flops for band in X86_BF16_DENSE["Conv2D"][:-1]}))
 _FUSED_DENSE = re.compile(r"Conv|MatMul|Depthwise")
 
 

@@ -82,7 +82,8 @@ from ..graph.shapes import Shape, numel
 from .targets import Device
 
 __all__ = ["DeviceCosts", "DenseBand", "dense_band", "conv_positions", "elementwise_entry",
-           "X86_BF16_LARGE_ELEMENTWISE", "X86_BF16_LARGE_ELEMENTS", "DEVICE_COSTS", "costs_for", "gpu_costs", "TF32_OFF",
+           "X86_BF16_LARGE_ELEMENTWISE", "X86_BF16_LARGE_ELEMENTS", "DEVICE_COSTS", "costs_for", "gpu_costs",
+           "TF32_OFF",
            "GPU_DENSE_EFFICIENCY", "GPU_KERNEL_OVERHEAD", "GPU_HOST_PER_KERNEL", "GPU_LOW_ELEMENTWISE", "NodeCost",
            "node_cost",
            "cast_cost", "DENSE_OPS", "RNN_OPS", "RNN_GRAD_OPS", "ALIAS_OPS", "METADATA_OPS", "misaligned_dims",
@@ -608,8 +609,8 @@ def dense_band(costs: DeviceCosts, op: str, flops: float, positions: int | None 
     ``positions`` (:func:`conv_positions`) selects a skinny convolution's band; unknown, the
     op is priced as a wide one.  Pure."""
     for band in costs.dense.get(op, ()):
-        if flops < band.below_flops and (positions is not None and positions < band.below_positions
-                                         or band.below_positions == math.inf):
+        skinny_only = band.below_positions != math.inf
+        if flops < band.below_flops and (not skinny_only or positions is not None and positions < band.below_positions):
             return band
     return None
 
