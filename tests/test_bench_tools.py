@@ -3,6 +3,7 @@ machine and run by hand, see CONTRIBUTING.md)."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -283,3 +284,78 @@ def test_optimal_scaling_times_the_planner_itself():
     assert "error" not in row, row
     assert 0 < row["planner_s"] < row["total_s"] and row["planner_cpu_s"] > 0
     assert row["nodes"] >= 1000 and row["planner_us_per_node"] > 0
+
+
+def _conv_row(x, w, y, f32_us, bf16_us, constant=False, op="Conv2D"):
+    return {"item": "m/training", "batch": 2, "op": op, "f32_us": f32_us, "bf16_us": bf16_us,
+            "in_shapes": [list(x), list(w)], "out_shapes": [list(y)], "constant_weights": constant}
+
+
+def test_fit_conv_bands_fits_sums_and_gives_small_groups_no_band_of_their_own():
+    """``fit_conv_bands.py`` fits a band's scale and ratio as ratios of its group's sums (net
+    of the class's fixed re-layout for variable weights); a positions tier with fewer nodes
+    than ``min_nodes`` falls back to its range's wide band; ranges not asked for keep the
+    class's bands, and ``_FusedConv2D`` shares Conv2D's."""
+    import dataclasses
+    import fit_conv_bands as F
+    from types import MappingProxyType
+
+    from amp_rewrite.plan.cost_model import DEVICE_COSTS, conv_positions, dense_band, node_cost
+
+    costs = DEVICE_COSTS["cpu-avx512-bf16"]
+    wide = ((2, 8, 8, 64), (3, 3, 64, 64), (2, 8, 8, 64))  # 128 positions
+    skinny = ((2, 2, 2, 512), (1, 1, 512, 2048), (2, 2, 2, 2048))  # 8 positions
+    roofline = dataclasses.replace(costs, dense=MappingProxyType({}))
+    roof_wide = node_cost("Conv2D", [wide[0], wide[1]], [wide[2]], 2, roofline).high / 1e3
+    roof_skinny = node_cost("Conv2D", [skinny[0], skinny[1]], [skinny[2]], 2, roofline).high / 1e3
+    assert conv_positions("Conv2D", [wide[0], wide[1]], [wide[2]]) == 128
+    rows = [_conv_row(*wide, f32_us=100.0 + i, bf16_us=80.0) for i in range(6)]
+    rows += [_conv_row(*skinny, f32_us=200.0, bf16_us=400.0) for _ in range(2)]
+    fixed = costs.low_dense_overhead / 1e3
+
+    pooled = F.fit_bands(rows, costs, min_nodes=6, ranges=(2e7,))
+    mid = [b for b in pooled["Conv2D"] if b.below_flops == 2e7]
+    assert len(mid) == 1 and mid[0].below_positions == math.inf and mid[0].constant_weights is None
+    f32 = sum(r["f32_us"] for r in rows)
+    assert mid[0].scale == round(f32 / (6 * roof_wide + 2 * roof_skinny), 2)
+    assert mid[0].ratio == round((6 * 80.0 + 2 * 400.0 - 8 * fixed) / f32, 2)
+    # The other ranges are the class's own.
+    assert [b for b in pooled["Conv2D"] if b.below_flops != 2e7] == \
+        [b for b in costs.dense["Conv2D"] if b.below_flops != 2e7]
+    assert pooled["Conv2DBackpropInput"] == costs.dense["Conv2DBackpropInput"]
+
+    split = F.fit_bands(rows, costs, min_nodes=2, ranges=(2e7,))
+    mid = [b for b in split["Conv2D"] if b.below_flops == 2e7]
+    assert [b.below_positions for b in mid] == [16, math.inf]
+    # A forward skinny tier fitted on variable weights applies to variable weights only.
+    assert mid[0].ratio == round((400.0 - fixed) / 200.0, 2) and mid[0].constant_weights is False
+    assert mid[1].scale == round(sum(100.0 + i for i in range(6)) / (6 * roof_wide), 2)
+    cls = F.refitted(costs, split)
+    assert cls.dense["_FusedConv2D"] == cls.dense["Conv2D"] == split["Conv2D"]
+    others = lambda dense: {op: b for op, b in dense.items() if op not in F.OPS + ("_FusedConv2D",)}  # noqa: E731
+    assert others(cls.dense) == others(costs.dense) and others(costs.dense)
+    assert dense_band(cls, "Conv2D", 1e7, 8) == mid[0] and dense_band(cls, "Conv2D", 1e7, 128) == mid[1]
+    assert DEVICE_COSTS["cpu-avx512-bf16"] is costs  # the class itself is left alone
+
+
+def test_fit_conv_bands_splits_constant_from_variable_weights_only_with_enough_of_each():
+    """A forward convolution's range gets a band per kind of weights when both kinds have
+    ``min_nodes`` nodes (a frozen graph's constant filter is re-laid out once, a variable's
+    every step); the constant one is fitted without the fixed re-layout."""
+    import fit_conv_bands as F
+
+    from amp_rewrite.plan.cost_model import DEVICE_COSTS, dense_band
+
+    costs = DEVICE_COSTS["cpu-avx512-bf16"]
+    wide = ((2, 8, 8, 64), (3, 3, 64, 64), (2, 8, 8, 64))
+    rows = [_conv_row(*wide, f32_us=100.0, bf16_us=90.0) for _ in range(3)]
+    rows += [_conv_row(*wide, f32_us=100.0, bf16_us=50.0, constant=True) for _ in range(3)]
+    one = [b for b in F.fit_bands(rows, costs, min_nodes=4, ranges=(2e7,))["Conv2D"] if b.below_flops == 2e7]
+    assert [b.constant_weights for b in one] == [None]
+    both = F.fit_bands(rows, costs, min_nodes=3, ranges=(2e7,))["Conv2D"]
+    mid = [b for b in both if b.below_flops == 2e7]
+    assert [b.constant_weights for b in mid] == [False, True]
+    assert mid[1].ratio == 0.5 and mid[0].ratio == round((90.0 - costs.low_dense_overhead / 1e3) / 100.0, 2)
+    cls = F.refitted(costs, {"Conv2D": both})
+    assert dense_band(cls, "Conv2D", 1e7, 128, constant_weights=True) == mid[1]
+    assert dense_band(cls, "Conv2D", 1e7, 128) == mid[0]

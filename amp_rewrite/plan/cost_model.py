@@ -154,6 +154,10 @@ class DenseBand(NamedTuple):
     #: unlike a wide convolution of the same flops.  Such a band comes before the band of the
     #: same size range that serves every other op.
     below_positions: float = math.inf
+    #: The band applies only to convolutions with constant (``True``) or variable (``False``)
+    #: weights; ``None``: to both.  oneDNN re-lays out a constant filter once and a variable
+    #: one on every call, so the same shapes can gain in one case and lose in the other.
+    constant_weights: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -295,31 +299,59 @@ X86_BF16_LARGE_ELEMENTWISE: Mapping[str, tuple[float, float]] = MappingProxyType
 #: Models, and runs, differ around these sums: DenseNet121's narrow 3x3x128x32 convolutions
 #: gained 7-12% in one profile and 9-24% in another, mostly below their bands.
 #:
-#: Skinny convolutions (``below_positions``): a forward convolution whose weights change every
-#: step and that has few output positions times batch -- a deep layer at a small batch, a GEMM
-#: of 8-63 rows reading a filter of up to 2M elements -- loses in bfloat16, where the same flops
-#: spread over many positions gain a third or more.  Measured in place (``calibrate_in_place.py``,
-#: the ResNet50, MobileNetV2 and EfficientNetB0 training steps at batch 2, 2026-11-27, dumps in
-#: ``bench/cpu_runs/2026-11-27-sizes/``; ``bench/cpu_runs/2026-11-27-skinny/`` groups them):
-#: 5-20 Mflop under 16 positions 1.21x the roofline and 1.74 in bfloat16 (9 nodes), under 64
-#: positions 0.73 and 1.00 (12); 20-200 Mflop 1.23 and 1.00 (4), 0.53 and 0.81 (7).  The same
-#: shapes with constant weights (inference graphs, batch 1 and 2) gain as the wide ones do
-#: (0.61-0.84): oneDNN re-lays out a constant filter once, a variable's every step, and for a
-#: skinny GEMM that re-layout outweighs the arithmetic.  So these bands apply to variable
-#: weights only (:func:`node_cost`).  The gradients were not split: the input gradient gains
-#: as much on skinny shapes (0.46-0.66), and the filter gradient, which gains nothing in any
-#: band below 200 Mflop, lost 27% on four skinny nodes over 20 Mflop.
+#: The 5-200 Mflop convolution bands were refitted on 2026-11-27 (``bench/fit_conv_bands.py
+#: --ranges 2e7,2e8`` over six in-place calibration dumps: the training steps of ResNet50,
+#: MobileNetV2, EfficientNetB0, DenseNet121, InceptionV3 and VGG16 at batch 2 and 8, and five
+#: inference graphs at batch 1, 2 and 8; ``bench/cpu_runs/2026-11-27-wide/``).  In those ranges
+#: one band per op and size mixed two kinds of convolution:
+#:
+#: * by output positions times batch (:func:`conv_positions`, the rows of the GEMM): a deep layer
+#:   at a small batch is a skinny GEMM reading a large filter.  Under 16 and under 64 positions
+#:   the float32 time is 0.9-3.4x the roofline, over 64 positions 0.3-1.4x, and the gain in
+#:   bfloat16 differs as well (20-200 Mflop input gradients: 0.41-0.46 skinny, 0.64 wide;
+#:   filter gradients lose 4-22% skinny and gain 11-20% wide);
+#: * for the forward convolution, by constant or variable weights (:attr:`DenseBand.constant_weights`):
+#:   oneDNN re-lays out a constant filter once and a variable one every step, so a frozen
+#:   graph's convolutions gain 29-43% where a training step's gain 26-37%.
+#:
+#: The first skinny tiers (fitted the same morning on ResNet50, MobileNetV2 and EfficientNetB0
+#: alone: up to 1.74x slower in bfloat16 under 16 positions) did not hold for DenseNet121,
+#: InceptionV3 and VGG16; with them, a skinny forward convolution with variable weights gains
+#: nothing or 3-11%, and only its float32 time stays far above the roofline.
+#:
+#: A band per (op, range, positions tier, kind of weights) with at least 6 nodes, ratios of
+#: sums.  Checked on models the fit had not seen (each model's items priced by bands fitted on
+#: the other five), the error of the convolutions' modelled saving fell from a median 5.5% of
+#: an item's float32 time (largest 24.6%) with the bands of 2026-11-25 to 4.1% (13.6%).  Below
+#: 5 and above 200 Mflop a refit did worse on unseen models, so those bands stay.  Times of
+#: small convolutions measured in place depend on what runs beside them (the same 4x96 1x1
+#: convolution took 22 us at batch 2 and 96 us at batch 8), which is what a band per size
+#: cannot carry from one model to another.
 _X86_BF16_CONV2D = (DenseBand(5e6, 2.3, 0.8),
-                    DenseBand(2e7, 1.21, 1.74, below_positions=16), DenseBand(2e7, 0.73, 1.0, below_positions=64),
-                    DenseBand(2e7, 1.0, 0.86),
-                    DenseBand(2e8, 1.23, 1.0, below_positions=16), DenseBand(2e8, 0.53, 0.81, below_positions=64),
-                    DenseBand(2e8, 0.55, 0.64),
+                    DenseBand(2e7, 1.85, 0.97, below_positions=16, constant_weights=False),
+                    DenseBand(2e7, 1.15, 0.79, below_positions=64, constant_weights=False),
+                    DenseBand(2e7, 0.89, 0.74, constant_weights=False),
+                    DenseBand(2e7, 0.55, 0.7, below_positions=64, constant_weights=True),
+                    DenseBand(2e7, 0.5, 0.71, constant_weights=True),
+                    DenseBand(2e8, 1.24, 0.89, below_positions=16, constant_weights=False),
+                    DenseBand(2e8, 0.86, 0.47, below_positions=64, constant_weights=False),
+                    DenseBand(2e8, 0.43, 0.63, constant_weights=False),
+                    DenseBand(2e8, 0.35, 0.61, below_positions=64, constant_weights=True),
+                    DenseBand(2e8, 0.28, 0.57, constant_weights=True),
                     DenseBand(math.inf, 0.2, 0.57))
 X86_BF16_DENSE: Mapping[str, tuple[DenseBand, ...]] = MappingProxyType({
     "Conv2D": _X86_BF16_CONV2D, "_FusedConv2D": _X86_BF16_CONV2D,
-    "Conv2DBackpropInput": (DenseBand(5e6, 2.9, 0.74), DenseBand(2e7, 1.45, 0.63), DenseBand(2e8, 1.05, 0.5),
+    "Conv2DBackpropInput": (DenseBand(5e6, 2.9, 0.74),
+                            DenseBand(2e7, 3.37, 0.64, below_positions=16), DenseBand(2e7, 1.55, 0.72, below_positions=64),
+                            DenseBand(2e7, 1.05, 0.73),
+                            DenseBand(2e8, 2.81, 0.46, below_positions=16), DenseBand(2e8, 1.28, 0.41, below_positions=64),
+                            DenseBand(2e8, 0.59, 0.64),
                             DenseBand(math.inf, 0.4, 0.5)),
-    "Conv2DBackpropFilter": (DenseBand(5e6, 3.8, 1.0), DenseBand(2e7, 1.4, 0.97), DenseBand(2e8, 0.85, 1.0),
+    "Conv2DBackpropFilter": (DenseBand(5e6, 3.8, 1.0),
+                             DenseBand(2e7, 2.5, 1.22, below_positions=16), DenseBand(2e7, 1.51, 1.13, below_positions=64),
+                             DenseBand(2e7, 1.37, 0.89),
+                             DenseBand(2e8, 1.9, 1.13, below_positions=16), DenseBand(2e8, 1.42, 1.04, below_positions=64),
+                             DenseBand(2e8, 0.63, 0.8),
                              DenseBand(math.inf, 0.42, 0.66)),
     # Depthwise convolutions above 5 Mflop were measured at batch 8 (the large element-wise
     # ops' run, above): the forward one gains a third there, where the small ones gain
@@ -604,14 +636,21 @@ def _dense_rates(costs: DeviceCosts, op: str) -> tuple[float, float]:
     return f32 * costs.dense_efficiency, low * costs.dense_efficiency
 
 
-def dense_band(costs: DeviceCosts, op: str, flops: float, positions: int | None = None) -> DenseBand | None:
-    """The measured band of ``op`` at ``flops`` on ``costs``' device class, if it has one.
-    ``positions`` (:func:`conv_positions`) selects a skinny convolution's band; unknown, the
-    op is priced as a wide one.  Pure."""
+def dense_band(costs: DeviceCosts, op: str, flops: float, positions: int | None = None, *,
+               constant_weights: bool = False) -> DenseBand | None:
+    """The measured band of ``op`` at ``flops`` on ``costs``' device class, if it has one: the
+    first band of the op whose flops range, positions tier (:attr:`DenseBand.below_positions`)
+    and kind of weights (:attr:`DenseBand.constant_weights`) admit the node.  ``positions``
+    (:func:`conv_positions`) selects a skinny convolution's band; unknown, the op is priced as
+    a wide one.  Pure."""
     for band in costs.dense.get(op, ()):
-        skinny_only = band.below_positions != math.inf
-        if flops < band.below_flops and (not skinny_only or positions is not None and positions < band.below_positions):
-            return band
+        if flops >= band.below_flops:
+            continue
+        if band.constant_weights is not None and band.constant_weights != constant_weights:
+            continue
+        if band.below_positions != math.inf and (positions is None or positions >= band.below_positions):
+            continue
+        return band
     return None
 
 
@@ -680,10 +719,8 @@ def node_cost(
                 low_rate = max(costs.misaligned_low_flops * costs.dense_efficiency,
                                low_rate * alignment_efficiency(dims, costs.multiple))
         fixed = 0.0 if constant_weights and "BackpropFilter" not in op else costs.low_dense_overhead
-        # A skinny convolution's band holds the per-step re-layout of a variable filter, which a
-        # constant one does not pay: with constant weights it is priced as a wide one.
-        positions = None if constant_weights else conv_positions(op, in_shapes, out_shapes)
-        band = dense_band(costs, op, flops, positions)
+        band = dense_band(costs, op, flops, conv_positions(op, in_shapes, out_shapes),
+                          constant_weights=constant_weights)
         if band is None:
             return NodeCost(flops / f32_rate + mem_high + serial, flops / low_rate + mem_low + fixed + serial,
                             flops, bad)
