@@ -322,8 +322,9 @@ X86_BF16_LARGE_ELEMENTWISE: Mapping[str, tuple[float, float]] = MappingProxyType
 #: A band per (op, range, positions tier, kind of weights) with at least 6 nodes, ratios of
 #: sums.  Checked on models the fit had not seen (each model's items priced by bands fitted on
 #: the other five), the error of the convolutions' modelled saving fell from a median 5.5% of
-#: an item's float32 time (largest 24.6%) with the bands of 2026-11-25 to 4.1% (13.6%).  Below
-#: 5 and above 200 Mflop a refit did worse on unseen models, so those bands stay.  Times of
+#: an item's float32 time (largest 24.6%) with the bands of 2026-11-25 to 4.1% (13.6%).
+#: Refitting the bands below 5 and above 200 Mflop too did worse on that median and largest
+#: error (4.8%, 16.6%; with the first four dumps, no better on any measure), so those stay.  Times of
 #: small convolutions measured in place depend on what runs beside them (the same 4x96 1x1
 #: convolution took 22 us at batch 2 and 96 us at batch 8), which is what a band per size
 #: cannot carry from one model to another.
