@@ -452,6 +452,61 @@ def plan_summary(result: Any, low: str = "bfloat16") -> dict[str, Any]:
             "est_ratio": est.rewritten.total_ns / est.given.total_ns if est else None}
 
 
+def ab_plans(item, plans: dict[str, Any], *, numerics: bool = False, timing: bool = True,
+             repeats: int = 12, iters: int = 3) -> dict[str, Any]:
+    """An A/B of rewritten graphs of ``item`` against its float32 graph: ``plans`` maps labels
+    to GraphDefs (not ``"float32"``, which is the item's own).  ``numerics``: each plan's
+    median error of the first output (a training step's loss) against float32 over the 16
+    batches ``bench.py`` uses, as ``rel_error``.  ``timing``: float32, every plan and float32
+    again, interleaved over three sets of fresh sessions (:func:`interleaved_step_times`), as
+    ratios to float32 (``measured``, where ``float32_again`` is the A/A control), ms per step
+    (``ms``) and ``rounds``.  Prints each result as it comes; mutates nothing."""
+    out: dict[str, Any] = {}
+    if numerics:
+        batches = input_batches(item, 16)
+        ref = outputs(item.graph_def, item, batches)
+        out["rel_error"] = {label: median_error([rel_error(o[:1], r[:1]) for o, r in
+                                                 zip(outputs(graph, item, batches), ref)])
+                            for label, graph in plans.items()}
+        print("  error", out["rel_error"], flush=True)
+    if timing:
+        graphs = {"float32": item.graph_def, **plans, "float32_again": item.graph_def}
+        times, rounds = interleaved_step_times(graphs, item, repeats=repeats, iters=iters, sessions=3)
+        out["measured"] = {k: v / times["float32"] for k, v in times.items()}
+        out["ms"] = {k: v * 1e3 for k, v in times.items()}
+        out["rounds"] = rounds
+        print("  measured", {k: round(v, 3) for k, v in out["measured"].items()}, rounds, flush=True)
+    return out
+
+
+def ab_cost_classes(name: str, item, classes: dict[str, Any], class_name: str, **ab: Any) -> dict[str, Any]:
+    """Versions of one device class compared on corpus item ``name`` (built as ``item``): each
+    label of ``classes`` (a :class:`~amp_rewrite.plan.cost_model.DeviceCosts`) plans the optimal
+    bfloat16 rewrite for this CPU (:func:`optimal_bf16_for_this_cpu`, step priced) with that
+    class in place of the class named ``class_name``.  Returns each label's
+    :func:`plan_summary`, ``same_plan`` (every rewritten graph byte-identical), and, where they
+    differ, :func:`ab_plans` of the rewritten graphs with ``ab``'s options.  The class table is
+    restored whatever happens; prints each result as it comes."""
+    from amp_rewrite.plan import cost_model
+
+    saved = cost_model.DEVICE_COSTS[class_name]
+    out: dict[str, Any] = {}
+    graphs: dict[str, Any] = {}
+    try:
+        for label, costs in classes.items():
+            cost_model.DEVICE_COSTS[class_name] = costs
+            result = optimal_bf16_for_this_cpu(item, price_step=True)
+            out[label] = plan_summary(result)
+            graphs[label] = result.graph_def
+    finally:
+        cost_model.DEVICE_COSTS[class_name] = saved
+    out["same_plan"] = len({g.SerializeToString(deterministic=True) for g in graphs.values()}) == 1
+    print(name, out, flush=True)
+    if not out["same_plan"]:
+        out.update(ab_plans(item, graphs, **ab))
+    return out
+
+
 def bench_item(name: str, repeats: int, iters: int, budget_s: float = 0.0,
                numerics_batches: int = 16, sessions: int = 3) -> dict[str, Any]:
     t0 = time.perf_counter()

@@ -276,6 +276,35 @@ def test_bench_item_runs_every_variant_of_one_small_item():
     assert res["rel_error"]["tf_bf16"] > 0  # converted: its output moved
 
 
+def test_ab_cost_classes_plans_with_each_class_and_compares_only_differing_plans():
+    """``bench.ab_cost_classes`` plans an item with each version of a class in turn, puts the
+    class table back, and runs the A/B (here: numerics only) only where the plans differ."""
+    import dataclasses
+
+    from amp_rewrite.plan import cost_model
+    from amp_rewrite.plan.targets import Device, Target
+
+    name = "cpu-avx512-bf16"
+    costs = cost_model.DEVICE_COSTS[name]
+    # A class on which bfloat16 costs almost nothing: the MLP's MatMuls convert.
+    cheap = dataclasses.replace(costs, low_flops=costs.f32_flops * 100, misaligned_low_flops=costs.f32_flops * 100,
+                                dense={}, low_elementwise=0.1, op_overhead=0.0, cast_in_place=(0.0, 0.0),
+                                low_dense_overhead=0.0)
+    item = corpus.build("mlp/inference")
+    with pytest.MonkeyPatch.context() as mp:
+        # This machine's class whatever machine runs the test.
+        mp.setattr(bench, "this_cpu_target", lambda: Target("cpu", (Device("CPU", 0, None, frozenset({"avx512_bf16"})),),
+                                                            description="test: CPU avx512_bf16"))
+        same = bench.ab_cost_classes("mlp/inference", item, {"a": costs, "b": costs}, name, timing=False)
+        differ = bench.ab_cost_classes("mlp/inference", item, {"as_is": costs, "cheap": cheap}, name,
+                                       numerics=True, timing=False)
+    assert cost_model.DEVICE_COSTS[name] is costs
+    assert same["same_plan"] and "rel_error" not in same and same["a"] == same["b"]
+    assert not differ["same_plan"] and differ["cheap"]["low_nodes"] > differ["as_is"]["low_nodes"]
+    assert set(differ["rel_error"]) == {"as_is", "cheap"} and differ["rel_error"]["cheap"] > 0
+    assert "measured" not in differ
+
+
 def test_optimal_scaling_times_the_planner_itself():
     """The scaling rows of the optimal planner say how much of the rewrite its placement took
     (the issue-24 goal line is computed from it): a wrapper that no longer sits on the path

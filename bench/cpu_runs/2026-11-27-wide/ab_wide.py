@@ -49,36 +49,10 @@ def main(names: list[str]) -> dict:
     res = {}
     for name in M.resolve_items(names):
         item = M.corpus.build(name)
-        out, graphs = {}, {"float32": item.graph_def}
-        for label, cls in (("old", OLD), ("new", NEW)):
-            cm.DEVICE_COSTS[CLASS] = cls
-            try:
-                r = B.optimal_bf16_for_this_cpu(item, price_step=True)
-            finally:
-                cm.DEVICE_COSTS[CLASS] = CURRENT
-            out[label] = B.plan_summary(r)
-            graphs[label] = r.graph_def
-        out["same_plan"] = (graphs["old"].SerializeToString(deterministic=True)
-                            == graphs["new"].SerializeToString(deterministic=True))
-        print(name, out, flush=True)
-        if not out["same_plan"] and os.environ.get("NUMERICS") == "1":
-            # The first output's error against float32 (a training step's loss, as bench.py
-            # reads it), median over the same 16 batches bench.py uses.
-            batches = B.input_batches(item, 16)
-            ref = B.outputs(item.graph_def, item, batches)
-            out["rel_error"] = {k: B.median_error([B.rel_error(o[:1], r[:1]) for o, r in
-                                                   zip(B.outputs(graphs[k], item, batches), ref)])
-                                for k in ("old", "new")}
-            print("  error", out["rel_error"], flush=True)
-        if not out["same_plan"] and os.environ.get("TIME", "1") == "1":
-            graphs["float32_again"] = item.graph_def
-            times, rounds = B.interleaved_step_times(graphs, item, repeats=int(os.environ.get("R", "12")),
-                                                     iters=int(os.environ.get("I", "3")), sessions=3)
-            out["measured"] = {k: v / times["float32"] for k, v in times.items()}
-            out["ms"] = {k: v * 1e3 for k, v in times.items()}
-            out["rounds"] = rounds
-            print("  measured", {k: round(v, 3) for k, v in out["measured"].items()}, rounds, flush=True)
-        res[name] = out
+        res[name] = B.ab_cost_classes(name, item, {"old": OLD, "new": NEW}, CLASS,
+                                      numerics=os.environ.get("NUMERICS") == "1",
+                                      timing=os.environ.get("TIME", "1") == "1",
+                                      repeats=int(os.environ.get("R", "12")), iters=int(os.environ.get("I", "3")))
     return res
 
 
