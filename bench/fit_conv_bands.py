@@ -161,7 +161,7 @@ def _conv_sums(rows: Iterable[dict], costs: DeviceCosts) -> dict[str, list[float
     """Per item: measured float32 and bfloat16 us of the convolutions, and ``costs``' model."""
     acc: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
     for r in rows:
-        if r["op"] not in OPS:
+        if r["op"] not in OPS or r["f32_us"] <= 0:  # as the fit: a node with no measured time
             continue
         c = node_cost(r["op"], [tuple(s) if s else None for s in r["in_shapes"]],
                       [tuple(s) if s else None for s in r["out_shapes"]], 2, costs,
@@ -189,19 +189,20 @@ def _model(row: dict) -> str:
 
 
 def holdout(rows: list[dict], costs: DeviceCosts, by: str = "dump", **fit: object) -> None:
-    """Print, per dump (``by="dump"``) or model (``"model"``), each item's convolution sums against the class as it is and against
-    bands fitted on the others; and the errors of the modelled saving (float32 -
-    bfloat16): summed over the items, and per item over its float32 time (the median and the
-    largest), which the large items do not dominate."""
+    """Print, per dump (``by="dump"``) or model (``"model"``), each item's convolution sums
+    against the class as it is and against bands fitted on the other dumps or models; and the
+    errors of the modelled saving (float32 - bfloat16): summed over the items, and per item
+    over its float32 time (the median and the largest), which the large items do not
+    dominate."""
     key = _model if by == "model" else (lambda r: r["dump"])
-    dumps = sorted({key(r) for r in rows})
+    groups = sorted({key(r) for r in rows})
     print(f"{'item':38s} {'f32 ms':>7s} {'now':>7s} {'refit':>7s} {'saved':>7s} {'now':>7s} {'refit':>7s}")
     err = {"now": 0.0, "refit": 0.0}
     rel = {"now": [], "refit": []}
-    for d in dumps:
+    for d in groups:
         held = [r for r in rows if key(r) == d]
         cls = refitted(costs, fit_bands([r for r in rows if key(r) != d], costs, **fit))
-        print(f"-- {d} (bands fitted on the other {len(dumps) - 1} {by}s)")
+        print(f"-- {d} (bands fitted on the other {len(groups) - 1} {by}s)")
         now, new = _conv_sums(held, costs), _conv_sums(held, cls)
         for item in sorted(now, key=lambda k: -now[k][0]):
             f32, bf16, nh, nl = now[item]
@@ -226,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--class", dest="cls", default="cpu-avx512-bf16", choices=sorted(DEVICE_COSTS))
     ap.add_argument("--min-nodes", type=int, default=6, help="the fewest nodes a group needs for a band of its own")
     ap.add_argument("--ranges", default="all",
-                    help="upper flops ends of the ranges to refit, e.g. 2e7,2e8 (default: all); the others keep the class's bands")
+                    help="upper flops ends of the ranges to refit, e.g. 2e7,2e8 (default: all); "
+                         "the others keep the class's bands")
     ap.add_argument("--no-skinny", action="store_true", help="no positions tiers in the refitted ranges")
     ap.add_argument("--holdout", choices=("dump", "model"),
                     help="price each dump (or each model's items) with bands fitted on the other dumps (models)")

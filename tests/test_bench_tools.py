@@ -293,8 +293,8 @@ def test_ab_cost_classes_plans_with_each_class_and_compares_only_differing_plans
     item = corpus.build("mlp/inference")
     with pytest.MonkeyPatch.context() as mp:
         # This machine's class whatever machine runs the test.
-        mp.setattr(bench, "this_cpu_target", lambda: Target("cpu", (Device("CPU", 0, None, frozenset({"avx512_bf16"})),),
-                                                            description="test: CPU avx512_bf16"))
+        cpu = Device("CPU", 0, None, frozenset({"avx512_bf16"}))
+        mp.setattr(bench, "this_cpu_target", lambda: Target("cpu", (cpu,), description="test: CPU avx512_bf16"))
         same = bench.ab_cost_classes("mlp/inference", item, {"a": costs, "b": costs}, name, timing=False)
         differ = bench.ab_cost_classes("mlp/inference", item, {"as_is": costs, "cheap": cheap}, name,
                                        numerics=True, timing=False)

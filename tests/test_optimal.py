@@ -255,7 +255,8 @@ def test_skinny_convolutions_and_constant_weights_are_priced_apart_on_this_cpu()
         thin, broad = dense_band(BF16_CPU, op, 1e8, 8), dense_band(BF16_CPU, op, 1e8, 512)
         assert thin.below_positions == 16 and broad.below_positions == math.inf
         assert (thin.ratio < broad.ratio) == skinny_gains_more
-    assert dense_band(BF16_CPU, "Conv2DBackpropFilter", 1e8, 8).ratio > 1 > dense_band(BF16_CPU, "Conv2DBackpropFilter", 1e8).ratio
+    assert dense_band(BF16_CPU, "Conv2DBackpropFilter", 1e8, 8).ratio > 1 \
+        > dense_band(BF16_CPU, "Conv2DBackpropFilter", 1e8).ratio
     # The GPU classes have no measured bands yet: positions change nothing there.
     assert dense_band(GPU, "Conv2D", skinny.flops, 8) is None
 
