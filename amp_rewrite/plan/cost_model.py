@@ -324,7 +324,10 @@ X86_BF16_LARGE_ELEMENTWISE: Mapping[str, tuple[float, float]] = MappingProxyType
 #: the other five), the error of the convolutions' modelled saving fell from a median 5.5% of
 #: an item's float32 time (largest 24.6%) with the bands of 2026-11-25 to 4.1% (13.6%).
 #: Refitting the bands below 5 and above 200 Mflop too did worse on that median and largest
-#: error (4.8%, 16.6%; with the first four dumps, no better on any measure), so those stay.  Times of
+#: error (4.8%, 16.6%; with the first four dumps, no better on any measure), so those stay.
+#: Eight corpus plans changed; timed against the old ones, interleaved (the four largest changes
+#: in four or five processes each), new over old had a geometric mean of 0.983 (ResNet50's
+#: training step at batch 8: 0.930; InceptionV3's: 1.018).  Times of
 #: small convolutions measured in place depend on what runs beside them (the same 4x96 1x1
 #: convolution took 22 us at batch 2 and 96 us at batch 8), which is what a band per size
 #: cannot carry from one model to another.
