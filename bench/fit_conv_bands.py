@@ -49,7 +49,7 @@ sys.path[:0] = [os.path.join(HERE, "..")]
 from amp_rewrite.plan.cost_model import (DEVICE_COSTS, DenseBand, DeviceCosts,  # noqa: E402
                                          conv_positions, node_cost)
 
-__all__ = ["OPS", "FLOPS_EDGES", "POSITION_TIERS", "fit_bands", "refitted", "load"]
+__all__ = ["OPS", "FLOPS_EDGES", "POSITION_TIERS", "group_sums", "fit_bands", "refitted", "load"]
 
 OPS = ("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter")
 #: Upper ends of the flops ranges, as the class's bands have them.
@@ -69,7 +69,7 @@ def load(paths: Iterable[str]) -> list[dict]:
     return rows
 
 
-def _group_sums(rows: Iterable[dict], costs: DeviceCosts) -> dict[tuple, list[float]]:
+def group_sums(rows: Iterable[dict], costs: DeviceCosts) -> dict[tuple, list[float]]:
     """Per (op, constant weights, flops edge, positions tier): [nodes, measured float32 us,
     measured bfloat16 us net of the fixed re-layout, roofline us]."""
     roofline = dataclasses.replace(costs, dense=MappingProxyType({}))
@@ -113,7 +113,7 @@ def fit_bands(rows: Iterable[dict], costs: DeviceCosts, min_nodes: int = 6,
     :func:`~amp_rewrite.plan.cost_model.dense_band` reads them.  Only the flops ranges whose
     upper ends are in ``ranges`` are refitted; the others keep ``costs``' bands.  ``skinny``:
     fit positions tiers too (else one band per range and kind of weights).  Pure."""
-    acc = _group_sums(rows, costs)
+    acc = group_sums(rows, costs)
     ranges = set(ranges)
     tiers = POSITION_TIERS[:-1] if skinny else ()
     fitted: dict[str, tuple[DenseBand, ...]] = {}
