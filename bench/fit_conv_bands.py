@@ -49,7 +49,7 @@ sys.path[:0] = [os.path.join(HERE, "..")]
 from amp_rewrite.plan.cost_model import (DEVICE_COSTS, DenseBand, DeviceCosts,  # noqa: E402
                                          conv_positions, node_cost)
 
-__all__ = ["OPS", "FLOPS_EDGES", "POSITION_TIERS", "group_sums", "fit_bands", "refitted", "load"]
+__all__ = ["OPS", "FLOPS_EDGES", "POSITION_TIERS", "CLASS_DUMPS", "group_sums", "fit_bands", "refitted", "load"]
 
 OPS = ("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter")
 #: Upper ends of the flops ranges, as the class's bands have them.
@@ -58,6 +58,12 @@ FLOPS_EDGES = (5e6, 2e7, 2e8, math.inf)
 POSITION_TIERS = (16, 64, math.inf)
 #: Ops whose forward dense kernel may see constant weights (the others are gradients).
 FORWARD = ("Conv2D",)
+#: The dumps the cpu-avx512-bf16 class's 5-200 Mflop convolution bands were fitted on
+#: (``--ranges 2e7,2e8``), in ``bench/cpu_runs/``: a refit with a new dump adds it here.
+CLASS_DUMPS = tuple(os.path.join(HERE, "cpu_runs", d) for d in (
+    "2026-11-27-sizes/cal_b2.json.gz", "2026-11-27-sizes/cal_inf224.json.gz", "2026-11-27-sizes/cal_tr128.json.gz",
+    "2026-11-27-skinny/cal_inf224_b1.json.gz", "2026-11-27-wide/cal_b2_more.json.gz",
+    "2026-11-27-wide/cal_b8_more.json.gz"))
 
 
 def load(paths: Iterable[str]) -> list[dict]:

@@ -264,7 +264,7 @@ def test_skinny_convolutions_and_constant_weights_are_priced_apart_on_this_cpu()
 def test_the_cpu_class_convolution_bands_are_the_fit_of_the_committed_calibration_dumps():
     """The 5-200 Mflop convolution bands of ``cpu-avx512-bf16`` are what
     ``bench/fit_conv_bands.py --ranges 2e7,2e8`` gives on the six dumps committed under
-    ``bench/cpu_runs/`` (so the table and its data cannot drift apart); the other ranges are the
+    ``bench/cpu_runs/`` (``CLASS_DUMPS``; so the table and its data cannot drift apart); the other ranges are the
     class's own, which the fit keeps."""
     import importlib
     import os
@@ -276,11 +276,8 @@ def test_the_cpu_class_convolution_bands_are_the_fit_of_the_committed_calibratio
         fit = importlib.import_module("fit_conv_bands")
     finally:
         sys.path.remove(bench)
-    dumps = [os.path.join(bench, "cpu_runs", d) for d in (
-        "2026-11-27-sizes/cal_b2.json.gz", "2026-11-27-sizes/cal_inf224.json.gz", "2026-11-27-sizes/cal_tr128.json.gz",
-        "2026-11-27-skinny/cal_inf224_b1.json.gz", "2026-11-27-wide/cal_b2_more.json.gz",
-        "2026-11-27-wide/cal_b8_more.json.gz")]
-    fitted = fit.fit_bands(fit.load(dumps), BF16_CPU, ranges=(2e7, 2e8))
+    assert len(fit.CLASS_DUMPS) == 6 and all(os.path.exists(d) for d in fit.CLASS_DUMPS)
+    fitted = fit.fit_bands(fit.load(fit.CLASS_DUMPS), BF16_CPU, ranges=(2e7, 2e8))
     for op in fit.OPS:
         assert fitted[op] == BF16_CPU.dense[op], op
     assert BF16_CPU.dense["_FusedConv2D"] == BF16_CPU.dense["Conv2D"]

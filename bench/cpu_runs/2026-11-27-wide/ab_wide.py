@@ -21,10 +21,7 @@ from amp_rewrite.plan import cost_model as cm  # noqa: E402
 
 #: The first four fitted the first refit (``ab_b2.json``/``ab_b8.json``, ``DUMPS=4``); all six
 #: the second, which the class now holds.
-DUMPS = [os.path.join(HERE, "..", p) for p in ("2026-11-27-sizes/cal_b2.json.gz", "2026-11-27-sizes/cal_inf224.json.gz",
-                                               "2026-11-27-sizes/cal_tr128.json.gz", "2026-11-27-skinny/cal_inf224_b1.json.gz",
-                                               "2026-11-27-wide/cal_b2_more.json.gz", "2026-11-27-wide/cal_b8_more.json.gz")]
-DUMPS = DUMPS[:int(os.environ.get("DUMPS", "6"))]
+DUMPS = list(F.CLASS_DUMPS)[:int(os.environ.get("DUMPS", "6"))]
 CLASS = "cpu-avx512-bf16"
 _D = cm.DenseBand
 #: The convolution bands before the refit (commit 23a2ead; its skinny tiers applied to variable
