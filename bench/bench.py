@@ -28,7 +28,8 @@ variants and repeating (medians are reported; these machines are shared and nois
 Every step-time measurement includes an A/A control, the float32 graph timed a second time
 in its own session (``float32_again``): its distance from ``float32`` is the graph's noise in
 that run.  Each graph is benchmarked in a fresh process, so memory one graph's sessions keep
-cannot starve the next.
+cannot starve the next, and its step times are spread over ``--processes`` fresh processes of
+their own (a ratio between two graphs depends on the process that times them).
 
 Then synthetic graphs of growing size measure the scaling of each stage (time and peak
 memory, each size in a fresh subprocess): residual MLP blocks with the greedy planner
@@ -262,20 +263,10 @@ class Runner:
         self.sess.close()
 
 
-def interleaved_step_times(graphs: dict[str, Any], item, repeats: int, iters: int,
-                           budget_s: float = 0.0, max_repeats: int = 41,
-                           sessions: int = 3) -> tuple[dict[str, float], int]:
-    """Median seconds per step for each graph, measured round-robin, and the number of rounds.
-
-    At least ``repeats`` rounds; fast graphs get more (up to ``max_repeats``), enough to fill
-    about ``budget_s`` seconds, because their medians are the noisiest: a 10 ms step is hit
-    harder by one descheduling than a 200 ms one.  The first round's length sets the count.
-
-    The rounds are spread over ``sessions`` sets of fresh sessions: a graph's speed depends
-    on the session it runs in, for that session's whole life (DenseNet121's training step ran
-    87-102 ms per step in four sessions of one process), which rounds within one session
-    cannot average out.
-    """
+def _interleaved_samples(graphs: dict[str, Any], item, repeats: int, iters: int, budget_s: float,
+                         max_repeats: int, sessions: int) -> tuple[dict[str, list[float]], set[str], int]:
+    """The rounds of :func:`interleaved_step_times`: every graph's per-round median seconds per
+    step, the graphs that could not run, and the number of rounds."""
     names = list(graphs)
     samples: dict[str, list[float]] = {n: [] for n in names}
     failed: set[str] = set()
@@ -304,7 +295,96 @@ def interleaved_step_times(graphs: dict[str, Any], item, repeats: int, iters: in
             r.close()
         runners.clear()
         gc.collect()  # sessions and graphs hold reference cycles; a big training graph is GBs
+    return samples, failed, rounds
+
+
+def interleaved_step_times(graphs: dict[str, Any], item, repeats: int, iters: int,
+                           budget_s: float = 0.0, max_repeats: int = 41,
+                           sessions: int = 3) -> tuple[dict[str, float], int]:
+    """Median seconds per step for each graph, measured round-robin, and the number of rounds.
+
+    At least ``repeats`` rounds; fast graphs get more (up to ``max_repeats``), enough to fill
+    about ``budget_s`` seconds, because their medians are the noisiest: a 10 ms step is hit
+    harder by one descheduling than a 200 ms one.  The first round's length sets the count.
+
+    The rounds are spread over ``sessions`` sets of fresh sessions: a graph's speed depends
+    on the session it runs in, for that session's whole life (DenseNet121's training step ran
+    87-102 ms per step in four sessions of one process), which rounds within one session
+    cannot average out.  It also depends on the process (:func:`step_times_in_processes`).
+    """
+    samples, failed, rounds = _interleaved_samples(graphs, item, repeats, iters, budget_s, max_repeats, sessions)
     return {n: median(v) for n, v in samples.items() if n not in failed}, rounds
+
+
+def step_times_in_processes(graphs: dict[str, Any], item, repeats: int, iters: int, budget_s: float = 0.0,
+                            max_repeats: int = 41, processes: int = 3) -> dict[str, Any]:
+    """:func:`interleaved_step_times` spread over ``processes`` fresh processes, one set of
+    sessions each, each with its share of the rounds and of the budget.
+
+    Why processes: a ratio between two graphs also depends on the process that times them,
+    for its whole life.  The same pair of ResNet50 training plans measured 1.028 in one
+    process and 0.894-0.945 in four others, each with a small A/A gap of its own
+    (``bench/cpu_runs/2026-11-27-wide``), and fresh sessions inside one process do not move it.
+
+    Returns ``median_s`` (each graph's median over every round of every process), ``rounds``
+    (in all), ``processes`` and ``by_process`` (each process's medians, to show the spread).
+    A graph that failed in any process is left out.  ``processes`` <= 1 times in this process,
+    in three sets of fresh sessions.  The graphs, the item's feeds and variables are handed to
+    the children in a temporary file this function writes and removes; mutates nothing.
+    """
+    if processes <= 1:
+        times, rounds = interleaved_step_times(graphs, item, repeats, iters, budget_s, max_repeats, sessions=3)
+        return {"median_s": times, "rounds": rounds, "processes": 1, "by_process": [times]}
+    import pickle
+    import tempfile
+
+    job = {"graphs": {k: g.SerializeToString() for k, g in graphs.items()},
+           "feeds": dict(item.feeds), "fetches": list(item.fetches), "variables": dict(item.variables),
+           "repeats": math.ceil(repeats / processes), "iters": iters, "budget_s": budget_s / processes,
+           "max_repeats": math.ceil(max_repeats / processes)}
+    pooled: dict[str, list[float]] = {k: [] for k in graphs}
+    failed: set[str] = set()
+    by_process: list[dict[str, float]] = []
+    rounds = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        job_path, out_path = os.path.join(tmp, "job.pickle"), os.path.join(tmp, "samples.json")
+        with open(job_path, "wb") as f:
+            pickle.dump(job, f)  # our own data, read back only by this script's child
+        for i in range(processes):
+            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--time-job", job_path,
+                                   "--time-out", out_path])
+            if proc.returncode != 0 or not os.path.exists(out_path):
+                raise RuntimeError(f"timing process {i + 1} of {processes} failed (exit code {proc.returncode})")
+            with open(out_path) as f:
+                got = json.load(f)
+            os.remove(out_path)
+            failed.update(got["failed"])
+            rounds += got["rounds"]
+            for k, v in got["samples"].items():
+                pooled[k].extend(v)
+            by_process.append({k: median(v) for k, v in got["samples"].items() if v and k not in got["failed"]})
+    medians = {k: median(v) for k, v in pooled.items() if v and k not in failed}
+    by_process = [{k: v for k, v in p.items() if k not in failed} for p in by_process]
+    return {"median_s": medians, "rounds": rounds, "processes": processes, "by_process": by_process}
+
+
+def _time_job(job_path: str, out_path: str) -> None:
+    """The child of :func:`step_times_in_processes`: time the job's graphs, write the samples."""
+    import pickle
+    from types import SimpleNamespace
+
+    with open(job_path, "rb") as f:
+        job = pickle.load(f)
+    graphs = {}
+    for k, data in job["graphs"].items():
+        g = tf.compat.v1.GraphDef()
+        g.ParseFromString(data)
+        graphs[k] = g
+    item = SimpleNamespace(feeds=job["feeds"], fetches=job["fetches"], variables=job["variables"])
+    samples, failed, rounds = _interleaved_samples(graphs, item, job["repeats"], job["iters"], job["budget_s"],
+                                                   job["max_repeats"], sessions=1)
+    with open(out_path, "w") as f:
+        json.dump({"samples": samples, "failed": sorted(failed), "rounds": rounds}, f)
 
 
 def input_batches(item, count: int) -> list[dict[str, np.ndarray]]:
@@ -508,7 +588,10 @@ def ab_cost_classes(name: str, item, classes: dict[str, Any], class_name: str, *
 
 
 def bench_item(name: str, repeats: int, iters: int, budget_s: float = 0.0,
-               numerics_batches: int = 16, sessions: int = 3) -> dict[str, Any]:
+               numerics_batches: int = 16, sessions: int = 3, processes: int = 3) -> dict[str, Any]:
+    """Everything ``bench.py`` measures of corpus graph ``name``.  ``sessions``: the sets of
+    fresh sessions autotune's own measurement is spread over; ``processes``: the fresh
+    processes the table's step times are spread over (:func:`step_times_in_processes`)."""
     t0 = time.perf_counter()
     item = corpus.build(name)
     gd = item.graph_def
@@ -597,8 +680,9 @@ def bench_item(name: str, repeats: int, iters: int, budget_s: float = 0.0,
     f32_bytes = gd.SerializeToString(deterministic=True)
     res["same_as_float32"] = sorted(k for k, v in variants.items() if k not in ("float32", "float32_again")
                                     and v.SerializeToString(deterministic=True) == f32_bytes)
-    res["step_s"], res["step_rounds"] = interleaved_step_times(variants, item, repeats, iters, budget_s,
-                                                                sessions=sessions)
+    timed = step_times_in_processes(variants, item, repeats, iters, budget_s, processes=processes)
+    res["step_s"], res["step_rounds"], res["step_processes"] = timed["median_s"], timed["rounds"], timed["processes"]
+    res["step_s_by_process"] = timed["by_process"]
     base = res["step_s"].get("float32")
     res["speedup_vs_fp32"] = {k: base / v for k, v in res["step_s"].items() if base and v}
 
@@ -745,6 +829,7 @@ def _bench_in_child(name: str, repeats: int, args: argparse.Namespace) -> dict[s
         cmd = [sys.executable, os.path.abspath(__file__), "--one", name, "--one-out", out,
                "--repeats", str(repeats), "--iters", str(args.iters), "--budget", str(args.budget),
                "--numerics-batches", str(args.numerics_batches), "--sessions", str(args.sessions),
+               "--processes", str(args.processes),
                "--batch", str(args.batch), "--weights", args.weights]
         proc = subprocess.run(cmd)
         if proc.returncode != 0 or not os.path.exists(out):
@@ -763,6 +848,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds of step timing per graph: fast graphs get more rounds than --repeats")
     ap.add_argument("--sessions", type=int, default=3,
                     help="sets of fresh sessions each graph's timing rounds are spread over (and autotune's)")
+    ap.add_argument("--processes", type=int, default=3,
+                    help="fresh processes each graph's step timing is spread over (one set of sessions each)")
     ap.add_argument("--numerics-batches", type=int, default=16,
                     help="input batches the output errors are measured on (medians are reported)")
     ap.add_argument("--sizes", help="scaling sizes for the greedy planner, comma-separated, or 'none'")
@@ -774,15 +861,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=HERE)
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: bench one graph, write JSON to --one-out
     ap.add_argument("--one-out", help=argparse.SUPPRESS)
+    ap.add_argument("--time-job", help=argparse.SUPPRESS)  # internal: step_times_in_processes's child
+    ap.add_argument("--time-out", help=argparse.SUPPRESS)
     # RESULTS.md was measured with Keras's initial weights at the corpus' batch of 2;
     # ``--weights trained`` builds the frozen graphs a trained model has (models.trained_like).
     add_model_options(ap, weights="init")
     args = ap.parse_args(argv)
     apply_model_options(args)
     repeats = args.repeats or (3 if args.quick else 7)
+    if args.time_job:
+        _time_job(args.time_job, args.time_out)
+        return 0
     if args.one:
         res = bench_item(resolve_items([args.one])[0], repeats, args.iters, args.budget, args.numerics_batches,
-                         args.sessions)
+                         args.sessions, args.processes)
         with open(args.one_out, "w") as f:
             json.dump(res, f, default=str)
         return 0
@@ -803,6 +895,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"machine": machine_info(), "repeats": repeats, "iters": args.iters,
                                "budget_s": args.budget, "quick": args.quick,
                                "numerics_batches": args.numerics_batches, "sessions": args.sessions,
+                               "processes": args.processes,
                                "batch": args.batch, "weights": args.weights}
     print(json.dumps(results["machine"]), flush=True)
     if not args.scaling_only:

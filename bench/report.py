@@ -202,6 +202,34 @@ def _goal_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+#: The columns of the per-process table: the A/A control and the bfloat16 rewrites.
+_BY_PROCESS = (("float32_again", "float32 again (A/A)"), ("tf_bf16", "TF bf16"), ("ours_bf16", "ours bf16"),
+               ("ours_opt_bf16", "optimal bf16"), ("ours_auto_bf16", "autotune bf16"))
+
+
+def _by_process_lines(graphs: list[dict[str, Any]]) -> list[str]:
+    """A table of each graph's ratios to float32 in each timing process (bench.py
+    ``--processes``), or nothing where the step times came from one process.  The main table's
+    medians pool every process's rounds; this shows how far the processes agreed."""
+    timed = [g for g in graphs if len(g.get("step_s_by_process") or []) > 1]
+    if not timed:
+        return []
+    lines = ["", "## Step time per timing process (ratio to float32 in the same process)", "",
+             "Each graph's rounds were spread over fresh processes; the table above pools them.  Here each "
+             "process's own medians, as ratios to its own float32, separated by `/`: where they straddle 1.00 "
+             "one process alone would have ranked the rewrite the other way.", "",
+             "| graph | " + " | ".join(label for _, label in _BY_PROCESS) + " |",
+             "|---|" + "---|" * len(_BY_PROCESS)]
+    for g in timed:
+        cells = []
+        for key, _ in _BY_PROCESS:
+            ratios = [p[key] / p["float32"] if p.get(key) and p.get("float32") else None
+                      for p in g["step_s_by_process"]]
+            cells.append(" / ".join(_f(r) for r in ratios))
+        lines.append(f"| {g['name']} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def write_report(results: dict[str, Any], out: str) -> None:
     m = results["machine"]
     lines = [
@@ -213,7 +241,9 @@ def write_report(results: dict[str, Any], out: str) -> None:
         f"variants interleaved round-robin, at least {results['repeats']} rounds"
         + (f" and more for fast graphs, to fill about {results['budget_s']:.0f} s per graph (up to 41)"
            if results.get("budget_s") else "")
-        + (f", spread over {results['sessions']} sets of fresh sessions (a graph's speed also depends on "
+        + (f", spread over {results['processes']} fresh processes with one set of sessions each (a ratio "
+           "between two graphs also depends on the process that times them)" if results.get("processes", 1) > 1
+           else f", spread over {results['sessions']} sets of fresh sessions (a graph's speed also depends on "
            "the session it runs in)" if results.get("sessions", 1) > 1 else "")
         + f"; {results['iters']} steps per sample; medians. Produced by `python bench/bench.py"
         f"{' --quick' if results.get('quick') else ''}`; raw numbers in `results.json`.",
@@ -284,6 +314,7 @@ def write_report(results: dict[str, Any], out: str) -> None:
 
             lines.append(f"| {g['name']} | " + " | ".join(cells) + f" | {_f(vs_tf('ours_opt_bf16'))}x | "
                          f"{_f(vs_tf('ours_auto_bf16'))}x | {_f(sp.get('ours_auto_bf16'))}x |")
+        lines += _by_process_lines(graphs)
         lines += [
             "",
             "## Numerics: max relative error of outputs vs float32",

@@ -263,13 +263,20 @@ def test_sizes_check_times_and_prices_one_small_item():
 
 def test_bench_item_runs_every_variant_of_one_small_item():
     """``bench.py``'s per-graph benchmark end to end on the smallest corpus item, reduced (one
-    rewrite repeat, one timing round, two numerics batches, one set of sessions): every
-    variant is timed and checked for errors, autotune chooses among its candidates, and
-    TensorFlow's bfloat16 rewrite, which converts this MLP's MatMuls, is not the float32 graph."""
-    res = bench.bench_item("mlp/inference", repeats=1, iters=1, budget_s=0.0, numerics_batches=2, sessions=1)
+    rewrite repeat, one timing round per process in two fresh processes, two numerics batches,
+    one set of sessions): every variant is timed and checked for errors, autotune chooses among
+    its candidates, and TensorFlow's bfloat16 rewrite, which converts this MLP's MatMuls, is not
+    the float32 graph."""
+    res = bench.bench_item("mlp/inference", repeats=2, iters=1, budget_s=0.0, numerics_batches=2, sessions=1,
+                           processes=2)
     variants = {"float32", "float32_again", "tf_bf16", "ours_bf16", "ours_opt_bf16", "ours_auto_bf16", "tf_fp16",
                 "ours_fp16", "ours_opt_fp16", "force_all_fp16"}
     assert set(res["step_s"]) == variants and all(v > 0 for v in res["step_s"].values())
+    # Timed in two child processes, one round each; the pooled median lies within their range.
+    assert res["step_processes"] == 2 and res["step_rounds"] == 2 and len(res["step_s_by_process"]) == 2
+    for k, v in res["step_s"].items():
+        per = [p[k] for p in res["step_s_by_process"]]
+        assert min(per) <= v <= max(per)
     assert res["autotune_bf16"]["choice"] in {"float32", "tensorflow", "greedy", "optimal"}
     assert "tf_bf16" not in res["same_as_float32"] and res["quality_bf16"]["tensorflow"]["casts"] > 0
     assert res["numerics_batches"] == 2 and set(res["rel_error"]) >= variants - {"float32", "float32_again"}
