@@ -522,6 +522,30 @@ def optimal_bf16_for_this_cpu(item, **options: Any) -> Any:
                                          variable_shapes=variable_shapes(item), **options)
 
 
+def estimated_ratios(item, graphs: dict[str, Any]) -> dict[str, float | None]:
+    """The cost model's whole-step time of each of ``graphs`` (label -> GraphDef) over the
+    float32 graph's, priced for this CPU's class in bfloat16
+    (:func:`amp_rewrite.estimate_step_time`, with the item's variable shapes), every graph
+    alike: what the planner expected, to set beside what the table measured.  ``None`` where
+    a graph cannot be priced.  Mutates nothing."""
+    shapes = variable_shapes(item)
+
+    def priced(graph_def) -> float | None:
+        try:
+            return amp_rewrite.estimate_step_time(graph_def, target=this_cpu_target(), precision="bfloat16",
+                                                  variable_shapes=shapes).total_ns
+        except amp_rewrite.AmpRewriteError as exc:
+            print(f"    cannot price: {exc}", flush=True)
+            return None
+
+    base = priced(item.graph_def)
+    out: dict[str, float | None] = {}
+    for label, graph_def in graphs.items():
+        ns = priced(graph_def)
+        out[label] = ns / base if ns is not None and base else None
+    return out
+
+
 def plan_summary(result: Any, low: str = "bfloat16") -> dict[str, Any]:
     """What a rewrite did, in three numbers: ``low_nodes`` (nodes it runs in ``low``),
     ``casts`` (both ways) and ``est_ratio`` (its estimated step time over the graph's as
@@ -680,6 +704,9 @@ def bench_item(name: str, repeats: int, iters: int, budget_s: float = 0.0,
     f32_bytes = gd.SerializeToString(deterministic=True)
     res["same_as_float32"] = sorted(k for k, v in variants.items() if k not in ("float32", "float32_again")
                                     and v.SerializeToString(deterministic=True) == f32_bytes)
+    # What the cost model expected of each bfloat16 rewrite on this CPU, beside what is measured.
+    res["estimated_bf16"] = estimated_ratios(item, {"tf_bf16": tf_bf16, "ours_bf16": ours_bf16,
+                                                    "ours_opt_bf16": ours_opt_bf16})
     timed = step_times_in_processes(variants, item, repeats, iters, budget_s, processes=processes)
     res["step_s"], res["step_rounds"], res["step_processes"] = timed["median_s"], timed["rounds"], timed["processes"]
     res["step_s_by_process"] = timed["by_process"]
@@ -818,6 +845,55 @@ def scaling(sizes: list[int], timeout: int, planner: str = "greedy") -> list[dic
 # --------------------------------------------------------------------------- main
 
 
+def estimate_item(name: str) -> dict[str, Any]:
+    """The ``estimated_bf16`` of :func:`bench_item` alone (no timing): the same three bfloat16
+    rewrites of corpus graph ``name``, priced.  Plans and prices are deterministic, so this
+    adds the estimates to a run made without them by code whose planner and cost model are
+    the same (``--add-estimates``)."""
+    item = corpus.build(name)
+    gd, fetches = item.graph_def, list(item.fetches)
+    ours_bf16 = amp_rewrite.rewrite_graph_def(gd, target="cpu", precision="bfloat16", fetches=fetches,
+                                              use_env=False, variable_shapes=variable_shapes(item)).graph_def
+    return estimated_ratios(item, {"tf_bf16": tf_amp_rewrite(gd, fetches, mode="bf16"), "ours_bf16": ours_bf16,
+                                   "ours_opt_bf16": optimal_bf16_for_this_cpu(item).graph_def})
+
+
+def add_estimates(path: str, args: argparse.Namespace) -> None:
+    """Adds :func:`estimate_item`'s ratios to each graph of the run in ``path``
+    (``results.json``), one fresh process per graph, built at the run's batch and weights, and
+    writes the run's report again beside it.  Changes ``path``: only its graphs' ``estimated_bf16`` (and ``estimates_added``)."""
+    import tempfile
+
+    with open(path) as f:
+        results = json.load(f)
+    for g in results.get("graphs", []):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "estimate.json")
+            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--estimate-one", g["name"],
+                                   "--one-out", out, "--batch", str(results.get("batch", args.batch)),
+                                   "--weights", results.get("weights", args.weights)])
+            if proc.returncode != 0 or not os.path.exists(out):
+                raise SystemExit(f"estimating {g['name']} failed (exit code {proc.returncode})")
+            with open(out) as f:
+                g["estimated_bf16"] = json.load(f)
+        print(f"  {g['name']}: estimated {g['estimated_bf16']}", flush=True)
+    results["estimates_added"] = {"date": datetime.date.today().isoformat(), "commit": _git_commit()}
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    from report import write_report
+
+    write_report(results, os.path.dirname(os.path.abspath(path)))
+
+
+def _git_commit() -> str | None:
+    """This checkout's commit, or None outside a git checkout."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def _bench_in_child(name: str, repeats: int, args: argparse.Namespace) -> dict[str, Any]:
     """``bench_item(name)`` in a fresh process.  A training graph's ten sessions hold GBs
     (VGG16 with Adam peaked at 11.7 GB), and TensorFlow does not give all of it back, so one
@@ -861,6 +937,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=HERE)
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: bench one graph, write JSON to --one-out
     ap.add_argument("--one-out", help=argparse.SUPPRESS)
+    ap.add_argument("--add-estimates", metavar="RESULTS_JSON",
+                    help="add the cost model's estimated ratios to a run's results.json and write its report again")
+    ap.add_argument("--estimate-one", help=argparse.SUPPRESS)  # internal: add_estimates's child
     ap.add_argument("--time-job", help=argparse.SUPPRESS)  # internal: step_times_in_processes's child
     ap.add_argument("--time-out", help=argparse.SUPPRESS)
     # RESULTS.md was measured with Keras's initial weights at the corpus' batch of 2;
@@ -871,6 +950,13 @@ def main(argv: list[str] | None = None) -> int:
     repeats = args.repeats or (3 if args.quick else 7)
     if args.time_job:
         _time_job(args.time_job, args.time_out)
+        return 0
+    if args.estimate_one:
+        with open(args.one_out, "w") as f:
+            json.dump(estimate_item(resolve_items([args.estimate_one])[0]), f)
+        return 0
+    if args.add_estimates:
+        add_estimates(args.add_estimates, args)
         return 0
     if args.one:
         res = bench_item(resolve_items([args.one])[0], repeats, args.iters, args.budget, args.numerics_batches,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 from typing import Any
 
@@ -230,6 +231,43 @@ def _by_process_lines(graphs: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+#: The bfloat16 rewrites whose estimates the estimated-against-measured table shows.
+_ESTIMATED = (("tf_bf16", "TF bf16"), ("ours_bf16", "ours bf16"), ("ours_opt_bf16", "optimal bf16"))
+
+
+def _estimated_lines(graphs: list[dict[str, Any]]) -> list[str]:
+    """The cost model's estimated ratio to float32 of each bfloat16 rewrite beside the measured
+    one, with a summary of the optimal plan's error; nothing for a run without estimates."""
+    rows = [g for g in graphs if g.get("estimated_bf16")]
+    if not rows:
+        return []
+    lines = ["", "## Estimated against measured (bfloat16, this CPU's class)", "",
+             "Each bfloat16 rewrite's step time over float32's: measured (the table above) / estimated by the "
+             "cost model (`amp_rewrite.estimate_step_time` for this CPU's class, every graph priced alike).  "
+             "The optimal planner converts only what this estimate says gains, and keeps float32 unless the "
+             "whole step is estimated 3% faster.", "",
+             "| graph | A/A gap | " + " | ".join(f"{label}: measured / estimated" for _, label in _ESTIMATED) + " |",
+             "|---|---|" + "---|" * len(_ESTIMATED)]
+    errors = []
+    for g in rows:
+        st, est = g["step_s"], g["estimated_bf16"]
+        cells = []
+        for key, _ in _ESTIMATED:
+            measured = st[key] / st["float32"] if st.get(key) and st.get("float32") else None
+            cells.append(f"{_f(measured, '{:.3f}')} / {_f(est.get(key), '{:.3f}')}")
+            if key == "ours_opt_bf16" and measured and est.get(key):
+                errors.append((est[key] / measured - 1, g["name"]))
+        gap = _aa_gap(g)
+        lines.append(f"| {g['name']} | {_f(gap * 100 if gap is not None else None, '{:.1f}%')} | "
+                     + " | ".join(cells) + " |")
+    if errors:
+        worst = max(errors, key=lambda e: abs(e[0]))
+        lines += ["", f"Optimal bf16: the estimate is off by {statistics.median(abs(e) for e, _ in errors):.1%} "
+                      f"of the measured ratio in the median over {len(errors)} graphs, at most "
+                      f"{worst[0]:+.1%} ({worst[1]})."]
+    return lines
+
+
 def write_report(results: dict[str, Any], out: str) -> None:
     m = results["machine"]
     lines = [
@@ -315,6 +353,7 @@ def write_report(results: dict[str, Any], out: str) -> None:
             lines.append(f"| {g['name']} | " + " | ".join(cells) + f" | {_f(vs_tf('ours_opt_bf16'))}x | "
                          f"{_f(vs_tf('ours_auto_bf16'))}x | {_f(sp.get('ours_auto_bf16'))}x |")
         lines += _by_process_lines(graphs)
+        lines += _estimated_lines(graphs)
         lines += [
             "",
             "## Numerics: max relative error of outputs vs float32",

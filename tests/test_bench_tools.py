@@ -395,3 +395,39 @@ def test_fit_conv_bands_splits_constant_from_variable_weights_only_with_enough_o
     cls = F.refitted(costs, {"Conv2D": both})
     assert dense_band(cls, "Conv2D", 1e7, 128, constant_weights=True) == mid[1]
     assert dense_band(cls, "Conv2D", 1e7, 128) == mid[0]
+
+
+def test_estimated_ratios_price_a_rewrite_against_the_float32_graph():
+    """``bench.estimated_ratios``: the float32 graph itself is 1.0, and TensorFlow's bfloat16
+    rewrite of the MLP, which converts its MatMuls and inserts Casts, is priced differently."""
+    from tf_oracle import tf_amp_rewrite
+
+    item = corpus.build("mlp/inference")
+    tf_bf16 = tf_amp_rewrite(item.graph_def, list(item.fetches), mode="bf16")
+    got = bench.estimated_ratios(item, {"same": item.graph_def, "tf_bf16": tf_bf16})
+    assert got["same"] == pytest.approx(1.0)
+    assert got["tf_bf16"] is not None and got["tf_bf16"] > 0 and got["tf_bf16"] != pytest.approx(1.0)
+
+
+def test_report_shows_each_timing_process_and_the_estimates():
+    """The report's per-process table gives each process's ratios to its own float32, and the
+    estimated-against-measured table the optimal plan's median and largest miss; runs without
+    those fields (older results.json) get neither table."""
+    import report
+
+    def graph(name, est_opt, processes):
+        return {"name": name, "step_s": {"float32": 1.0, "float32_again": 1.02, "tf_bf16": 0.8, "ours_bf16": 0.9,
+                                         "ours_opt_bf16": 0.7},
+                "step_s_by_process": processes,
+                "estimated_bf16": {"tf_bf16": 0.85, "ours_bf16": 0.9, "ours_opt_bf16": est_opt}}
+
+    procs = [{"float32": 2.0, "float32_again": 2.2, "ours_opt_bf16": 1.0},
+             {"float32": 1.0, "float32_again": 0.9, "ours_opt_bf16": 1.1}]
+    graphs = [graph("a", 0.77, procs), graph("b", 0.63, procs)]
+    per_process = "\n".join(report._by_process_lines(graphs))
+    assert "| a | 1.10 / 0.90 | - / - | - / - | 0.50 / 1.10 | - / - |" in per_process
+    estimated = "\n".join(report._estimated_lines(graphs))
+    assert "| a | 2.0% | 0.800 / 0.850 | 0.900 / 0.900 | 0.700 / 0.770 |" in estimated
+    assert "off by 10.0% of the measured ratio in the median over 2 graphs, at most +10.0% (a)" in estimated
+    old = [{"name": "a", "step_s": {"float32": 1.0}}]
+    assert report._by_process_lines(old) == [] and report._estimated_lines(old) == []
