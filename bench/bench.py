@@ -557,14 +557,16 @@ def plan_summary(result: Any, low: str = "bfloat16") -> dict[str, Any]:
 
 
 def ab_plans(item, plans: dict[str, Any], *, numerics: bool = False, timing: bool = True,
-             repeats: int = 12, iters: int = 3) -> dict[str, Any]:
+             repeats: int = 12, iters: int = 3, processes: int = 3) -> dict[str, Any]:
     """An A/B of rewritten graphs of ``item`` against its float32 graph: ``plans`` maps labels
     to GraphDefs (not ``"float32"``, which is the item's own).  ``numerics``: each plan's
     median error of the first output (a training step's loss) against float32 over the 16
     batches ``bench.py`` uses, as ``rel_error``.  ``timing``: float32, every plan and float32
-    again, interleaved over three sets of fresh sessions (:func:`interleaved_step_times`), as
-    ratios to float32 (``measured``, where ``float32_again`` is the A/A control), ms per step
-    (``ms``) and ``rounds``.  Prints each result as it comes; mutates nothing."""
+    again, interleaved, the rounds spread over ``processes`` fresh processes
+    (:func:`step_times_in_processes`; one process alone can rank two plans the wrong way), as
+    ratios to float32 (``measured``, where ``float32_again`` is the A/A control), each
+    process's own ratios (``measured_by_process``), ms per step (``ms``) and ``rounds``.
+    Prints each result as it comes; mutates nothing."""
     out: dict[str, Any] = {}
     if numerics:
         batches = input_batches(item, 16)
@@ -575,10 +577,12 @@ def ab_plans(item, plans: dict[str, Any], *, numerics: bool = False, timing: boo
         print("  error", out["rel_error"], flush=True)
     if timing:
         graphs = {"float32": item.graph_def, **plans, "float32_again": item.graph_def}
-        times, rounds = interleaved_step_times(graphs, item, repeats=repeats, iters=iters, sessions=3)
+        timed = step_times_in_processes(graphs, item, repeats, iters, processes=processes)
+        times = timed["median_s"]
         out["measured"] = {k: v / times["float32"] for k, v in times.items()}
+        out["measured_by_process"] = [{k: v / p["float32"] for k, v in p.items()} for p in timed["by_process"]]
         out["ms"] = {k: v * 1e3 for k, v in times.items()}
-        out["rounds"] = rounds
+        out["rounds"] = rounds = timed["rounds"]
         print("  measured", {k: round(v, 3) for k, v in out["measured"].items()}, rounds, flush=True)
     return out
 

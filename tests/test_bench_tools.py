@@ -431,3 +431,16 @@ def test_report_shows_each_timing_process_and_the_estimates():
     assert "off by 10.0% of the measured ratio in the median over 2 graphs, at most +10.0% (a)" in estimated
     old = [{"name": "a", "step_s": {"float32": 1.0}}]
     assert report._by_process_lines(old) == [] and report._estimated_lines(old) == []
+
+
+def test_ab_plans_times_in_fresh_processes_and_gives_each_process_ratios():
+    """``bench.ab_plans`` times float32, the plans and the A/A control in child processes (two
+    here, one round each) and reports the pooled ratios to float32 and each process's own."""
+    from tf_oracle import tf_amp_rewrite
+
+    item = corpus.build("mlp/inference")
+    plan = tf_amp_rewrite(item.graph_def, list(item.fetches), mode="bf16")
+    out = bench.ab_plans(item, {"tf_bf16": plan}, repeats=2, iters=1, processes=2)
+    assert set(out["measured"]) == {"float32", "tf_bf16", "float32_again"} and out["measured"]["float32"] == 1.0
+    assert out["rounds"] == 2 and len(out["measured_by_process"]) == 2
+    assert all(p["float32"] == 1.0 and p["tf_bf16"] > 0 for p in out["measured_by_process"])
