@@ -324,7 +324,8 @@ def step_times_in_processes(graphs: dict[str, Any], item, repeats: int, iters: i
     Why processes: a ratio between two graphs also depends on the process that times them,
     for its whole life.  The same pair of ResNet50 training plans measured 1.028 in one
     process and 0.894-0.945 in four others, each with a small A/A gap of its own
-    (``bench/cpu_runs/2026-11-27-wide``), and fresh sessions inside one process do not move it.
+    (``bench/cpu_runs/2026-11-27-wide``), though each process spread its rounds over three
+    sets of fresh sessions.
 
     Returns ``median_s`` (each graph's median over every round of every process), ``rounds``
     (in all), ``processes`` and ``by_process`` (each process's medians, to show the spread).
@@ -865,7 +866,8 @@ def estimate_item(name: str) -> dict[str, Any]:
 def add_estimates(path: str, args: argparse.Namespace) -> None:
     """Adds :func:`estimate_item`'s ratios to each graph of the run in ``path``
     (``results.json``), one fresh process per graph, built at the run's batch and weights, and
-    writes the run's report again beside it.  Changes ``path``: only its graphs' ``estimated_bf16`` (and ``estimates_added``)."""
+    writes the run's report again beside it.  Changes ``path``: only its graphs'
+    ``estimated_bf16`` (and ``estimates_added``)."""
     import tempfile
 
     with open(path) as f:
