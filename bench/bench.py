@@ -523,6 +523,19 @@ def optimal_bf16_for_this_cpu(item, **options: Any) -> Any:
                                          variable_shapes=variable_shapes(item), **options)
 
 
+def bf16_rewrites(item) -> dict[str, Any]:
+    """The bfloat16 rewrites of ``item`` that ``bench.py`` times on this CPU, by column:
+    TensorFlow's oneDNN pass (``tf_bf16``), the default profile for a CPU (``ours_bf16``) and
+    the optimal planner for this CPU's class (``ours_opt_bf16``).  Reads ``item`` only."""
+    gd, fetches = item.graph_def, list(item.fetches)
+    return {"tf_bf16": tf_amp_rewrite(gd, fetches, mode="bf16"),
+            "ours_bf16": amp_rewrite.rewrite_graph_def(gd, target="cpu", precision="bfloat16", fetches=fetches,
+                                                       use_env=False, variable_shapes=variable_shapes(item)).graph_def,
+            # The optimal planner's cost model is per device class: for the speed on *this*
+            # machine it must plan for this CPU's class, not "cpu" (a CPU with AMX).
+            "ours_opt_bf16": optimal_bf16_for_this_cpu(item).graph_def}
+
+
 def estimated_ratios(item, graphs: dict[str, Any]) -> dict[str, float | None]:
     """The cost model's whole-step time of each of ``graphs`` (label -> GraphDef) over the
     float32 graph's, priced for this CPU's class in bfloat16
@@ -667,12 +680,8 @@ def bench_item(name: str, repeats: int, iters: int, budget_s: float = 0.0,
     }
 
     # This CPU: bfloat16 (TF's oneDNN bfloat16 mode vs target="cpu").
-    tf_bf16 = tf_amp_rewrite(gd, fetches, mode="bf16")
-    ours_bf16 = amp_rewrite.rewrite_graph_def(gd, target="cpu", precision="bfloat16", fetches=fetches,
-                                              use_env=False, variable_shapes=vs).graph_def
-    # The optimal planner's cost model is per device class: for the speed on *this* machine it
-    # must plan for this CPU's class, not "cpu" (a CPU with AMX).
-    ours_opt_bf16 = optimal_bf16_for_this_cpu(item).graph_def
+    bf16 = bf16_rewrites(item)
+    tf_bf16, ours_bf16, ours_opt_bf16 = bf16["tf_bf16"], bf16["ours_bf16"], bf16["ours_opt_bf16"]
     res["quality_bf16"] = {"tensorflow": quality(gd, tf_bf16, BF16, item), "ours_default": quality(gd, ours_bf16, BF16, item),
                            "ours_optimal": quality(gd, ours_opt_bf16, BF16, item)}
     force = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", fetches=fetches, use_env=False,
@@ -710,8 +719,7 @@ def bench_item(name: str, repeats: int, iters: int, budget_s: float = 0.0,
     res["same_as_float32"] = sorted(k for k, v in variants.items() if k not in ("float32", "float32_again")
                                     and v.SerializeToString(deterministic=True) == f32_bytes)
     # What the cost model expected of each bfloat16 rewrite on this CPU, beside what is measured.
-    res["estimated_bf16"] = estimated_ratios(item, {"tf_bf16": tf_bf16, "ours_bf16": ours_bf16,
-                                                    "ours_opt_bf16": ours_opt_bf16})
+    res["estimated_bf16"] = estimated_ratios(item, bf16)
     timed = step_times_in_processes(variants, item, repeats, iters, budget_s, processes=processes)
     res["step_s"], res["step_rounds"], res["step_processes"] = timed["median_s"], timed["rounds"], timed["processes"]
     res["step_s_by_process"] = timed["by_process"]
@@ -856,11 +864,7 @@ def estimate_item(name: str) -> dict[str, Any]:
     adds the estimates to a run made without them by code whose planner and cost model are
     the same (``--add-estimates``)."""
     item = corpus.build(name)
-    gd, fetches = item.graph_def, list(item.fetches)
-    ours_bf16 = amp_rewrite.rewrite_graph_def(gd, target="cpu", precision="bfloat16", fetches=fetches,
-                                              use_env=False, variable_shapes=variable_shapes(item)).graph_def
-    return estimated_ratios(item, {"tf_bf16": tf_amp_rewrite(gd, fetches, mode="bf16"), "ours_bf16": ours_bf16,
-                                   "ours_opt_bf16": optimal_bf16_for_this_cpu(item).graph_def})
+    return estimated_ratios(item, bf16_rewrites(item))
 
 
 def add_estimates(path: str, args: argparse.Namespace) -> None:
