@@ -317,7 +317,7 @@ def interleaved_step_times(graphs: dict[str, Any], item, repeats: int, iters: in
 
 
 def step_times_in_processes(graphs: dict[str, Any], item, repeats: int, iters: int, budget_s: float = 0.0,
-                            max_repeats: int = 41, processes: int = 3) -> dict[str, Any]:
+                            max_repeats: int = 41, processes: int = 3, sessions: int = 3) -> dict[str, Any]:
     """:func:`interleaved_step_times` spread over ``processes`` fresh processes, one set of
     sessions each, each with its share of the rounds and of the budget.
 
@@ -330,11 +330,11 @@ def step_times_in_processes(graphs: dict[str, Any], item, repeats: int, iters: i
     Returns ``median_s`` (each graph's median over every round of every process), ``rounds``
     (in all), ``processes`` and ``by_process`` (each process's medians, to show the spread).
     A graph that failed in any process is left out.  ``processes`` <= 1 times in this process,
-    in three sets of fresh sessions.  The graphs, the item's feeds and variables are handed to
+    in ``sessions`` sets of fresh sessions.  The graphs, the item's feeds and variables are handed to
     the children in a temporary file this function writes and removes; mutates nothing.
     """
     if processes <= 1:
-        times, rounds = interleaved_step_times(graphs, item, repeats, iters, budget_s, max_repeats, sessions=3)
+        times, rounds = interleaved_step_times(graphs, item, repeats, iters, budget_s, max_repeats, sessions=sessions)
         return {"median_s": times, "rounds": rounds, "processes": 1, "by_process": [times]}
     import pickle
     import tempfile
@@ -632,8 +632,9 @@ def ab_cost_classes(name: str, item, classes: dict[str, Any], class_name: str, *
 def bench_item(name: str, repeats: int, iters: int, budget_s: float = 0.0,
                numerics_batches: int = 16, sessions: int = 3, processes: int = 3) -> dict[str, Any]:
     """Everything ``bench.py`` measures of corpus graph ``name``.  ``sessions``: the sets of
-    fresh sessions autotune's own measurement is spread over; ``processes``: the fresh
-    processes the table's step times are spread over (:func:`step_times_in_processes`)."""
+    fresh sessions autotune's own measurement is spread over (and the table's, with one
+    process); ``processes``: the fresh processes the table's step times are spread over
+    (:func:`step_times_in_processes`)."""
     t0 = time.perf_counter()
     item = corpus.build(name)
     gd = item.graph_def
@@ -720,7 +721,7 @@ def bench_item(name: str, repeats: int, iters: int, budget_s: float = 0.0,
                                     and v.SerializeToString(deterministic=True) == f32_bytes)
     # What the cost model expected of each bfloat16 rewrite on this CPU, beside what is measured.
     res["estimated_bf16"] = estimated_ratios(item, bf16)
-    timed = step_times_in_processes(variants, item, repeats, iters, budget_s, processes=processes)
+    timed = step_times_in_processes(variants, item, repeats, iters, budget_s, processes=processes, sessions=sessions)
     res["step_s"], res["step_rounds"], res["step_processes"] = timed["median_s"], timed["rounds"], timed["processes"]
     res["step_s_by_process"] = timed["by_process"]
     base = res["step_s"].get("float32")
@@ -933,7 +934,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=float, default=30.0,
                     help="seconds of step timing per graph: fast graphs get more rounds than --repeats")
     ap.add_argument("--sessions", type=int, default=3,
-                    help="sets of fresh sessions each graph's timing rounds are spread over (and autotune's)")
+                    help="sets of fresh sessions autotune's rounds are spread over "
+                         "(and the table's, with --processes 1)")
     ap.add_argument("--processes", type=int, default=3,
                     help="fresh processes each graph's step timing is spread over (one set of sessions each)")
     ap.add_argument("--numerics-batches", type=int, default=16,
