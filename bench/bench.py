@@ -536,18 +536,23 @@ def bf16_rewrites(item) -> dict[str, Any]:
             "ours_opt_bf16": optimal_bf16_for_this_cpu(item).graph_def}
 
 
+def estimated_step_ns(item, graph_def) -> float:
+    """The cost model's time (ns) of one step of ``graph_def``, a graph of ``item``, priced for
+    this CPU's class in bfloat16 with the item's variable shapes.  Raises
+    :class:`amp_rewrite.AmpRewriteError` where it cannot be priced; reads its inputs only."""
+    return amp_rewrite.estimate_step_time(graph_def, target=this_cpu_target(), precision="bfloat16",
+                                          variable_shapes=variable_shapes(item)).total_ns
+
+
 def estimated_ratios(item, graphs: dict[str, Any]) -> dict[str, float | None]:
     """The cost model's whole-step time of each of ``graphs`` (label -> GraphDef) over the
     float32 graph's, priced for this CPU's class in bfloat16
     (:func:`amp_rewrite.estimate_step_time`, with the item's variable shapes), every graph
     alike: what the planner expected, to set beside what the table measured.  ``None`` where
     a graph cannot be priced.  Mutates nothing."""
-    shapes = variable_shapes(item)
-
     def priced(graph_def) -> float | None:
         try:
-            return amp_rewrite.estimate_step_time(graph_def, target=this_cpu_target(), precision="bfloat16",
-                                                  variable_shapes=shapes).total_ns
+            return estimated_step_ns(item, graph_def)
         except amp_rewrite.AmpRewriteError as exc:
             print(f"    cannot price: {exc}", flush=True)
             return None

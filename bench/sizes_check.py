@@ -30,7 +30,6 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, ".."), HERE]
 
-import amp_rewrite  # noqa: E402
 import bench  # noqa: E402
 from models import add_model_options, apply_model_options, corpus, resolve_items  # noqa: E402
 
@@ -43,15 +42,13 @@ def check_item(name: str, rounds: int, iters: int, sessions: int = 3) -> dict[st
 
     item = corpus.build(name)
     gd, fetches = item.graph_def, list(item.fetches)
-    shapes = bench.variable_shapes(item)
     t0 = time.perf_counter()
     ours = bench.optimal_bf16_for_this_cpu(item, price_step=True)
     rewrite_s = time.perf_counter() - t0
     tf_bf16 = tf_amp_rewrite(gd, fetches, mode="bf16")
 
     def estimate(graph_def) -> float:
-        return amp_rewrite.estimate_step_time(graph_def, target=bench.this_cpu_target(), precision="bfloat16",
-                                              variable_shapes=shapes).total_ns
+        return bench.estimated_step_ns(item, graph_def)
 
     if ours.step_estimates is not None:
         f32_ns, ours_ns = ours.step_estimates.given.total_ns, ours.step_estimates.rewritten.total_ns
