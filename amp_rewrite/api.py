@@ -21,7 +21,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Collection, Iterable, Iterator, Literal, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterable, Iterator, Literal, Mapping, Sequence
 
 import networkx as nx
 
@@ -30,6 +30,7 @@ from .errors import AmpRewriteError, InvalidGraphError, ListError, TargetError
 from .plan.exclude import NameMatcher
 from .graph.io import export_graph_def, import_graph_def, loop_functions, parse_graph_def, reachable_functions
 from .plan.preserve import excluded_nodes, preserved_nodes
+from .plan.normalization import find_normalizations
 from .plan.lists import PLANNERS, ListContext, ListEdit, OpLists, edits_from_environ, load_lists, tf_major_minor
 from .graph.op_registry import OpRegistry, default_registry
 from .report.build import build_report
@@ -475,7 +476,9 @@ def _rewrite_graph_def(
     timings = dict.fromkeys(("lists", "import", "decide", "rewrite", "export"), 0.0)
     t0 = clock()
     timings["lists"] = t0 - t_lists
-    imported = _import(graph_def, registry, functions, optimal, variable_shapes)
+    imported = _import(graph_def, registry, functions,
+                       True if optimal else (lambda graphs: _normalization_reads_shapes(op_lists, graphs)),
+                       variable_shapes)
     ir_graphs = [imported.graph, *imported.functions.values()]  # to free at the end
     t_price = clock()
     pricing = _StepPricing(imported, tgt, precision, registry, compiled) if price_step else None
@@ -598,14 +601,16 @@ def _rewrite_functions(imported: Any, stage: _Stage, options: DecideOptions, exc
 def _decide_options(lvl: str, preserve: set[str], excluded: dict[str, str], tensorflow_bugs: bool,
                     planner: str, compiled: bool, op_lists: OpLists, declined: str | None = None) -> DecideOptions:
     """The main graph's :class:`DecideOptions`: normalization-aware where the profile runs a
-    normalization's apply ops in low precision (its ``[normalization]`` table: the default
-    profile and those extending it) and under the cost-aware planners (any ``planner`` but
-    ``"greedy"``); ``declined`` as the caller gave it.  Pure."""
+    normalization's apply ops in low precision (its ``[normalization]`` table) and under the
+    cost-aware planners (any ``planner`` but ``"greedy"``), fenced where the greedy passes
+    keep them float32 but not what reads them (``apply = "fenced"``: the default profile and
+    those extending it); ``declined`` as the caller gave it.  Pure."""
     optimal = planner != "greedy"
     return DecideOptions(force_all=lvl == "UNSAFE_FORCE_ALL", preserve=frozenset(preserve),
                          preserve_reasons=excluded,
                          tensorflow_bugs=tensorflow_bugs, planner=planner,  # type: ignore[arg-type]
                          normalization_aware=optimal or op_lists.normalization_apply == "low",
+                         normalization_fenced=not optimal and op_lists.normalization_apply == "fenced",
                          compiled=compiled, declined=declined,
                          # Statistics stay float32 in every profile but TensorFlow's own
                          # (parity), also where the lists infer Mean (optimal, in bfloat16).
@@ -654,11 +659,27 @@ def _target_and_lists(target: str | Target, precision: str, lists: str | os.Path
     return tgt, resolved, precision_reason, op_lists, lvl
 
 
-def _import(graph_def: Any, registry: OpRegistry, functions: str, optimal: bool,
+def _normalization_reads_shapes(op_lists: OpLists, graphs: Sequence[nx.MultiDiGraph]) -> bool:
+    """Whether the greedy passes need static shapes for ``op_lists``' normalization rule on
+    ``graphs`` (a graph and its functions, imported): the rule changes TensorFlow's painting
+    (``[normalization] apply`` is not ``"float32"``) and some graph has a moment-based
+    normalization.  The rule leaves out normalizations over fewer than 16 values, and fences
+    none upstream of a fragile one, and only shapes can tell.  Shape inference imports the
+    graph into TensorFlow (seconds on a large training step), so graphs without a
+    normalization skip it.  Reads ``graphs`` only."""
+    if op_lists.normalization_apply == "float32":
+        return False
+    return any(find_normalizations(g).norms for g in graphs)
+
+
+def _import(graph_def: Any, registry: OpRegistry, functions: str,
+            shapes: bool | Callable[[Sequence[nx.MultiDiGraph]], bool],
             variable_shapes: Mapping[str, Sequence[int | None] | None] | None) -> Any:
     """Import ``graph_def`` (only the functions it calls, for ``functions="reachable"``),
-    check the main graph's cycles, and for the cost-aware planners (``optimal``) infer the
-    shapes of the main graph and of every function.  Returns the imported graphs."""
+    check the main graph's cycles, and where ``shapes`` says so (``True`` for the cost-aware
+    planners; a function of the imported graphs, for a normalization rule that counts values:
+    :func:`_normalization_reads_shapes`) infer the shapes of the main graph and of every
+    function.  Returns the imported graphs."""
     known_variables = check_variable_shapes(graph_def, variable_shapes)
     imported = import_graph_def(graph_def, registry)
     if functions == "reachable":
@@ -667,7 +688,7 @@ def _import(graph_def: Any, registry: OpRegistry, functions: str, optimal: bool,
             del imported.functions[fname]
     g = imported.graph
     check_cycles(g, "the graph")
-    if optimal:
+    if shapes is True or (shapes and shapes([g, *imported.functions.values()])):
         # The cost model needs tensor sizes; TensorFlow's shape inference gives them.
         g.graph["shapes"] = graph_shapes(graph_def, known_variables, registry)
         fdefs = {f.signature.name: f for f in graph_def.library.function}

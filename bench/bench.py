@@ -52,7 +52,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, Sequence
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # TensorFlow's bfloat16 column is its oneDNN pass, which exists only while oneDNN is on, and
@@ -536,6 +536,16 @@ def bf16_rewrites(item) -> dict[str, Any]:
             "ours_opt_bf16": optimal_bf16_for_this_cpu(item).graph_def}
 
 
+def fp16_rewrites(item) -> tuple[Any, Any]:
+    """Our float16 rewrites of ``item`` for a GPU 8.0 that ``bench.py`` compares with
+    TensorFlow's pass: the default profile's (the ``ours_fp16`` column) and the optimal
+    planner's (``ours_opt_fp16``), as :class:`amp_rewrite.RewriteResult`.  The variables' shapes
+    are given, as the ``tf.function`` training path gives them.  Reads ``item`` only."""
+    gd, fetches = item.graph_def, list(item.fetches)
+    kw = dict(target="gpu:8.0", fetches=fetches, use_env=False, variable_shapes=variable_shapes(item))
+    return (amp_rewrite.rewrite_graph_def(gd, **kw), amp_rewrite.rewrite_graph_def(gd, lists="optimal", **kw))
+
+
 def estimated_step_ns(item, graph_def) -> float:
     """The cost model's time (ns) of one step of ``graph_def``, a graph of ``item``, priced for
     this CPU's class in bfloat16 with the item's variable shapes.  Raises
@@ -669,10 +679,7 @@ def bench_item(name: str, repeats: int, iters: int, budget_s: float = 0.0,
     # planner is told them, as the tf.function training path tells it (TF's pass is not: it
     # has no use for them).
     vs = variable_shapes(item)
-    default = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", fetches=fetches, use_env=False,
-                                            variable_shapes=vs)
-    optimal = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", fetches=fetches, use_env=False,
-                                            lists="optimal", variable_shapes=vs)
+    default, optimal = fp16_rewrites(item)
     res["quality_fp16"] = {
         "tensorflow": quality(gd, ref_gd, HALF, item),
         "ours_tensorflow_lists": quality(gd, ours.graph_def, HALF, item),
@@ -743,18 +750,10 @@ def bench_item(name: str, repeats: int, iters: int, budget_s: float = 0.0,
         for k, v in variants.items():
             if k in ("float32", "float32_again"):
                 continue
-            got = outputs(v, item, batches)
-            if got is None:
-                res["rel_error_batches"][k] = None
-                continue
-            res["rel_error_batches"][k] = [rel_error(o, r) for o, r in zip(got, ref)]
-            gc.collect()
-            if item.kind == "training":
-                # The loss alone (the step's forward result).  The weights after one Adam step
-                # move by about +-lr whatever a gradient entry's size, so near-zero entries flip
-                # sign under any rounding: that part of rel_error measures the optimizer, not
-                # the rewrite.
-                res["loss_rel_error_batches"][k] = [rel_error(o[:1], r[:1]) for o, r in zip(got, ref)]
+            every, loss = column_errors(v, item, batches, ref)
+            res["rel_error_batches"][k] = every
+            if every is not None and loss is not None:
+                res["loss_rel_error_batches"][k] = loss
         for k, (every, loss) in floor_errors(gd, item, batches, ref).items():
             res["rel_error_batches"][k] = every
             if item.kind == "training":
@@ -768,6 +767,106 @@ def bench_item(name: str, repeats: int, iters: int, budget_s: float = 0.0,
     print(f"    rewrite TF {res['rewrite_s']['tensorflow']*1e3:.0f} ms vs ours {res['rewrite_s']['ours']*1e3:.0f} ms; "
           f"step {json.dumps({k: round(v * 1e3, 2) for k, v in res['step_s'].items()})} ms", flush=True)
     return res
+
+
+def column_errors(graph_def, item, batches: list[dict[str, np.ndarray]], ref: list[list[np.ndarray]]
+                  ) -> tuple[list[float | None] | None, list[float | None] | None]:
+    """One column's errors against the float32 outputs ``ref``, batch by batch: over every
+    output, and for a training step over its loss alone (else ``None``); ``(None, None)``
+    where ``graph_def`` cannot run here."""
+    got = outputs(graph_def, item, batches)
+    if got is None:
+        return None, None
+    every = [rel_error(o, r) for o, r in zip(got, ref)]
+    gc.collect()
+    # The loss alone (the step's forward result).  The weights after one Adam step move by
+    # about +-lr whatever a gradient entry's size, so near-zero entries flip sign under any
+    # rounding: that part of rel_error measures the optimizer, not the rewrite.
+    loss = [rel_error(o[:1], r[:1]) for o, r in zip(got, ref)] if item.kind == "training" else None
+    return every, loss
+
+
+#: Columns whose plans ``--redo-numerics`` can make again: ours in float16 for a GPU 8.0, by
+#: the key of their Cast quality in ``quality_fp16``.
+REDO_COLUMNS = {"ours_fp16": "ours_default", "ours_opt_fp16": "ours_optimal"}
+
+
+def redo_item(name: str, columns: Sequence[str], numerics_batches: int) -> dict[str, Any]:
+    """For corpus graph ``name``, each of ``columns`` (keys of :data:`REDO_COLUMNS`) made again
+    by this checkout's planner: its Cast quality, its errors over ``numerics_batches`` batches
+    (:func:`column_errors`), and whether it is the float32 graph.  No timing."""
+    item = corpus.build(name)
+    default, optimal = fp16_rewrites(item)
+    graphs = {"ours_fp16": default.graph_def, "ours_opt_fp16": optimal.graph_def}
+    batches = input_batches(item, numerics_batches)
+    ref = outputs(item.graph_def, item, batches)
+    f32_bytes = item.graph_def.SerializeToString(deterministic=True)
+    out: dict[str, Any] = {}
+    for col in columns:
+        every, loss = column_errors(graphs[col], item, batches, ref) if ref is not None else (None, None)
+        out[col] = {"quality": quality(item.graph_def, graphs[col], HALF, item), "every": every, "loss": loss,
+                    "same_as_float32": graphs[col].SerializeToString(deterministic=True) == f32_bytes}
+    return out
+
+
+def apply_redone(g: dict[str, Any], col: str, redone: dict[str, Any]) -> None:
+    """Puts one column's :func:`redo_item` result into graph ``g`` of a run: its Cast quality
+    and errors replace the run's, and its step times go (the graph timed is not the plan any
+    more).  Mutates ``g``."""
+    g["quality_fp16"][REDO_COLUMNS[col]] = redone["quality"]
+    for key in ("step_s", "speedup_vs_fp32"):
+        g.get(key, {}).pop(col, None)
+    for per_process in g.get("step_s_by_process") or []:
+        per_process.pop(col, None)
+    same = set(g.get("same_as_float32", [])) - {col}
+    g["same_as_float32"] = sorted(same | ({col} if redone["same_as_float32"] else set()))
+    if "rel_error_batches" not in g:
+        return
+    g["rel_error_batches"][col] = redone["every"]
+    g["rel_error"][col] = median_error(redone["every"])
+    g.setdefault("nonfinite_batches", {})[col] = nonfinite_count(redone["every"])
+    if redone["loss"] is not None and "loss_rel_error" in g:
+        g["loss_rel_error_batches"][col] = redone["loss"]
+        g["loss_rel_error"][col] = median_error(redone["loss"])
+
+
+def redo_numerics(path: str, columns: Sequence[str], args: argparse.Namespace) -> None:
+    """Makes ``columns`` of the run in ``path`` (``results.json``) again with this checkout's
+    planner, one fresh process per graph (:func:`redo_item`, at the run's batch, weights and
+    number of batches), and writes the run's report again beside it: for a change of plans
+    that moves errors and Casts, not the timed columns.  The redone columns lose their step
+    times; ``numerics_redone`` records which columns, when and at which commit.  Changes
+    ``path``."""
+    import tempfile
+
+    unknown = sorted(set(columns) - set(REDO_COLUMNS))
+    if unknown:
+        raise SystemExit(f"--redo-numerics: cannot redo {', '.join(unknown)} (only {', '.join(REDO_COLUMNS)})")
+    with open(path) as f:
+        results = json.load(f)
+    batches = results.get("numerics_batches", args.numerics_batches)
+    for g in results.get("graphs", []):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "redo.json")
+            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--redo-one", g["name"],
+                                   "--redo-columns", ",".join(columns), "--one-out", out,
+                                   "--numerics-batches", str(batches),
+                                   "--batch", str(results.get("batch", args.batch)),
+                                   "--weights", results.get("weights", args.weights)])
+            if proc.returncode != 0 or not os.path.exists(out):
+                raise SystemExit(f"redoing {g['name']} failed (exit code {proc.returncode})")
+            with open(out) as f:
+                redone = json.load(f)
+        for col in columns:
+            apply_redone(g, col, redone[col])
+        print(f"  {g['name']}: " + ", ".join(f"{c} error {g.get('rel_error', {}).get(c)}" for c in columns), flush=True)
+    results.setdefault("numerics_redone", []).append(
+        {"columns": list(columns), "date": datetime.date.today().isoformat(), "commit": _git_commit()})
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    from report import write_report
+
+    write_report(results, os.path.dirname(os.path.abspath(path)))
 
 
 # --------------------------------------------------------------------------- scaling
@@ -957,6 +1056,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--add-estimates", metavar="RESULTS_JSON",
                     help="add the cost model's estimated ratios to a run's results.json and write its report again")
     ap.add_argument("--estimate-one", help=argparse.SUPPRESS)  # internal: add_estimates's child
+    ap.add_argument("--redo-numerics", metavar="RESULTS_JSON",
+                    help="make the --redo-columns of an existing run again with this checkout's planner (Casts and "
+                         "errors; their step times are dropped) and write its report again")
+    ap.add_argument("--redo-columns", default="ours_fp16",
+                    help=f"comma-separated columns for --redo-numerics, of {', '.join(REDO_COLUMNS)}")
+    ap.add_argument("--redo-one", help=argparse.SUPPRESS)  # internal: redo_numerics's child
     ap.add_argument("--time-job", help=argparse.SUPPRESS)  # internal: step_times_in_processes's child
     ap.add_argument("--time-out", help=argparse.SUPPRESS)
     # RESULTS.md was measured with Keras's initial weights at the corpus' batch of 2;
@@ -974,6 +1079,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.add_estimates:
         add_estimates(args.add_estimates, args)
+        return 0
+    if args.redo_one:
+        with open(args.one_out, "w") as f:
+            json.dump(redo_item(resolve_items([args.redo_one])[0], args.redo_columns.split(","),
+                                args.numerics_batches), f)
+        return 0
+    if args.redo_numerics:
+        redo_numerics(args.redo_numerics, args.redo_columns.split(","), args)
         return 0
     if args.one:
         res = bench_item(resolve_items([args.one])[0], repeats, args.iters, args.budget, args.numerics_batches,

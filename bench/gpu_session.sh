@@ -12,6 +12,12 @@
 #
 # Stages, most wanted first (a session of 15 device minutes has room for about two after the
 # install):
+#   norm      Done-when line 1 with the default profile's fenced normalization rule (Keras's
+#             policy: a norm computes in float32, deny stops at its output; 2026-11-27): ours as
+#             a user enables it (XLA) against Keras's mixed_float16 + XLA and float32 + XLA on
+#             ResNet50 and BERT training, with the rule it replaced (apply ops in float16), which
+#             the cost model prices 7% faster on ResNet50 at 1.1-1.8x the errors
+#             (bench/cpu_runs/2026-11-27-keras-norm).
 #   profile   Why ours trails Keras's mixed_float16 on BERT under XLA: both steps, and ours
 #             with the lists of session 7 (Exp denied), under TensorFlow's profiler, each
 #             kernel's time set against its HLO instruction and TensorFlow op; then ResNet50
@@ -30,7 +36,7 @@
 # gpu_profile after each variant), so a command stopped by its timeout keeps what it finished.
 # The stage's exit status is the first failing command's (0 when all succeeded).
 set -u
-stage=${1:?usage: bench/gpu_session.sh profile|train|nodes|more OUT}
+stage=${1:?usage: bench/gpu_session.sh norm|profile|train|nodes|more OUT}
 out=${2:?usage: bench/gpu_session.sh STAGE OUT}
 mkdir -p "$out" && out=$(cd "$out" && pwd) || exit 2
 cd "$(dirname "$0")/.." || exit 2
@@ -49,6 +55,13 @@ step() {
 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv >> "$log" 2>&1
 
 case "$stage" in
+norm)
+    step timeout 540 python3 bench/gpu_bench.py --workloads resnet50-train-b64,bert_base-train-b32 \
+        --variants float32,float32_again,float32_xla,keras_mixed_xla,ours_user,ours_default_low_xla \
+        --extra-variant 'ours_default_low_xla=ours_default_xla:{"lists": "bench/lists/normalization_low.toml"}' \
+        --repeats 5 --steps 10 --warmup 2 --no-predict --time-budget 480 \
+        --out "$out/gpu_norm.md"
+    ;;
 profile)
     # The compiled modules too (a fresh dump: a warm machine keeps /tmp between calls).
     rm -rf /tmp/xd_prof

@@ -290,7 +290,11 @@ def write_report(results: dict[str, Any], out: str) -> None:
            else f", spread over {results['sessions']} sets of fresh sessions (a graph's speed also depends on "
            "the session it runs in)" if results.get("sessions", 1) > 1 else "")
         + f"; {results['iters']} steps per sample; medians. Produced by `python bench/bench.py"
-        f"{' --quick' if results.get('quick') else ''}`; raw numbers in `results.json`.",
+        f"{' --quick' if results.get('quick') else ''}`; raw numbers in `results.json`."
+        + "".join(f" Made again after the run with the planner of commit {r.get('commit') or '?'} ({r['date']}; "
+                  "`bench.py --redo-numerics`): the Casts and errors of " + ", ".join(f"`{c}`" for c in r["columns"])
+                  + ", whose step times were dropped (the graphs timed were the old plans)."
+                  for r in results.get("numerics_redone", [])),
         "",
         "## Where the goals stand",
         "",

@@ -445,3 +445,25 @@ def test_ab_plans_times_in_fresh_processes_and_gives_each_process_ratios():
     assert set(out["measured"]) == {"float32", "tf_bf16", "float32_again"} and out["measured"]["float32"] == 1.0
     assert out["rounds"] == 2 and len(out["measured_by_process"]) == 2
     assert all(p["float32"] == 1.0 and p["tf_bf16"] > 0 for p in out["measured_by_process"])
+
+
+def test_redo_numerics_replaces_a_columns_casts_and_errors_and_drops_its_step_times():
+    """``bench.redo_item`` makes the default profile's float16 rewrite of a corpus graph again
+    (Casts, errors per batch, whether it is the float32 graph); ``apply_redone`` puts it into a
+    run's graph, whose timed column then goes (the graph timed was the old plan)."""
+    item = corpus.build("transformer/inference")
+    redone = bench.redo_item("transformer/inference", ["ours_fp16"], 2)["ours_fp16"]
+    assert redone["quality"]["casts"] > 0 and not redone["same_as_float32"]
+    assert len(redone["every"]) == 2 and all(e is not None and 0 < e < 1e-2 for e in redone["every"])
+    assert redone["loss"] is None  # inference: no loss column
+    g = {"name": item.name, "quality_fp16": {"ours_default": {"casts": -1}},
+         "step_s": {"float32": 1.0, "ours_fp16": 2.0}, "speedup_vs_fp32": {"ours_fp16": 0.5},
+         "step_s_by_process": [{"float32": 1.0, "ours_fp16": 2.0}], "same_as_float32": ["ours_fp16", "x"],
+         "rel_error_batches": {"ours_fp16": [9.0]}, "rel_error": {"ours_fp16": 9.0}}
+    bench.apply_redone(g, "ours_fp16", redone)
+    assert g["quality_fp16"]["ours_default"] == redone["quality"]
+    assert "ours_fp16" not in g["step_s"] and "ours_fp16" not in g["speedup_vs_fp32"]
+    assert g["step_s_by_process"] == [{"float32": 1.0}] and g["same_as_float32"] == ["x"]
+    assert g["rel_error_batches"]["ours_fp16"] == redone["every"]
+    assert g["rel_error"]["ours_fp16"] == pytest.approx(float(np.median(redone["every"])))
+    assert g["nonfinite_batches"]["ours_fp16"] == 0

@@ -208,7 +208,8 @@ def test_lists_command_prints_effective_lists(capsys):
     assert "Tanh" in deny and "Exp" in deny
     assert "# planner greedy; a normalization's apply ops: float32 (TensorFlow's deny propagation)" in text
     assert main(["lists", "--lists", "default", "--target", "gpu:8.0"]) == 0
-    assert "a normalization's apply ops: low (x * scale + offset" in capsys.readouterr().out
+    assert "a normalization's apply ops: fenced (a norm's statistics and the ops applying them" in (
+        capsys.readouterr().out)
 
 
 # ------------------------------------------------------------------------------ demo

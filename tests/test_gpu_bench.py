@@ -584,7 +584,7 @@ def test_the_gpu_session_script_names_only_known_workloads_and_variants_and_fits
                 if re.search(r"timeout \d+ python3 bench/gpu_(bench|profile)\.py", line)]
     assert len(commands) >= 4
     stages = re.findall(r"^(\w+)\)$", text, flags=re.M)
-    assert stages == ["profile", "train", "nodes", "more"]
+    assert stages == ["norm", "profile", "train", "nodes", "more"]
     for command in commands:
         words = shlex.split(command.split(">")[0])
         timeout = int(words[1])
@@ -611,8 +611,9 @@ def test_the_gpu_session_script_names_only_known_workloads_and_variants_and_fits
 
 
 def test_the_list_files_the_gpu_session_names_load_and_differ_from_the_default_as_they_say():
-    """``bench/gpu_session.sh profile`` runs ``ours_exp_denied`` with ``bench/lists/exp_denied.toml``:
-    a list file that stopped loading would cost a GPU call.  It is the default profile with
+    """``bench/gpu_session.sh profile`` runs ``ours_exp_denied`` with ``bench/lists/exp_denied.toml``
+    (and ``norm`` the rule of ``normalization_low.toml``): a list file that stopped loading
+    would cost a GPU call.  It is the default profile with
     the range-proven ``Exp`` exemption taken back (TensorFlow's rule), and nothing else."""
     import amp_rewrite
 
@@ -628,3 +629,9 @@ def test_the_list_files_the_gpu_session_names_load_and_differ_from_the_default_a
     assert "Exp" in default.bounded and "Exp" not in denied.bounded and "Exp" in denied.deny
     assert (denied.allow, denied.infer, denied.clear, denied.planner) == \
         (default.allow, default.infer, default.clear, default.planner)
+    # ``norm`` runs ``ours_default_low_xla``: the default profile with the normalization rule
+    # of 2026-11-26 (apply ops in float16) instead of the fence, and nothing else.
+    low, _ = amp_rewrite.resolve_lists(os.path.join(lists_dir, "normalization_low.toml"), target=target,
+                                       precision="float16", environ={})
+    assert (default.normalization_apply, low.normalization_apply) == ("fenced", "low")
+    assert low.as_dict() == default.as_dict() and low.bounded == default.bounded

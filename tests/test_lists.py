@@ -398,14 +398,16 @@ def test_planner_key_is_validated_and_inherited(tmp_path):
 
 def test_normalization_policy_is_validated_inherited_and_overridable(tmp_path):
     """``[normalization]`` says where a normalization's apply ops run: TensorFlow's profile
-    leaves them to deny propagation (float32), the default profile runs them in low precision
-    in float16 and the optimal one in both, and a later layer (a child profile or a user file
-    layered on top) can set it back, per precision, with its own reason."""
+    leaves them to deny propagation (float32), the default profile fences them in float16
+    (float32, but not what reads their output, as Keras's mixed policy), the optimal one runs
+    them in low precision in both, and a later layer (a child profile or a user file layered
+    on top) can set it back, per precision, with its own reason."""
     assert load_lists("tensorflow", context=CUDA).normalization_apply == "float32"
     assert load_lists("tensorflow", context=CUDA).normalization_reason == ""
-    for name in ("default", "optimal"):
-        got = load_lists(name, context=CUDA)
-        assert got.normalization_apply == "low" and "float32 statistics is bounded" in got.normalization_reason
+    got = load_lists("default", context=CUDA)
+    assert got.normalization_apply == "fenced" and "as Keras's mixed_float16 policy" in got.normalization_reason
+    got = load_lists("optimal", context=CUDA)
+    assert got.normalization_apply == "low" and "float32 statistics is bounded" in got.normalization_reason
     # In bfloat16 the default profile leaves it to TensorFlow's rule (a CPU's bfloat16
     # element-wise kernels are slower than float32's); the optimal planner weighs it.
     assert load_lists("default", context=BF16).normalization_apply == "float32"
@@ -438,7 +440,10 @@ def test_normalization_policy_is_validated_inherited_and_overridable(tmp_path):
     bf16_only.write_text('schema_version = 1\n[normalization]\napply = "low"\nreason = "bf16 too"\n'
                          'precisions = ["bfloat16"]\n')
     assert load_lists("default", context=BF16, user_file=bf16_only).normalization_reason == "bf16 too"
-    assert "bounded" in load_lists("default", context=CUDA, user_file=bf16_only).normalization_reason
+    assert "as Keras's" in load_lists("default", context=CUDA, user_file=bf16_only).normalization_reason
+    fenced = tmp_path / "fenced.toml"
+    fenced.write_text('schema_version = 1\nextends = "tensorflow"\n[normalization]\napply = "fenced"\nreason = "f"\n')
+    assert load_lists(str(fenced), context=BF16).normalization_apply == "fenced"
 
 
 def test_bf16_clear_list_relation_from_spec():

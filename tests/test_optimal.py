@@ -627,16 +627,14 @@ def device_bound_gpus(monkeypatch):
             monkeypatch.setitem(DEVICE_COSTS, name, dataclasses.replace(costs, host_per_kernel=0.0))
 
 
-@pytest.mark.parametrize("lists", ["default", "optimal"])
-def test_normalized_activation_runs_low_while_statistics_stay_float32(lists, device_bound_gpus):
-    """The optimal planner and the default profile's greedy passes alike (its
-    ``[normalization]`` table): TensorFlow's own lists keep the block float32."""
+def test_normalized_activation_runs_low_while_statistics_stay_float32(device_bound_gpus):
+    """The optimal planner (its ``[normalization]`` table, ``apply = "low"``): TensorFlow's
+    own lists keep the block float32."""
     gd = _batch_norm_graph()
     tf_rules = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", lists="tensorflow", use_env=False)
     # The optimal planner converts the apply ops where that pays: under XLA, where their bytes
     # halve (without it a GPU's element-wise kernels gain nothing in float16).
-    ours = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", lists=lists, use_env=False,
-                                         compiled=lists == "optimal")
+    ours = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", lists="optimal", use_env=False, compiled=True)
     t_nodes, o_nodes = tf_rules.report["nodes"], ours.report["nodes"]
     # TensorFlow's rules: the deny-listed Mean poisons the apply ops, the ReLU and the add.
     for name in ("bn_out", "relu", "residual"):
@@ -653,12 +651,73 @@ def test_normalized_activation_runs_low_while_statistics_stay_float32(lists, dev
     (ref,) = run(gd, {"x:0": x}, ["out:0"])
     (got,) = run(ours.graph_def, {"x:0": x}, ["out:0"])
     assert np.max(np.abs(got - ref)) / np.max(np.abs(ref)) < 2e-2
-    if lists == "default":
-        # In bfloat16 the default profile keeps TensorFlow's rule (its [normalization] table
-        # is for float16 only).
-        bf16 = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", precision="bfloat16", use_env=False)
-        assert bf16.report["nodes"]["bn_out"]["dtype"] == "float32" and not bf16.report.get("normalized")
-        assert bf16.report["converted_nodes"] > 0
+
+
+def test_default_profile_fences_a_normalization_as_keras_does():
+    """The default profile in float16 (``apply = "fenced"``): the batch norm -- statistics
+    and the ops applying them -- stays float32, as Keras 3's ``mixed_float16`` computes a norm
+    layer, but deny stops at its output, so the ReLU and the residual add between it and the
+    next convolution run in float16 (TensorFlow's rules keep them float32).  In bfloat16 the
+    default profile keeps TensorFlow's rule."""
+    gd = _batch_norm_graph()
+    tf_rules = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", lists="tensorflow", use_env=False)
+    ours = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", use_env=False)
+    t_nodes, o_nodes = tf_rules.report["nodes"], ours.report["nodes"]
+    # TensorFlow's pass 4 converts ``c * inv`` after the convolution; the fence keeps it float32.
+    assert t_nodes["mul_1"]["dtype"] == "float16"
+    for name in ("mul_1", "bn_out", "moments/mean", "moments/variance", "rsqrt"):
+        assert o_nodes[name]["dtype"] == "float32", name
+    assert "fenced, it runs in float32" in o_nodes["mul_1"]["reason"]
+    for name in ("relu", "residual"):
+        assert t_nodes[name]["dtype"] == "float32", name
+        assert o_nodes[name]["dtype"] == "float16", name
+        assert "from a normalization's output, cast to float16" in o_nodes[name]["reason"], name
+    assert set(ours.report["normalized"]) == {"mul_1", "bn_out"}
+    assert ours.report["casts_to_low"] + ours.report["casts_to_high"] < (
+        tf_rules.report["casts_to_low"] + tf_rules.report["casts_to_high"])
+    x = np.random.RandomState(1).standard_normal((16, 32, 32, 64)).astype(np.float32)
+    (ref,) = run(gd, {"x:0": x}, ["out:0"])
+    (got,) = run(ours.graph_def, {"x:0": x}, ["out:0"])
+    err = np.max(np.abs(got - ref)) / np.max(np.abs(ref))
+    assert 0 < err < 2e-2
+    bf16 = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", precision="bfloat16", use_env=False)
+    assert bf16.report["nodes"]["relu"]["dtype"] == "float32" and not bf16.report.get("normalized")
+    assert bf16.report["converted_nodes"] > 0
+
+
+def test_fence_is_left_out_for_few_values_and_upstream_of_a_fragile_normalization():
+    """The default profile counts a normalization's values from static shapes, which the
+    greedy passes otherwise never infer: a batch norm over two values per channel is not
+    fenced (it keeps TensorFlow's painting), and neither is one whose output feeds a fragile
+    normalization, whose sign flips with any rounding upstream."""
+    few = amp_rewrite.rewrite_graph_def(_batch_norm_graph(shape=(2, 1, 1, 64)), target="gpu:8.0", use_env=False)
+    assert not few.report.get("normalized")
+    assert few.report["nodes"]["relu"]["dtype"] == "float32"
+
+    def build():
+        x = v1.placeholder(tf.float32, (2, 16, 16, 64), name="x")
+        k = tf.constant(np.random.RandomState(0).standard_normal((3, 3, 64, 64)).astype(np.float32) * 0.05)
+        c = tf.nn.conv2d(x, k, 1, "SAME", name="conv0")
+        mean, var = tf.nn.moments(c, axes=[0, 1, 2], name="bn0")  # 512 values
+        inv = tf.math.rsqrt(var + 1e-3)
+        r = tf.nn.relu(tf.add(c * inv, tf.zeros(64) - mean * inv), name="relu0")
+        c1 = tf.nn.conv2d(tf.add(r, x, name="residual"), k, 1, "SAME", name="conv1")
+        if fragile_tail:
+            p = tf.nn.avg_pool2d(c1, 16, 16, "VALID", name="pool")
+            m1, v1_ = tf.nn.moments(p, axes=[0, 1, 2], name="bn1")  # 2 values: fragile
+            c1 = tf.nn.conv2d(tf.nn.relu((p - m1) * tf.math.rsqrt(v1_ + 1e-3)), k, 1, "SAME")
+        tf.identity(c1, name="out")
+
+    for fragile_tail in (False, True):
+        gd = graph_def(build)
+        ours = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", use_env=False).report
+        tf_rules = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", lists="tensorflow", use_env=False).report
+        assert tf_rules["nodes"]["relu0"]["dtype"] == "float32"
+        assert ours["nodes"]["relu0"]["dtype"] == ("float32" if fragile_tail else "float16")
+        assert bool(ours.get("normalized")) is not fragile_tail
+        if fragile_tail:  # TensorFlow's painting throughout
+            assert {n: d["dtype"] for n, d in ours["nodes"].items()} == {
+                n: d["dtype"] for n, d in tf_rules["nodes"].items()}
 
 
 def test_a_batch_norm_over_a_few_values_keeps_its_apply_float32():
@@ -895,11 +954,15 @@ def test_variable_shapes_size_the_reads_of_captured_variables():
     assert "bn_out" in blind.report.get("normalized", {})
     assert "bn_out" not in told.report.get("normalized", {})
     assert told.report["nodes"]["bn_out"]["dtype"] == "float32"
-    # The shapes only inform the planner: the greedy rewrite is the same with or without.
-    greedy = [amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", use_env=False, fetches=fetches,
+    # TensorFlow's greedy passes read no shapes: the same rewrite with or without them.
+    greedy = [amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", lists="tensorflow", use_env=False, fetches=fetches,
                                             variable_shapes=vs).graph_def.SerializeToString(deterministic=True)
               for vs in (None, known)]
     assert greedy[0] == greedy[1]
+    # The default profile's fence counts the values too: told, it leaves this one out.
+    fenced = [amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", use_env=False, fetches=fetches,
+                                            variable_shapes=vs).report.get("normalized", {}) for vs in (None, known)]
+    assert "bn_out" in fenced[0] and "bn_out" not in fenced[1]
 
 
 def test_the_tf_function_path_passes_the_captured_variables_shapes():

@@ -153,6 +153,11 @@ class DecideOptions:
     #: Stop deny propagation at the apply ops of moment-based normalizations
     #: (:mod:`amp_rewrite.plan.normalization`).
     normalization_aware: bool = False
+    #: Greedy passes only: a moment-based normalization's apply ops stay float32, but deny
+    #: does not propagate from its output, and pass 3 treats that output as a low-precision
+    #: source (its readers on a path to an allow-list op convert), as Keras's mixed policies
+    #: cast a norm layer's float32 output (the profile's ``[normalization] apply = "fenced"``).
+    normalization_fenced: bool = False
     #: Deny the ``Mean`` nodes of moment-based normalizations (mean and variance) even where
     #: the lists infer ``Mean``: every profile but TensorFlow's own keeps statistics float32.
     moments_float32: bool = False

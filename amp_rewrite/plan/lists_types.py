@@ -27,9 +27,13 @@ BACKENDS: tuple[Backend, ...] = ("cuda", "onednn")
 PLANNERS = ("greedy", "optimal", "min-casts")
 #: Values of ``apply`` in a profile's ``[normalization]`` table: where the ops that apply a
 #: moment-based normalization's float32 statistics to a full-size tensor run.  ``"float32"``:
-#: deny propagates from the statistics into them (TensorFlow's passes); ``"low"``: it stops
-#: there, and they are painted like any infer op (:mod:`amp_rewrite.plan.normalization`).
-NORMALIZATION_APPLY = ("float32", "low")
+#: deny propagates from the statistics into them and on through what reads them
+#: (TensorFlow's passes); ``"fenced"``: they stay float32, but deny stops at the
+#: normalization's output, whose readers are painted as if it were in low precision (what
+#: Keras 3's mixed policies do: a norm layer computes in float32 and casts its output);
+#: ``"low"``: deny stops at their statistic inputs, and they are painted like any infer op
+#: (:mod:`amp_rewrite.plan.normalization`).
+NORMALIZATION_APPLY = ("float32", "fenced", "low")
 # TensorFlow op names: a capital letter (or "_" for internal ops) then letters, digits, "_", ">".
 _OP_NAME = re.compile(r"_?[A-Za-z][A-Za-z0-9_>]*")
 

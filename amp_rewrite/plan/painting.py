@@ -154,7 +154,8 @@ class PaintingState:
     * The paint, which passes and placements write: ``allow`` and ``deny`` (sets of
       vertices; a placement may replace ``allow``), ``reason`` (vertex -> why),
       ``deny_parent`` (propagated deny vertex -> the vertex it came from), ``kernel_missing``,
-      ``normalized`` (node -> why deny does not propagate into it), ``norm_info``,
+      ``normalized`` (node -> why deny does not propagate into it, or out of it where fenced),
+      ``fence_readers`` (vertices reading a fenced normalization's output), ``norm_info``,
       ``had_allow`` and ``placement`` (what the placement returned); ``placement_memo``, the
       placement's own (work it keeps between colourings of one painting).
     * Queries, pure: :meth:`is_f32`, :meth:`supports_dtype`, :meth:`has_kernel`,
@@ -199,6 +200,8 @@ class PaintingState:
         #: :class:`amp_rewrite.plan.painter.Painting`), which restores the paint before each.
         self.placement_memo: dict[Any, Any] = {}
         self.normalized: dict[str, str] = {}
+        #: Vertices that read a fenced normalization's output (pass 2 fills it; pass 3 reads it).
+        self.fence_readers: set[int] = set()
         #: Deny-list nodes inferred because their input is proven in range (node -> why).
         self.bounded: dict[str, str] = {}
         #: What :func:`find_normalizations` found (pass 2), for the optimal planner.

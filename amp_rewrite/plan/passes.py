@@ -12,7 +12,7 @@ from ..errors import InvalidGraphError
 from ..graph import dtypes as dt
 from ..graph import ir
 from ..graph.type_attrs import TypeAttr
-from .normalization import NormalizationInfo, find_normalizations
+from .normalization import NormalizationInfo, find_normalizations, upstream_of_fragile
 from .painting import PaintingState
 
 __all__ = [
@@ -209,18 +209,29 @@ def paint_allow(state: PaintingState) -> list[int]:
 
 def propagate_deny(state: PaintingState) -> None:
     """Pass 2: deny propagates forward through clear/infer when it reaches deny/infer.
-    Normalization-aware: not from a statistic into the op that applies it.  Moments kept
+    Normalization-aware: not from a statistic into the op that applies it.  Fenced: not
+    from a normalization's output into what reads it (``state.fence_readers``).  Moments kept
     float32: their Mean nodes are denied like deny-list ops.  Sets ``state.norm_info``."""
     tg = state.tg
     n = len(tg)
     cat = state.v_cat
     aware, pin = state.options.normalization_aware, state.options.moments_float32
-    info = state.norm_info = find_normalizations(state.g, state.inputs) if aware or pin else None
+    fenced = state.options.normalization_fenced and not aware
+    info = state.norm_info = find_normalizations(state.g, state.inputs) if aware or pin or fenced else None
     # Under UNSAFE_FORCE_ALL nothing propagates, so no apply op is exempted from it.
-    blocked = (_normalization_blocks(state, info)
-               if aware and info is not None and not state.options.force_all else set())
+    blocked: set[tuple[int, int]] = set()
+    fenced_names: set[str] = set()
+    if info is not None and not state.options.force_all:
+        if aware:
+            blocked = _normalization_blocks(state, info)
+        elif fenced:
+            blocked, fenced_names = _normalization_fences(state, info)
     moments = ({v for name in info.moments for v in tg.by_node.get(name, ()) if state.is_f32(v)}
                if pin and info is not None else set())
+    # A fenced normalization computes in float32, its apply ops too (TensorFlow's pass 4 would
+    # otherwise convert ``x * scale`` after a convolution): they are denied like deny-list ops.
+    fenced_apply = {v for name in fenced_names for v in tg.by_node.get(name, ()) if state.is_f32(v)}
+    roots = moments | fenced_apply
     if state.options.force_all:
         return
     fanin_of = tg.fanin
@@ -236,11 +247,13 @@ def propagate_deny(state: PaintingState) -> None:
                 reach.add(y)
                 stack.append(y)
     for r in range(n):
-        if (cat[r] != "deny" and r not in moments) or r in deny:
+        if (cat[r] != "deny" and r not in roots) or r in deny:
             continue
         deny.add(r)
         if cat[r] == "deny":
             reason[r] = _op_reason(state, r, "{} is on the deny list")
+        elif r not in moments:
+            reason[r] = f"{state.ops_l[state.v_node[r]]} {state.normalized[tg.node[r]]}"
         else:
             # A profile may let Mean run in low precision (its kernels accumulate in
             # float32), but a normalization's statistics stay float32 regardless.
@@ -259,7 +272,10 @@ def propagate_deny(state: PaintingState) -> None:
 
 def paint_between_allow(state: PaintingState, roots: list[int]) -> None:
     """Pass 3: clear/infer attributes on a forward path between two allow-list ops (from the
-    ``roots`` of pass 1) become allow."""
+    ``roots`` of pass 1) become allow.  A fenced normalization's output counts as the first of
+    the two (``state.fence_readers``): it is cast to low precision for its readers, as Keras's
+    mixed policies cast a norm layer's output, so what lies between it and an allow-list op
+    converts too."""
     tg = state.tg
     cat = state.v_cat
     proc = state.v_proc
@@ -289,8 +305,21 @@ def paint_between_allow(state: PaintingState, roots: list[int]) -> None:
             if y not in down and cat[y] in ("clear", "infer") and elig3(y):
                 down.add(y)
                 stack.append(y)
+    # What only a fenced normalization's output reaches: the same walk from its readers.
+    fenced: set[int] = set()
+    stack = [y for y in sorted(state.fence_readers) if y not in down and elig3(y)]
+    fenced.update(stack)
+    while stack:
+        x = stack.pop()
+        for y in fanout_of[x]:
+            if y not in down and y not in fenced and elig3(y):
+                fenced.add(y)
+                stack.append(y)
+    down |= fenced
     up: set[int] = set()
     between = {c: f"{c} op on a path between allow-list ops" for c in ("clear", "infer")}
+    after_fence = {c: (f"{c} op on a path from a normalization's output, cast to {state.precision} after its "
+                       "float32 apply, to an allow-list op") for c in ("clear", "infer")}
     for r in roots:
         if r in up:
             continue
@@ -303,7 +332,7 @@ def paint_between_allow(state: PaintingState, roots: list[int]) -> None:
                     up.add(y)
                     if y not in allow:
                         allow.add(y)
-                        reason[y] = between[cat[y]]  # type: ignore[index]
+                        reason[y] = (after_fence if y in fenced else between)[cat[y]]  # type: ignore[index]
                     stack.append(y)
 
 
@@ -426,6 +455,48 @@ def _normalization_blocks(state: PaintingState, info: NormalizationInfo) -> set[
             "statistics (they stay float32)"
         )
     return blocked
+
+
+def _normalization_fences(state: PaintingState, info: NormalizationInfo) -> tuple[set[tuple[int, int]], set[str]]:
+    """The fences of the normalizations in ``info``: (apply vertex, reader vertex) pairs along
+    which deny must not propagate -- every data edge from a normalization's apply op to a node
+    that is neither an apply op nor a statistic, the normalization's output (``x * scale +
+    offset``, or ``dy * scale`` in its gradient) --, and the apply nodes fenced, which run in
+    float32 (:func:`propagate_deny` denies them).  Records the readers' vertices in
+    ``state.fence_readers`` and each fenced apply node's reason in ``state.normalized``.
+
+    Not fenced: a normalization whose apply feeds a fragile one (statistics over two or three
+    values: :func:`~amp_rewrite.plan.normalization.upstream_of_fragile`), whose output flips
+    with any rounding upstream; TensorFlow's rules paint it.  Reads the graph; mutates
+    ``state`` as said."""
+    tg = state.tg
+    fences: set[tuple[int, int]] = set()
+    fenced: set[str] = set()
+    inside = set(info.apply) | set(info.stats)
+    fragile = upstream_of_fragile(state.g, info) if info.fragile else {}
+    for name, (_, norm) in sorted(info.apply.items()):
+        src_types = state.types.get(name)
+        if name in fragile or src_types is None:
+            continue
+        fenced.add(name)
+        for y_name in sorted(set(state.g.successors(name))):
+            y_types = state.types.get(y_name)
+            if y_name in inside or y_name not in state.inputs or y_types is None:
+                continue
+            for q, (src, sp) in enumerate(state.inputs[y_name]):
+                if src != name or sp >= len(src_types.outputs) or q >= len(y_types.inputs):
+                    continue
+                x = tg.index.get((name, src_types.outputs[sp]))
+                y = tg.index.get((y_name, y_types.inputs[q]))
+                if x is not None and y is not None:
+                    fences.add((x, y))
+                    state.fence_readers.add(y)
+        state.normalized[name] = (
+            f"applies the statistics of normalization {norm.mean!r}/{norm.variance!r}: fenced, it runs in "
+            "float32, and deny stops at the normalization's output, which its readers may take in low "
+            "precision (as Keras's mixed policies compute a norm layer in float32 and cast its output)"
+        )
+    return fences, fenced
 
 
 def recurrent_match(state: PaintingState) -> None:
