@@ -15,7 +15,7 @@ Layout::
       "casts": [{"name", "source", "dtype", "consumers"}],
       "placement": {...},          # optimal planner only: estimated cost of float32, greedy
                                    # and optimal colourings, and what the min cut changed
-      "normalized": {name: reason},  # normalization-aware apply nodes (optimal planner)
+      "normalized": {name: reason},  # a normalization's apply nodes the rule changed: low (optimal, "low") or fenced
       "bounded": {name: proof},    # deny-list nodes inferred: input proven in range
       "functions": {fname: {"total_nodes", ..., "nodes", "casts"}},
       "precision_reason": "requested",  # added by rewrite_graph_def

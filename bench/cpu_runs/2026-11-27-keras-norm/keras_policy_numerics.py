@@ -89,28 +89,30 @@ def keras_output(model, loss_fn, kind: str, feeds: dict) -> np.ndarray:
     return np.asarray(tf.cast(model(x, training=False), tf.float32))
 
 
+def with_lists(item, path: str):
+    """Our float16 rewrite of ``item`` for a GPU 8.0 with the list file ``path``, as
+    :func:`bench.fp16_rewrites` makes the default profile's."""
+    return amp_rewrite.rewrite_graph_def(item.graph_def, target="gpu:8.0", fetches=list(item.fetches), use_env=False,
+                                         variable_shapes=bench.variable_shapes(item), lists=path).graph_def
+
+
 def errors(name: str) -> dict[str, float]:
     """Median first-output error of each variant of ``name`` against the float32 graph."""
     model_name, kind = name.split("/", 1)
     item = corpus.build(name)
-    gd, fetches = item.graph_def, list(item.fetches)
-    shapes = bench.variable_shapes(item)
     batches = bench.input_batches(item, 16)
-    ref = bench.outputs(gd, item, batches)
-
-    def ours(**lists) -> object:
-        return amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", fetches=fetches, use_env=False,
-                                             variable_shapes=shapes, **lists).graph_def
-
+    ref = bench.outputs(item.graph_def, item, batches)
     per_batch: dict[str, list[float]] = {}
 
     def median_err(outs, label: str, against=None) -> float:
         per_batch[label] = [bench.rel_error(o[:1], r[:1]) for o, r in zip(outs, against or ref)]
         return bench.median_error(per_batch[label])
 
-    graphs = {"tensorflow": tf_amp_rewrite(gd, fetches), "default": ours(),
-              "default_without_rule": ours(lists=WITHOUT_RULE), "optimal": ours(lists="optimal"),
-              **{label: ours(lists=path) for label, path in EXTRA_LISTS.items()}}
+    default, optimal = bench.fp16_rewrites(item)  # what bench.py's float16 columns run
+    graphs = {"tensorflow": tf_amp_rewrite(item.graph_def, list(item.fetches)), "default": default.graph_def,
+              "optimal": optimal.graph_def,
+              **{label: with_lists(item, path) for label, path in {"default_without_rule": WITHOUT_RULE,
+                                                                   **EXTRA_LISTS}.items()}}
     result = {label: median_err(bench.outputs(g, item, batches), label) for label, g in graphs.items()}
     f32, mixed, loss_fn = keras_models(model_name)
     eager = {"keras_float32": [], "keras_mixed_float16": []}
