@@ -865,6 +865,11 @@ def test_normalization_does_not_unblock_a_deny_on_the_data_path():
     nodes = optimal.report["nodes"]
     assert nodes["exp"]["dtype"] == "float32"
     assert nodes["normed"]["color"] == "deny" and nodes["normed"]["dtype"] == "float32"
+    # The default profile's fence keeps the norm float32 whatever fed it, and the Exp too; past
+    # the norm's output deny stops, since that output is bounded whatever fed it.
+    fenced = amp_rewrite.rewrite_graph_def(graph_def(build), target="gpu:8.0", use_env=False).report
+    assert fenced["nodes"]["exp"]["dtype"] == "float32" and fenced["nodes"]["normed"]["dtype"] == "float32"
+    assert "normed" in fenced["normalized"] and fenced["nodes"]["mm2"]["dtype"] == "float16"
 
 
 # ------------------------------------------------------------------ properties of the planner

@@ -465,6 +465,10 @@ def _normalization_fences(state: PaintingState, info: NormalizationInfo) -> tupl
     float32 (:func:`propagate_deny` denies them).  Records the readers' vertices in
     ``state.fence_readers`` and each fenced apply node's reason in ``state.normalized``.
 
+    A fence stops deny from any source, not only from the statistics (an ``Exp`` upstream of
+    ``x`` too): the norm itself runs in float32, and its output is bounded by construction
+    whatever fed it (Keras casts it to the layer's low precision regardless).
+
     Not fenced: a normalization whose apply feeds a fragile one (statistics over two or three
     values: :func:`~amp_rewrite.plan.normalization.upstream_of_fragile`), whose output flips
     with any rounding upstream; TensorFlow's rules paint it.  Reads the graph; mutates
