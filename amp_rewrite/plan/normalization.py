@@ -46,7 +46,11 @@ the optimal planner keeps it float32.
 
 :func:`find_normalizations` returns those apply nodes and, for each, the input ports that
 carry statistics; the decision stage then stops deny propagation along exactly those
-inputs.  Pure: the graph is only read.
+inputs.  A profile can *fence* a normalization instead (``[normalization] apply = "fenced"``,
+the default profile in float16, :func:`amp_rewrite.plan.passes.propagate_deny`): its apply
+ops stay float32 and deny stops at its output, which is what Keras 3's mixed policies do (a
+norm layer computes in float32 and casts its output); that avoids the extra rounding above,
+and the same exclusions hold.  Pure: the graph is only read.
 """
 
 from __future__ import annotations
