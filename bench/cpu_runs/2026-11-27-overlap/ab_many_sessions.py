@@ -6,7 +6,7 @@ not the graph, set those ratios; more sessions average it out.
 
 Usage (from the repository root; nothing else running)::
 
-    python bench/cpu_runs/2026-11-27-overlap/ab_many_sessions.py densenet121/training OUT.json [PROCESSES] [ROUNDS] [BATCH]
+    python bench/cpu_runs/2026-11-27-overlap/ab_many_sessions.py densenet121/training OUT.json [PROCESSES] [ROUNDS] [BATCH] [--part all|backward|forward]
 """
 
 from __future__ import annotations
@@ -24,13 +24,22 @@ import bench  # noqa: E402
 from models import corpus, register, resolve_items, set_batch  # noqa: E402
 
 
-def main(name: str, out_path: str, processes: int = 12, rounds: int = 24, batch: int = 0) -> None:
+#: ``--part backward``: the forward pass (every node outside ``gradient_tape/``, the scope
+#: TensorFlow names a GradientTape's gradients with) kept float32, so that only the gradients
+#: may convert; ``forward`` the other way round.
+PARTS = ("all", "backward", "forward")
+
+
+def main(name: str, out_path: str, processes: int = 12, rounds: int = 24, batch: int = 0, part: str = "all") -> None:
     register()
     if batch:
         set_batch(batch)
     item = corpus.build(resolve_items([name])[0])
-    result = bench.optimal_bf16_for_this_cpu(item, price_step=True)
-    out = {"item": name, "batch": corpus.BATCH, "optimal": bench.plan_summary(result),
+    is_grad = {n.name: n.name.startswith("gradient_tape/") for n in item.graph_def.node}
+    keep = ({n for n, g in is_grad.items() if not g} if part == "backward" else
+            {n for n, g in is_grad.items() if g} if part == "forward" else None)
+    result = bench.optimal_bf16_for_this_cpu(item, price_step=True, keep_float32=keep)
+    out = {"item": name, "batch": corpus.BATCH, "part": part, "optimal": bench.plan_summary(result),
            **bench.ab_plans(item, {"optimal": result.graph_def}, repeats=rounds, processes=processes)}
     # Per process, the plan against the mean of the two float32 sessions of that process.
     out["optimal_vs_both_float32_by_process"] = [
@@ -42,4 +51,10 @@ def main(name: str, out_path: str, processes: int = 12, rounds: int = 24, batch:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], *(int(a) for a in sys.argv[3:6]))
+    args = sys.argv[1:]
+    part = args.pop(args.index("--part") + 1) if "--part" in args else "all"
+    if "--part" in args:
+        args.remove("--part")
+    if part not in PARTS:
+        raise SystemExit(f"--part must be one of {', '.join(PARTS)}")
+    main(args[0], args[1], *(int(a) for a in args[2:5]), part=part)
