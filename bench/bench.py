@@ -837,8 +837,6 @@ def redo_numerics(path: str, columns: Sequence[str], args: argparse.Namespace) -
     that moves errors and Casts, not the timed columns.  The redone columns lose their step
     times; ``numerics_redone`` records which columns, when and at which commit.  Changes
     ``path``."""
-    import tempfile
-
     unknown = sorted(set(columns) - set(REDO_COLUMNS))
     if unknown:
         raise SystemExit(f"--redo-numerics: cannot redo {', '.join(unknown)} (only {', '.join(REDO_COLUMNS)})")
@@ -846,17 +844,9 @@ def redo_numerics(path: str, columns: Sequence[str], args: argparse.Namespace) -
         results = json.load(f)
     batches = results.get("numerics_batches", args.numerics_batches)
     for g in results.get("graphs", []):
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "redo.json")
-            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--redo-one", g["name"],
-                                   "--redo-columns", ",".join(columns), "--one-out", out,
-                                   "--numerics-batches", str(batches),
-                                   "--batch", str(results.get("batch", args.batch)),
-                                   "--weights", results.get("weights", args.weights)])
-            if proc.returncode != 0 or not os.path.exists(out):
-                raise SystemExit(f"redoing {g['name']} failed (exit code {proc.returncode})")
-            with open(out) as f:
-                redone = json.load(f)
+        redone = _child_json(f"redoing {g['name']}", [
+            "--redo-one", g["name"], "--redo-columns", ",".join(columns), "--numerics-batches", str(batches),
+            *_run_model_flags(results, args)])
         for col in columns:
             apply_redone(g, col, redone[col])
         print(f"  {g['name']}: " + ", ".join(f"{c} error {g.get('rel_error', {}).get(c)}" for c in columns), flush=True)
@@ -972,25 +962,22 @@ def estimate_item(name: str) -> dict[str, Any]:
     return estimated_ratios(item, bf16_rewrites(item))
 
 
+def _run_model_flags(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    """``--batch`` and ``--weights`` of an earlier run (``results``), else this command's:
+    a child remaking part of that run builds its models as the run did.  Pure."""
+    return ["--batch", str(results.get("batch", args.batch)), "--weights", results.get("weights", args.weights)]
+
+
 def add_estimates(path: str, args: argparse.Namespace) -> None:
     """Adds :func:`estimate_item`'s ratios to each graph of the run in ``path``
     (``results.json``), one fresh process per graph, built at the run's batch and weights, and
     writes the run's report again beside it.  Changes ``path``: only its graphs'
     ``estimated_bf16`` (and ``estimates_added``)."""
-    import tempfile
-
     with open(path) as f:
         results = json.load(f)
     for g in results.get("graphs", []):
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "estimate.json")
-            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--estimate-one", g["name"],
-                                   "--one-out", out, "--batch", str(results.get("batch", args.batch)),
-                                   "--weights", results.get("weights", args.weights)])
-            if proc.returncode != 0 or not os.path.exists(out):
-                raise SystemExit(f"estimating {g['name']} failed (exit code {proc.returncode})")
-            with open(out) as f:
-                g["estimated_bf16"] = json.load(f)
+        g["estimated_bf16"] = _child_json(f"estimating {g['name']}", [
+            "--estimate-one", g["name"], *_run_model_flags(results, args)])
         print(f"  {g['name']}: estimated {g['estimated_bf16']}", flush=True)
     results["estimates_added"] = {"date": datetime.date.today().isoformat(), "commit": _git_commit()}
     with open(path, "w") as f:
@@ -1009,24 +996,29 @@ def _git_commit() -> str | None:
         return None
 
 
-def _bench_in_child(name: str, repeats: int, args: argparse.Namespace) -> dict[str, Any]:
-    """``bench_item(name)`` in a fresh process.  A training graph's ten sessions hold GBs
-    (VGG16 with Adam peaked at 11.7 GB), and TensorFlow does not give all of it back, so one
-    process for the whole corpus ran out of memory (24 GB) by the 16th graph."""
+def _child_json(what: str, flags: Sequence[str]) -> Any:
+    """Runs this script in a fresh process with ``flags`` (one of its internal modes, which
+    writes JSON to ``--one-out``) and returns what it wrote.  Raises ``SystemExit`` naming
+    ``what`` when the child fails.  A training graph's sessions hold GBs that TensorFlow does
+    not all give back, so each graph's work gets a process of its own."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "item.json")
-        cmd = [sys.executable, os.path.abspath(__file__), "--one", name, "--one-out", out,
-               "--repeats", str(repeats), "--iters", str(args.iters), "--budget", str(args.budget),
-               "--numerics-batches", str(args.numerics_batches), "--sessions", str(args.sessions),
-               "--processes", str(args.processes),
-               "--batch", str(args.batch), "--weights", args.weights]
-        proc = subprocess.run(cmd)
+        out = os.path.join(tmp, "child.json")
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), *flags, "--one-out", out])
         if proc.returncode != 0 or not os.path.exists(out):
-            raise SystemExit(f"benchmark of {name} failed (exit code {proc.returncode})")
+            raise SystemExit(f"{what} failed (exit code {proc.returncode})")
         with open(out) as f:
             return json.load(f)
+
+
+def _bench_in_child(name: str, repeats: int, args: argparse.Namespace) -> dict[str, Any]:
+    """``bench_item(name)`` in a fresh process (:func:`_child_json`): one process for the whole
+    corpus ran out of memory (24 GB) by the 16th graph (VGG16 with Adam peaked at 11.7 GB)."""
+    return _child_json(f"benchmark of {name}", [
+        "--one", name, "--repeats", str(repeats), "--iters", str(args.iters), "--budget", str(args.budget),
+        "--numerics-batches", str(args.numerics_batches), "--sessions", str(args.sessions),
+        "--processes", str(args.processes), "--batch", str(args.batch), "--weights", args.weights])
 
 
 def main(argv: list[str] | None = None) -> int:
