@@ -6,7 +6,7 @@ not the graph, set those ratios; more sessions average it out.
 
 Usage (from the repository root; nothing else running)::
 
-    python bench/cpu_runs/2026-11-27-overlap/ab_many_sessions.py densenet121/training OUT.json [PROCESSES] [ROUNDS] [BATCH] [--part all|backward|forward]
+    python bench/cpu_runs/2026-11-27-overlap/ab_many_sessions.py densenet121/training OUT.json [PROCESSES] [ROUNDS] [BATCH] [--part all|backward|forward|input-gradients]
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from models import corpus, register, resolve_items, set_batch  # noqa: E402
 
 #: ``--part backward``: the forward pass (every node outside ``gradient_tape/``, the scope
 #: TensorFlow names a GradientTape's gradients with) kept float32, so that only the gradients
-#: may convert; ``forward`` the other way round.
-PARTS = ("all", "backward", "forward")
+#: may convert; ``forward`` the other way round; ``input-gradients``: as ``backward``, and the
+#: filter gradients (``Conv2DBackpropFilter``) kept float32 too.
+PARTS = ("all", "backward", "forward", "input-gradients")
 
 
 def main(name: str, out_path: str, processes: int = 12, rounds: int = 24, batch: int = 0, part: str = "all") -> None:
@@ -36,8 +37,10 @@ def main(name: str, out_path: str, processes: int = 12, rounds: int = 24, batch:
         set_batch(batch)
     item = corpus.build(resolve_items([name])[0])
     is_grad = {n.name: n.name.startswith("gradient_tape/") for n in item.graph_def.node}
-    keep = ({n for n, g in is_grad.items() if not g} if part == "backward" else
+    keep = ({n for n, g in is_grad.items() if not g} if part in ("backward", "input-gradients") else
             {n for n, g in is_grad.items() if g} if part == "forward" else None)
+    if part == "input-gradients":
+        keep |= {n.name for n in item.graph_def.node if n.op == "Conv2DBackpropFilter"}
     result = bench.optimal_bf16_for_this_cpu(item, price_step=True, keep_float32=keep)
     out = {"item": name, "batch": corpus.BATCH, "part": part, "optimal": bench.plan_summary(result),
            **bench.ab_plans(item, {"optimal": result.graph_def}, repeats=rounds, processes=processes)}
