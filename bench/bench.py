@@ -536,14 +536,15 @@ def bf16_rewrites(item) -> dict[str, Any]:
             "ours_opt_bf16": optimal_bf16_for_this_cpu(item).graph_def}
 
 
-def fp16_rewrites(item) -> tuple[Any, Any]:
+def fp16_rewrites(item) -> dict[str, Any]:
     """Our float16 rewrites of ``item`` for a GPU 8.0 that ``bench.py`` compares with
-    TensorFlow's pass: the default profile's (the ``ours_fp16`` column) and the optimal
-    planner's (``ours_opt_fp16``), as :class:`amp_rewrite.RewriteResult`.  The variables' shapes
-    are given, as the ``tf.function`` training path gives them.  Reads ``item`` only."""
+    TensorFlow's pass, by column, as :class:`amp_rewrite.RewriteResult`: the default profile's
+    (``ours_fp16``) and the optimal planner's (``ours_opt_fp16``).  The variables' shapes are
+    given, as the ``tf.function`` training path gives them.  Reads ``item`` only."""
     gd, fetches = item.graph_def, list(item.fetches)
     kw = dict(target="gpu:8.0", fetches=fetches, use_env=False, variable_shapes=variable_shapes(item))
-    return (amp_rewrite.rewrite_graph_def(gd, **kw), amp_rewrite.rewrite_graph_def(gd, lists="optimal", **kw))
+    return {"ours_fp16": amp_rewrite.rewrite_graph_def(gd, **kw),
+            "ours_opt_fp16": amp_rewrite.rewrite_graph_def(gd, lists="optimal", **kw)}
 
 
 def estimated_step_ns(item, graph_def) -> float:
@@ -679,7 +680,8 @@ def bench_item(name: str, repeats: int, iters: int, budget_s: float = 0.0,
     # planner is told them, as the tf.function training path tells it (TF's pass is not: it
     # has no use for them).
     vs = variable_shapes(item)
-    default, optimal = fp16_rewrites(item)
+    fp16 = fp16_rewrites(item)
+    default, optimal = fp16["ours_fp16"], fp16["ours_opt_fp16"]
     res["quality_fp16"] = {
         "tensorflow": quality(gd, ref_gd, HALF, item),
         "ours_tensorflow_lists": quality(gd, ours.graph_def, HALF, item),
@@ -796,8 +798,7 @@ def redo_item(name: str, columns: Sequence[str], numerics_batches: int) -> dict[
     by this checkout's planner: its Cast quality, its errors over ``numerics_batches`` batches
     (:func:`column_errors`), and whether it is the float32 graph.  No timing."""
     item = corpus.build(name)
-    default, optimal = fp16_rewrites(item)
-    graphs = {"ours_fp16": default.graph_def, "ours_opt_fp16": optimal.graph_def}
+    graphs = {col: result.graph_def for col, result in fp16_rewrites(item).items()}
     batches = input_batches(item, numerics_batches)
     ref = outputs(item.graph_def, item, batches)
     f32_bytes = item.graph_def.SerializeToString(deterministic=True)

@@ -108,9 +108,9 @@ def errors(name: str) -> dict[str, float]:
         per_batch[label] = [bench.rel_error(o[:1], r[:1]) for o, r in zip(outs, against or ref)]
         return bench.median_error(per_batch[label])
 
-    default, optimal = bench.fp16_rewrites(item)  # what bench.py's float16 columns run
-    graphs = {"tensorflow": tf_amp_rewrite(item.graph_def, list(item.fetches)), "default": default.graph_def,
-              "optimal": optimal.graph_def,
+    ours = bench.fp16_rewrites(item)  # what bench.py's float16 columns run
+    graphs = {"tensorflow": tf_amp_rewrite(item.graph_def, list(item.fetches)),
+              "default": ours["ours_fp16"].graph_def, "optimal": ours["ours_opt_fp16"].graph_def,
               **{label: with_lists(item, path) for label, path in {"default_without_rule": WITHOUT_RULE,
                                                                    **EXTRA_LISTS}.items()}}
     result = {label: median_err(bench.outputs(g, item, batches), label) for label, g in graphs.items()}
