@@ -477,7 +477,7 @@ def _rewrite_graph_def(
     t0 = clock()
     timings["lists"] = t0 - t_lists
     imported = _import(graph_def, registry, functions,
-                       True if optimal else (lambda graphs: _normalization_reads_shapes(op_lists, graphs)),
+                       True if optimal else (lambda graphs: _profile_reads_shapes(op_lists, graphs)),
                        variable_shapes)
     ir_graphs = [imported.graph, *imported.functions.values()]  # to free at the end
     t_price = clock()
@@ -659,14 +659,17 @@ def _target_and_lists(target: str | Target, precision: str, lists: str | os.Path
     return tgt, resolved, precision_reason, op_lists, lvl
 
 
-def _normalization_reads_shapes(op_lists: OpLists, graphs: Sequence[nx.MultiDiGraph]) -> bool:
-    """Whether the greedy passes need static shapes for ``op_lists``' normalization rule on
-    ``graphs`` (a graph and its functions, imported): the rule changes TensorFlow's painting
-    (``[normalization] apply`` is not ``"float32"``) and some graph has a moment-based
-    normalization.  The rule leaves out normalizations over fewer than 16 values, and fences
-    none upstream of a fragile one, and only shapes can tell.  Shape inference imports the
-    graph into TensorFlow (seconds on a large training step), so graphs without a
-    normalization skip it.  Reads ``graphs`` only."""
+def _profile_reads_shapes(op_lists: OpLists, graphs: Sequence[nx.MultiDiGraph]) -> bool:
+    """Whether the greedy passes need static shapes for a rule of ``op_lists`` on ``graphs``
+    (a graph and its functions, imported).  The normalization rule does, where it changes
+    TensorFlow's painting (``[normalization] apply`` is not ``"float32"``) and some graph has
+    a moment-based normalization: it leaves out normalizations over fewer than 16 values, and
+    fences none upstream of a fragile one, and only shapes can tell.  The ``identity`` rule
+    does, where some graph has a reduction it names: only shapes show that it reduces nothing.
+    Shape inference imports the graph into TensorFlow (seconds on a large training step), so
+    graphs without either skip it.  Reads ``graphs`` only."""
+    if op_lists.identity and any(op in op_lists.identity for g in graphs for _, op in g.nodes(data="op")):
+        return True
     if op_lists.normalization_apply == "float32":
         return False
     return any(find_normalizations(g).norms for g in graphs)
@@ -678,7 +681,7 @@ def _import(graph_def: Any, registry: OpRegistry, functions: str,
     """Import ``graph_def`` (only the functions it calls, for ``functions="reachable"``),
     check the main graph's cycles, and where ``shapes`` says so (``True`` for the cost-aware
     planners; a function of the imported graphs, for a normalization rule that counts values:
-    :func:`_normalization_reads_shapes`) infer the shapes of the main graph and of every
+    :func:`_profile_reads_shapes`) infer the shapes of the main graph and of every
     function.  Returns the imported graphs."""
     known_variables = check_variable_shapes(graph_def, variable_shapes)
     imported = import_graph_def(graph_def, registry)

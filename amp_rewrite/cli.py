@@ -366,6 +366,11 @@ def _cmd_lists(args: argparse.Namespace) -> int:
         print(f"\n[bounded]  ({len(lists.bounded)} deny-list ops inferred where their input is proven at most the limit)")
         for op, (limit, why) in lists.bounded.items():
             print(f"{op:40s} input <= {limit:g}: {why}")
+    if lists.identity:
+        print(f"\n[identity]  ({len(lists.identity)} deny-list reductions cleared where static shapes show they "
+              "reduce no element)")
+        for op, why in lists.identity.items():
+            print(f"{op:40s} {why}")
     return 0
 
 

@@ -12,15 +12,17 @@
 #
 # Stages, most wanted first (a session of 15 device minutes has room for about two after the
 # install):
-#   norm      Done-when line 1 with the default profile's fenced normalization rule (Keras's
-#             policy: a norm computes in float32, deny stops at its output; 2026-11-27): ours as
-#             a user enables it (XLA) against Keras's mixed_float16 + XLA and float32 + XLA on
-#             ResNet50 and BERT training, with the rule it replaced (apply ops in float16), which
-#             the cost model prices 7% faster on ResNet50 at 1.1-1.8x the errors
-#             (bench/cpu_runs/2026-11-27-keras-norm).
-#   profile   Why ours trails Keras's mixed_float16 on BERT under XLA: both steps, and ours
-#             with the lists of session 7 (Exp denied), under TensorFlow's profiler, each
-#             kernel's time set against its HLO instruction and TensorFlow op; then ResNet50
+#   norm      Done-when line 1: ours as a user enables it against Keras's mixed_float16 + XLA
+#             and float32 + XLA, BERT first (9% behind Keras on the H200, 2026-11-27, where
+#             ResNet50 led in every round), with the reduction-over-no-axis and fence-input
+#             fixes that the BERT profile called for (bench/cpu_runs/2026-11-27-identity;
+#             forecast gpu_runs/forecast-2026-11-27-h200.md); five variants, so both workloads
+#             fit the time budget (six left BERT out).
+#   profile   Whatever still separates ours from Keras's mixed_float16 on BERT under XLA (on
+#             2026-11-27, before the fixes, the float32 gradients into the layer norms): both
+#             steps, and ours with reductions over no element denied again (the fence's input
+#             side alone), under TensorFlow's profiler, each kernel's time set against its HLO
+#             instruction and TensorFlow op; then ResNet50
 #             inference at batch 1 under XLA (float32 through Keras and through our runner,
 #             ours converted), whose steps the cost model prices 4-7x short.
 #   train     The optimal profile's no-XLA training decision (float32 without loss scaling,
@@ -56,9 +58,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
 
 case "$stage" in
 norm)
-    step timeout 540 python3 bench/gpu_bench.py --workloads resnet50-train-b64,bert_base-train-b32 \
-        --variants float32,float32_again,float32_xla,keras_mixed_xla,ours_user,ours_default_low_xla \
-        --extra-variant 'ours_default_low_xla=ours_default_xla:{"lists": "bench/lists/normalization_low.toml"}' \
+    step timeout 540 python3 bench/gpu_bench.py --workloads bert_base-train-b32,resnet50-train-b64 \
+        --variants float32,float32_again,float32_xla,keras_mixed_xla,ours_user \
         --repeats 5 --steps 10 --warmup 2 --no-predict --time-budget 480 \
         --out "$out/gpu_norm.md"
     ;;
@@ -67,10 +68,10 @@ profile)
     rm -rf /tmp/xd_prof
     step env XLA_FLAGS="--xla_dump_to=/tmp/xd_prof --xla_dump_hlo_as_text" \
         timeout 320 python3 bench/gpu_profile.py --workloads bert_base-train-b32 \
-        --variants keras_mixed_xla,ours_user,ours_exp_denied \
-        --extra-variant 'ours_exp_denied=ours_user:{"lists": "bench/lists/exp_denied.toml"}' \
+        --variants keras_mixed_xla,ours_user,ours_identity_off \
+        --extra-variant 'ours_identity_off=ours_user:{"lists": "bench/lists/identity_off.toml"}' \
         --steps 5 --out "$out/prof_bert.json"
-    for ours in ours_user ours_exp_denied; do
+    for ours in ours_user ours_identity_off; do
         echo "## keras_mixed_xla against $ours (ms per step)" >> "$out/prof_bert_times.md"
         timeout 10 python3 bench/xla_dump_summary.py /tmp/xd_prof --times "$out/prof_bert.json" \
             keras_mixed_xla "$ours" >> "$out/prof_bert_times.md" 2>&1

@@ -207,9 +207,12 @@ def test_lists_command_prints_effective_lists(capsys):
     deny = text.split("[deny]")[1].split("[clear]")[0]
     assert "Tanh" in deny and "Exp" in deny
     assert "# planner greedy; a normalization's apply ops: float32 (TensorFlow's deny propagation)" in text
+    assert "[identity]" not in text
     assert main(["lists", "--lists", "default", "--target", "gpu:8.0"]) == 0
-    assert "a normalization's apply ops: fenced (a norm's statistics and the ops applying them" in (
-        capsys.readouterr().out)
+    text = capsys.readouterr().out
+    assert "a normalization's apply ops: fenced (a norm's statistics and the ops applying them" in text
+    identity = text.split("[identity]")[1]
+    assert "3 deny-list reductions cleared" in identity and "Sum" in identity
 
 
 # ------------------------------------------------------------------------------ demo

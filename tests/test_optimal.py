@@ -1055,3 +1055,53 @@ def test_moving_next_iteration_to_deny_never_converts_a_loop_more(n, level, targ
     assert matmuls and all(result.report["nodes"][k]["dtype"] == (precision if n == 512 else "float32")
                            for k in matmuls)
     check_monotone(gd, result.graph_def, result.report, ops=["NextIteration"], **options)
+
+
+def _layer_norm_training_graph() -> tf.compat.v1.GraphDef:
+    """A layer norm in a training step: ``h = x @ w1`` (broadcasting), normalized over its 32
+    features as Keras 3 normalizes, read by ``n @ w2`` and a residual add, and the gradients of the weights and of
+    ``x`` (``tf.gradients``, with a loss scale)."""
+    rng = np.random.RandomState(3)
+
+    def build():
+        x = v1.placeholder(tf.float32, (8, 16, 32), name="x")
+        w1 = tf.constant(rng.standard_normal((32, 32)).astype(np.float32) * 0.2)
+        w2 = tf.constant(rng.standard_normal((32, 32)).astype(np.float32) * 0.2)
+        gamma = tf.constant(1.0 + 0.1 * rng.standard_normal(32).astype(np.float32))
+        h = tf.matmul(x, w1, name="h")
+        # As Keras 3's ops.layer_normalization computes it (TensorFlow backend).
+        mean, var = tf.nn.moments(h, axes=[2], keepdims=True, name="ln")
+        inv = tf.math.rsqrt(var + 1e-3) * gamma
+        n = tf.add(h * inv, 0.1 - mean * inv, name="ln_out")
+        o = tf.add(tf.matmul(n, w2, name="o_mm"), n, name="block_out")
+        loss = tf.reduce_mean(tf.square(o))
+        for i, g in enumerate(tf.gradients(loss * 1024.0, [x, w1, w2])):
+            tf.identity(g / 1024.0, name=f"grad{i}")
+
+    return graph_def(build)
+
+
+def test_default_profile_fences_a_normalization_in_the_backward_pass_as_keras_does():
+    """In the gradient, Keras's norm layer is float32 too, with its input gradient ``dy``
+    arriving in float16 (the gradient of its float16 output) and cast up inside.  The default
+    profile paints the sum of the gradients that reach the norm (an ``AddN`` of the two
+    readers' gradients) as a fence writer: float16, where TensorFlow's rules keep it float32;
+    ``dy * x``, which the norm sums for its statistics' gradient, stays float32."""
+    gd = _layer_norm_training_graph()
+    ours = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", use_env=False)
+    tf_rules = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", lists="tensorflow", use_env=False)
+    o_nodes, t_nodes = ours.report["nodes"], tf_rules.report["nodes"]
+    dy = [n.name for n in gd.node if n.op == "AddN" and {i.split(":")[0] for i in n.input} & {
+        m.name for m in gd.node if m.name.startswith("gradients/o_mm") or m.name.startswith("gradients/block_out")}]
+    assert dy, "the gradient of the norm's output is a sum of its readers' gradients"
+    for name in dy:
+        assert t_nodes[name]["dtype"] == "float32", name
+        assert o_nodes[name]["dtype"] == "float16", (name, o_nodes[name])
+        assert "to a normalization's input" in o_nodes[name]["reason"], name
+    products = [n for n, d in o_nodes.items() if "multiplies the input of normalization" in d["reason"]]
+    assert products and all(o_nodes[n]["dtype"] == "float32" for n in products)
+    feeds = {"x:0": np.random.RandomState(4).standard_normal((8, 16, 32)).astype(np.float32)}
+    fetches = [f"grad{i}:0" for i in range(3)]
+    for ref, got in zip(run(gd, feeds, fetches), run(ours.graph_def, feeds, fetches)):
+        err = np.max(np.abs(got - ref)) / np.max(np.abs(ref))
+        assert 0 < err < 2e-2

@@ -35,7 +35,7 @@ from .op_registry import OpRegistry, default_registry
 from .tensor_names import node_name
 
 __all__ = ["CallArguments", "Shape", "assign_function_shapes", "call_arguments", "check_variable_shapes",
-           "clear_shape_memo", "function_shapes", "graph_shapes", "merge_call_arguments", "numel"]
+           "clear_shape_memo", "function_shapes", "graph_shapes", "known_numel", "merge_call_arguments", "numel"]
 
 log = logging.getLogger(__name__)
 
@@ -635,6 +635,17 @@ def assign_function_shapes(main: Any, functions: Mapping[str, Any], fdefs: Mappi
     for fname in functions.keys() - reachable:  # nothing reachable calls it: no call site to use
         fdef = fdefs.get(fname)
         functions[fname].graph["shapes"] = function_shapes(fdef, registry) if fdef is not None else {}
+
+
+def known_numel(shape: Shape) -> int | None:
+    """Number of elements of ``shape`` when it is fully known (rank and every dimension),
+    else ``None``.  Pure."""
+    if shape is None or any(d is None for d in shape):
+        return None
+    n = 1
+    for d in shape:
+        n *= max(d, 0)
+    return n
 
 
 def numel(shape: Shape, default: int) -> int:

@@ -204,6 +204,9 @@ class Plan:
     #: Deny-list nodes inferred because their input is proven in range -> the proof
     #: (:mod:`amp_rewrite.plan.ranges`).
     bounded: Mapping[str, str] = field(default_factory=dict)
+    #: Deny-list reductions cleared because their static shapes show they reduce nothing ->
+    #: the proof (``[<precision>.identity]``).
+    identity: Mapping[str, str] = field(default_factory=dict)
 
     def deny_path(self, node: str, ta: TypeAttr) -> list[tuple[str, TypeAttr]]:
         """The chain of attributes from the deny-list op to ``(node, ta)``, in data-flow order."""

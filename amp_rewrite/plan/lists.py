@@ -13,8 +13,9 @@ installed as the package ``amp_rewrite._lists``):
 * ``tensorflow`` -- TensorFlow's lists, exactly (tested against TF's own dump): 2.21's tables
   and per-release deltas for 2.16 to 2.20 (see "TensorFlow versions" below);
 * ``default`` -- ``tensorflow`` plus softmax, arithmetic reductions and cross-entropy losses
-  kept in float32, and, in float16, a moment-based normalization's apply ops free of deny
-  propagation (``[normalization] apply = "low"``);
+  kept in float32, and, in float16, a moment-based normalization computed in float32 with deny
+  stopping at its output (``[normalization] apply = "fenced"``, Keras's policy) and reductions
+  over no element cleared (``[float16.identity]``);
 * ``optimal`` -- ``default`` with the cost-aware planner.
 
 Profile schema (version 1)
@@ -31,17 +32,24 @@ Profile schema (version 1)
                                        # or "optimal" (cost-aware min cut, normalization-aware);
                                        # inherited through extends
     [normalization]                    # optional: where a moment-based normalization's apply
-    apply = "low"                      # ops run: "float32" (deny propagates into them from the
-    reason = "one-line reason"         # statistics, as in TensorFlow; the default) or "low"
-    precisions = ["float16"]           # (it stops there); reason required; precisions: those
-                                       # it is for (default both); per precision, the last
-                                       # layer of the chain (or a user file) with it wins
+    apply = "fenced"                   # ops run: "float32" (deny propagates into them from the
+    reason = "one-line reason"         # statistics, as in TensorFlow; the default), "fenced"
+    precisions = ["float16"]           # (float32, deny stops at the norm's output) or "low"
+                                       # (deny stops at the statistics); reason required;
+                                       # precisions: those it is for (default both); per
+                                       # precision, the last layer of the chain (or a user
+                                       # file) with it wins
 
     [float16.bounded]                  # optional: a deny-list op inferred where its input 0
     Exp = { input_max = 0.0, reason = "..." }    # is proven at most input_max
                                        # (amp_rewrite.plan.ranges); -inf turns an entry off,
                                        # and so does a later layer or an edit naming the op;
                                        # not versioned; kept for ops left on deny only
+
+    [float16.identity]                 # optional: a deny-list reduction (Sum, Mean, Prod, Max,
+    Sum = "one-line reason"            # Min) cleared where static shapes show it reduces no
+                                       # element (a copy); same survival rules as bounded;
+                                       # shapes are inferred for it (painting.py)
 
     [float16.allow]                    # tables: {float16,bfloat16}.{allow,infer,deny,clear}
     MatMul = "one-line reason"         # plain form: just the reason

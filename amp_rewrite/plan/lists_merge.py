@@ -70,10 +70,11 @@ def _check_known_ops(layers: Sequence[_Layer], is_known_op: Callable[[str], bool
             for op, entry in sorted(layer.entries[precision].items()):
                 if entry.registered and not is_known_op(op):
                     unknown.append(f"{op} ({layer.location}, {precision}.{entry.category})")
-        for precision, table in layer.bounded.items():
-            for op in sorted(table):
-                if not is_known_op(op):
-                    unknown.append(f"{op} ({layer.location}, {precision}.bounded)")
+        for key, tables in (("bounded", layer.bounded), ("identity", layer.identity)):
+            for precision, table in tables.items():
+                for op in sorted(table):
+                    if not is_known_op(op):
+                        unknown.append(f"{op} ({layer.location}, {precision}.{key})")
     if unknown:
         raise ListError(
             "unknown op name(s), not in TensorFlow's op registry: "
@@ -132,24 +133,28 @@ def _op_lists(
 ) -> OpLists:
     """The immutable :class:`OpLists` of the final ``lists``; the planner and the
     normalization policy (for ``precision``) are those of the last layer that sets each
-    (``"greedy"`` and ``"float32"`` when none does).  A ``bounded`` entry is the last layer's
-    for its op, and is dropped where a later statement about the op overrides it: a later
-    layer listing or removing the op (a user file that puts ``Exp`` on deny means it), an
-    edit naming it (``edited``), an ``input_max`` of ``-inf``, the op not being on the final
-    deny list, or level ``TREAT_INFER_AS_DENY`` (which asks for more float32, not less).
+    (``"greedy"`` and ``"float32"`` when none does).  A ``bounded`` or ``identity`` entry is
+    the last layer's for its op, and is dropped where a later statement about the op overrides
+    it: a later layer listing or removing the op (a user file that puts ``Exp`` on deny means
+    it), an edit naming it (``edited``), an ``input_max`` of ``-inf``, the op not being on the
+    final deny list, or level ``TREAT_INFER_AS_DENY`` (which asks for more float32, not less).
     Pure."""
     reasons = {op: reason for table in lists.values() for op, (reason, _) in table.items()}
     origins = {op: origin for table in lists.values() for op, (_, origin) in table.items()}
     apply, why = next((layer.normalization[:2] for layer in reversed(layers)
                        if layer.normalization and precision in layer.normalization[2]), ("float32", ""))
     bounded: dict[str, tuple[float, str]] = {}
+    identity: dict[str, str] = {}
     if level != "TREAT_INFER_AS_DENY":
         for layer in layers:
             for op in (*layer.entries[precision], *layer.removes[precision]):
                 bounded.pop(op, None)
+                identity.pop(op, None)
             bounded.update(layer.bounded.get(precision, {}))
+            identity.update(layer.identity.get(precision, {}))
     bounded = {op: bounded[op] for op in sorted(bounded)
                if op in lists["deny"] and op not in edited and bounded[op][0] > -math.inf}
+    identity = {op: identity[op] for op in sorted(identity) if op in lists["deny"] and op not in edited}
     return OpLists(
         allow=frozenset(lists["allow"]),
         infer=frozenset(lists["infer"]),
@@ -162,6 +167,7 @@ def _op_lists(
         normalization_apply=apply,
         normalization_reason=why,
         bounded=MappingProxyType(bounded),
+        identity=MappingProxyType(identity),
         tf_version=version,
     )
 

@@ -19,8 +19,8 @@ if TYPE_CHECKING:  # only used in annotations; its module moved in 3.11
     from importlib.resources.abc import Traversable
 
 from ..errors import ListError
-from .lists_types import (_OP_NAME, BACKENDS, CATEGORIES, NORMALIZATION_APPLY, PLANNERS, PRECISIONS, Category,
-                          ListContext)
+from .lists_types import (_OP_NAME, BACKENDS, CATEGORIES, IDENTITY_REDUCTIONS, NORMALIZATION_APPLY, PLANNERS,
+                          PRECISIONS, Category, ListContext)
 
 _SCHEMA_VERSION = 1
 _TOP_KEYS = frozenset({"schema_version", "name", "description", "source", "extends", "planner",
@@ -32,7 +32,7 @@ _VERSION_KEYS = frozenset({"note", *PRECISIONS})
 _TF_VERSION = re.compile(r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)")
 # What tf.__version__ may look like: "2.16.2", "2.21.0-rc1", "2.22.0-dev20260101", "2.16".
 _TF_VERSION_PREFIX = re.compile(r"\s*(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[-+.a-zA-Z][-+.a-zA-Z0-9]*)?\s*")
-_SECTION_KEYS = frozenset({*CATEGORIES, "remove", "bounded"})
+_SECTION_KEYS = frozenset({*CATEGORIES, "remove", "bounded", "identity"})
 _BOUNDED_KEYS = frozenset({"input_max", "reason"})
 _ENTRY_KEYS = frozenset({"reason", "min_cuda", "min_cudnn", "backends", "registered"})
 
@@ -80,6 +80,8 @@ class _Layer:
     normalization: tuple[str, str, frozenset[str]] | None = None
     # [<precision>.bounded]: precision -> op -> (input_max, reason).
     bounded: dict[str, dict[str, tuple[float, str]]] = field(default_factory=dict)
+    # [<precision>.identity]: precision -> op -> reason.
+    identity: dict[str, dict[str, str]] = field(default_factory=dict)
     tf_version: str | None = None  # the release the tables above are; None: unversioned
     # Older releases: version -> (entries, removes) relative to the tables above.
     versions: dict[str, _VersionDelta] = field(default_factory=dict)
@@ -215,6 +217,7 @@ def _parse_layer(data: dict[str, Any], label: str, location: str, base_dir: Trav
     normalization = _parse_normalization(data.get("normalization"), location)
     entries, removes = _parse_tables(data, "", label, location)
     bounded = _parse_bounded(data, location)
+    identity = _parse_identity(data, location)
     tf_version = data.get("tf_version")
     if tf_version is not None and (not isinstance(tf_version, str) or not _TF_VERSION.fullmatch(tf_version)):
         raise ListError(f"'tf_version' must be a TensorFlow release such as \"2.21\", got {tf_version!r}",
@@ -231,6 +234,7 @@ def _parse_layer(data: dict[str, Any], label: str, location: str, base_dir: Trav
         planner=data.get("planner"),
         normalization=normalization,
         bounded=bounded,
+        identity=identity,
         tf_version=tf_version,
         versions=versions,
     )
@@ -296,6 +300,26 @@ def _parse_bounded(data: Mapping[str, Any], location: str) -> dict[str, dict[str
     return bounded
 
 
+def _parse_identity(data: Mapping[str, Any], location: str) -> dict[str, dict[str, str]]:
+    """The ``[float16.identity]`` and ``[bfloat16.identity]`` tables: per precision, op ->
+    reason, each entry ``Sum = "..."`` (or ``{ reason = "..." }``) naming one of
+    :data:`IDENTITY_REDUCTIONS`.  Pure."""
+    identity: dict[str, dict[str, str]] = {p: {} for p in PRECISIONS}
+    for precision in PRECISIONS:
+        section = data.get(precision, {})
+        table = section.get("identity", {}) if isinstance(section, dict) else {}
+        for op, value, entry_where in _table_entries(table, f"{precision}.identity", location):
+            if op not in IDENTITY_REDUCTIONS:
+                raise ListError(f"{entry_where}: only a reduction whose output copies its input when it reduces "
+                                f"no axis can be an identity ({', '.join(sorted(IDENTITY_REDUCTIONS))}), "
+                                f"not {op}", path=location, op=op)
+            if isinstance(value, dict):
+                _check_keys(value, frozenset({"reason"}), entry_where, location)
+                value = value.get("reason")
+            identity[precision][op] = _reason(value, entry_where, location)
+    return identity
+
+
 def _parse_tables(
     data: Mapping[str, Any], prefix: str, label: str, location: str
 ) -> tuple[dict[str, dict[str, _Entry]], dict[str, dict[str, str]]]:
@@ -310,11 +334,11 @@ def _parse_tables(
         _check_keys(section, _SECTION_KEYS, f"[{prefix}{precision}]", location)
         for key, table in section.items():
             where = f"[{prefix}{precision}.{key}]"
-            if key == "bounded":
+            if key in ("bounded", "identity"):
                 if prefix:
-                    raise ListError(f"{where}: bounded entries are not versioned; write them in the file's "
-                                    f"own [{precision}.bounded]", path=location)
-                continue  # _parse_bounded reads it
+                    raise ListError(f"{where}: {key} entries are not versioned; write them in the file's "
+                                    f"own [{precision}.{key}]", path=location)
+                continue  # _parse_bounded / _parse_identity read them
             for op, value, entry_where in _table_entries(table, f"{prefix}{precision}.{key}", location):
                 if key == "remove":
                     if isinstance(value, dict):

@@ -34,6 +34,12 @@ PLANNERS = ("greedy", "optimal", "min-casts")
 #: ``"low"``: deny stops at their statistic inputs, and they are painted like any infer op
 #: (:mod:`amp_rewrite.plan.normalization`).
 NORMALIZATION_APPLY = ("float32", "fenced", "low")
+#: Ops a profile's ``[<precision>.identity]`` table may name: reductions of input 0 over the
+#: axes of input 1, whose output holds as many values as their input exactly when every axis
+#: they reduce has one element, and which then copy their input (a sum, mean, product, maximum
+#: or minimum of one value is that value).  ``EuclideanNorm`` is not one: of one value it is
+#: ``|x|``, computed as ``sqrt(x * x)``, whose square overflows float16 above 256.
+IDENTITY_REDUCTIONS = frozenset({"Sum", "Mean", "Prod", "Max", "Min"})
 # TensorFlow op names: a capital letter (or "_" for internal ops) then letters, digits, "_", ">".
 _OP_NAME = re.compile(r"_?[A-Za-z][A-Za-z0-9_>]*")
 
@@ -126,6 +132,12 @@ class OpLists:
     #: number cannot overflow float16.  Only ops on the final deny list are kept; empty under
     #: level ``TREAT_INFER_AS_DENY``.  See :mod:`amp_rewrite.plan.ranges`.
     bounded: Mapping[str, tuple[float, str]] = field(default_factory=dict, hash=False)
+    #: Deny-list reductions (:data:`IDENTITY_REDUCTIONS`) that are cleared where static shapes
+    #: show they reduce nothing (``[<precision>.identity]``: op -> reason): the gradient of a
+    #: broadcasting ``BatchMatMulV2`` sums its non-broadcast operand's gradient over no axis,
+    #: and on the deny list that copy would keep everything downstream float32.  Same rules of
+    #: survival as ``bounded``.
+    identity: Mapping[str, str] = field(default_factory=dict, hash=False)
     #: The TensorFlow release (``"2.16"``) the lists were loaded for (versioned files gave
     #: that release's lists; the painter reproduces that release's pass), or ``None`` when
     #: loaded without one (each file's own tables; the newest pass).

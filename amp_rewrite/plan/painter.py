@@ -224,6 +224,7 @@ def to_plan(state: PaintingState, graph_name: str) -> Plan:
         placement=state.placement,
         normalized=dict(sorted(state.normalized.items())),
         bounded=dict(sorted(state.bounded.items())),
+        identity=dict(sorted(state.identity.items())),
     )
 
 
@@ -242,6 +243,7 @@ def _decision_function(state: PaintingState) -> Callable[[int], tuple[str, int, 
     reasons = state.reason
     normalized = state.normalized
     bounded = state.bounded
+    identity = state.identity
     low = state.low
     FLOAT = dt.FLOAT
     unpainted = _unpainted_reason_function(state)
@@ -256,6 +258,8 @@ def _decision_function(state: PaintingState) -> Callable[[int], tuple[str, int, 
                 reason = f"{reason}; normalization-aware: {normalized[name]}"
             if bounded and name in bounded:
                 reason = f"{reason}; range-proven: {bounded[name]}"
+            if identity and name in identity:
+                reason = f"{reason}; shape-proven: {identity[name]}"
             return "allow", final, reason, None
         if v in deny:
             reason = reasons.get(v, "deny")
@@ -281,6 +285,8 @@ def _decision_function(state: PaintingState) -> Callable[[int], tuple[str, int, 
             reason = f"{reason}; normalization-aware: {normalized[name]}"
         if bounded and name in bounded:
             reason = f"{reason}; range-proven: {bounded[name]}"
+        if identity and name in identity:
+            reason = f"{reason}; shape-proven: {identity[name]}"
         return color, dtype, reason, None
 
     return fields

@@ -23,6 +23,7 @@ import networkx as nx
 from ..graph import dtypes as dt
 from ..graph import ir
 from ..graph.op_registry import KernelSpec, OpRegistry, OpSignature
+from ..graph.shapes import known_numel
 from ..graph.type_attrs import NodeTypes, TypeAttr, get_dtype, node_types, opaque_node_types
 from ..graph.type_graph import build_type_graph_from_lists
 from .decisions import DecideOptions, Precision
@@ -51,6 +52,8 @@ class _Lists:
         self.clear = frozenset(getattr(lists, "clear"))
         #: Deny-list ops inferred where their input is proven at most a limit (OpLists.bounded).
         self.bounded: Mapping[str, tuple[float, str]] = dict(getattr(lists, "bounded", None) or {})
+        #: Deny-list reductions cleared where they reduce nothing (OpLists.identity).
+        self.identity: Mapping[str, str] = dict(getattr(lists, "identity", None) or {})
         # op -> its category, the first list (in this order) that holds it: one dict lookup
         # per node instead of up to four set lookups through getattr.
         self._category: dict[str, str] = {}
@@ -134,6 +137,19 @@ def _kernel_matches(
     return False
 
 
+def _copied_values(shapes: Mapping[str, tuple[Any, ...]], source: tuple[str, int], node: str) -> int | None:
+    """The number of values a reduction ``node`` of input ``source`` copies when its static
+    shapes (fully known, at least one value) show it reduces no element, else ``None``: a
+    reduction's output holds its input's count divided by the sizes of the axes it reduces, so
+    equal counts mean each of them has size 1.  Pure."""
+    ins = shapes.get(source[0])
+    outs = shapes.get(node)
+    if not ins or not outs or source[1] >= len(ins):
+        return None
+    before, after = known_numel(ins[source[1]]), known_numel(outs[0])
+    return before if before is not None and before > 0 and before == after else None
+
+
 class PaintingState:
     """The state of one run of the painting passes over one graph (made by
     :func:`amp_rewrite.plan.painter.decide`).  Call :meth:`build` once before anything else.
@@ -155,7 +171,8 @@ class PaintingState:
       vertices; a placement may replace ``allow``), ``reason`` (vertex -> why),
       ``deny_parent`` (propagated deny vertex -> the vertex it came from), ``kernel_missing``,
       ``normalized`` (node -> why deny does not propagate into it, or out of it where fenced),
-      ``fence_readers`` (vertices reading a fenced normalization's output), ``norm_info``,
+      ``fence_readers`` (vertices reading a fenced normalization's output), ``fence_writers``
+      (vertices whose output it reads as its input), ``norm_info``,
       ``had_allow`` and ``placement`` (what the placement returned); ``placement_memo``, the
       placement's own (work it keeps between colourings of one painting).
     * Queries, pure: :meth:`is_f32`, :meth:`supports_dtype`, :meth:`has_kernel`,
@@ -202,8 +219,13 @@ class PaintingState:
         self.normalized: dict[str, str] = {}
         #: Vertices that read a fenced normalization's output (pass 2 fills it; pass 3 reads it).
         self.fence_readers: set[int] = set()
+        #: Vertices whose output a fenced normalization's apply op reads as its full-size
+        #: input (``x``, or ``dy`` in its gradient); pass 2 fills it, pass 3 reads it.
+        self.fence_writers: set[int] = set()
         #: Deny-list nodes inferred because their input is proven in range (node -> why).
         self.bounded: dict[str, str] = {}
+        #: Deny-list reductions cleared because their shapes show they reduce nothing (node -> why).
+        self.identity: dict[str, str] = {}
         #: What :func:`find_normalizations` found (pass 2), for the optimal planner.
         self.norm_info: NormalizationInfo | None = None
         self.had_allow = False  # pass 1 painted something (the planner may undo it all)
@@ -249,6 +271,7 @@ class PaintingState:
         self._node_types(unknown)
         self._vertex_facts()
         self._infer_bounded()
+        self._clear_identity_reductions()
 
     def _node_facts(self) -> list[int]:
         """Fill the per-node lists (``ops_l``, ``proc_l``, ``ins_l``, ``device_l``,
@@ -393,6 +416,34 @@ class PaintingState:
             # (A derivation is kept to one short line by Bound itself.)
             self.bounded[self.order[i]] = (f"{op}'s input is at most {proof.hi:g} ({proof.why}), "
                                            f"within its limit {limit:g}: {why}")
+
+    def _clear_identity_reductions(self) -> None:
+        """Move to clear the deny-list reductions whose op has an ``identity`` entry and whose
+        static shapes (``g.graph["shapes"]``, both fully known) give their output as many
+        values as their input: each axis they reduce has one element, so they copy it (the
+        gradient of a broadcasting ``BatchMatMulV2`` sums its other operand's gradient over
+        no axis).  A copy is exact in any precision, so it follows its neighbours, like
+        ``Identity``; on the deny list it would keep everything downstream of it float32.
+        Records the proof in :attr:`identity`.  Only ``cats_l``/``v_cat`` change.  Not under
+        ``UNSAFE_FORCE_ALL``; nothing without shapes (a graph imported without them)."""
+        identity = self.lists.identity
+        shapes = self.g.graph.get("shapes")
+        if not identity or not shapes or self.options.force_all or not (self.op_set & identity.keys()):
+            return
+        for i, op in enumerate(self.ops_l):
+            if op not in identity or self.cats_l[i] != "deny" or not self.proc_l[i] or not self.ins_l[i]:
+                continue
+            if dt.FLOAT not in self.v_dtype[self.bases[i]:self.bases[i + 1]]:
+                continue  # an integer product of shape dimensions, say: nothing to paint
+            name = self.order[i]
+            values = _copied_values(shapes, self.ins_l[i][0], name)
+            if values is None:
+                continue
+            self.cats_l[i] = "clear"
+            for v in range(self.bases[i], self.bases[i + 1]):
+                self.v_cat[v] = "clear"
+            self.identity[name] = (f"{op} reduces no element (input and output both hold {values} values): "
+                                   f"a copy, cleared: {identity[op]}")
 
     def _describe_unknown(self, unknown: list[str]) -> None:
         """Give each node of ``unknown`` (ops missing from the registry) an opaque

@@ -8,11 +8,14 @@ docstring of :mod:`amp_rewrite.plan.painter` describes pass by pass.
 
 from __future__ import annotations
 
+from typing import Mapping
+
 from ..errors import InvalidGraphError
 from ..graph import dtypes as dt
 from ..graph import ir
+from ..graph.shapes import Shape, known_numel
 from ..graph.type_attrs import TypeAttr
-from .normalization import NormalizationInfo, find_normalizations, upstream_of_fragile
+from .normalization import Normalization, NormalizationInfo, find_normalizations, upstream_of_fragile
 from .painting import PaintingState
 
 __all__ = [
@@ -275,7 +278,8 @@ def paint_between_allow(state: PaintingState, roots: list[int]) -> None:
     ``roots`` of pass 1) become allow.  A fenced normalization's output counts as the first of
     the two (``state.fence_readers``): it is cast to low precision for its readers, as Keras's
     mixed policies cast a norm layer's output, so what lies between it and an allow-list op
-    converts too."""
+    converts too.  Its full-size input counts as the second (``state.fence_writers``): the
+    norm casts it to float32, as Keras's norm layers upcast theirs."""
     tg = state.tg
     cat = state.v_cat
     proc = state.v_proc
@@ -320,10 +324,21 @@ def paint_between_allow(state: PaintingState, roots: list[int]) -> None:
     between = {c: f"{c} op on a path between allow-list ops" for c in ("clear", "infer")}
     after_fence = {c: (f"{c} op on a path from a normalization's output, cast to {state.precision} after its "
                        "float32 apply, to an allow-list op") for c in ("clear", "infer")}
-    for r in roots:
+    # A fenced normalization's full-size input counts as the second of the two: the norm casts
+    # it to float32 (Keras's norm layers upcast their input), so what lies between an
+    # allow-list op and it converts too -- in the backward pass, the sum of the gradients
+    # that reach the norm's low-precision output.
+    before_fence = {c: (f"{c} op on a path from an allow-list op to a normalization's input, which it casts "
+                        "to float32 for its statistics and apply") for c in ("clear", "infer")}
+    writers = [(w, True) for w in sorted(state.fence_writers) if w in down]
+    # Allow-list roots first: where both hold, TensorFlow's own reason is given.
+    for r, into_fence in [*((r, False) for r in roots), *writers]:
         if r in up:
             continue
         up.add(r)
+        if r not in allow:  # a fence writer, not an allow-list root
+            allow.add(r)
+            reason[r] = (after_fence if r in fenced else before_fence)[cat[r]]  # type: ignore[index]
         stack = [r]
         while stack:
             x = stack.pop()
@@ -332,7 +347,8 @@ def paint_between_allow(state: PaintingState, roots: list[int]) -> None:
                     up.add(y)
                     if y not in allow:
                         allow.add(y)
-                        reason[y] = (after_fence if y in fenced else between)[cat[y]]  # type: ignore[index]
+                        why = after_fence if y in fenced else before_fence if into_fence else between
+                        reason[y] = why[cat[y]]  # type: ignore[index]
                     stack.append(y)
 
 
@@ -463,7 +479,9 @@ def _normalization_fences(state: PaintingState, info: NormalizationInfo) -> tupl
     that is neither an apply op nor a statistic, the normalization's output (``x * scale +
     offset``, or ``dy * scale`` in its gradient) --, and the apply nodes fenced, which run in
     float32 (:func:`propagate_deny` denies them).  Records the readers' vertices in
-    ``state.fence_readers`` and each fenced apply node's reason in ``state.normalized``.
+    ``state.fence_readers``, the vertices that hand a fenced apply op its full-size input in
+    ``state.fence_writers`` (:func:`_add_fence_writers`), and each fenced apply node's reason
+    in ``state.normalized``.
 
     A fence stops deny from any source, not only from the statistics (an ``Exp`` upstream of
     ``x`` too): the norm itself runs in float32, and its output is bounded by construction
@@ -478,11 +496,21 @@ def _normalization_fences(state: PaintingState, info: NormalizationInfo) -> tupl
     fenced: set[str] = set()
     inside = set(info.apply) | set(info.stats)
     fragile = upstream_of_fragile(state.g, info) if info.fragile else {}
-    for name, (_, norm) in sorted(info.apply.items()):
+    interiors: dict[Normalization, set[str]] = {}
+    for name, (stat_ports, norm) in sorted(info.apply.items()):
         src_types = state.types.get(name)
         if name in fragile or src_types is None:
             continue
         fenced.add(name)
+        if norm not in interiors:
+            interiors[norm] = _interior(state, norm, info, inside)
+            for product in _input_products(state, norm, inside | interiors[norm]):
+                fenced.add(product)
+                state.normalized[product] = (
+                    f"multiplies the input of normalization {norm.mean!r}/{norm.variance!r} into its own gradient "
+                    "(dy * x, summed for the statistics' gradients): fenced, it runs in float32, as the "
+                    "norm does")
+        _add_fence_writers(state, name, stat_ports, norm, inside | interiors[norm])
         for y_name in sorted(set(state.g.successors(name))):
             y_types = state.types.get(y_name)
             if y_name in inside or y_name not in state.inputs or y_types is None:
@@ -501,6 +529,93 @@ def _normalization_fences(state: PaintingState, info: NormalizationInfo) -> tupl
             "precision (as Keras's mixed policies compute a norm layer in float32 and cast its output)"
         )
     return fences, fenced
+
+
+def _interior(state: PaintingState, norm: Normalization, info: NormalizationInfo, inside: set[str]) -> set[str]:
+    """The nodes computed from ``norm``'s moments inside the norm: reached from its ``Mean``
+    nodes along data edges, going past no allow-list op, and one step at most through a fence
+    (an edge from one of its apply ops to a node outside ``inside``: its output).  In its
+    gradient, ``dy * (x - mean)``, summed from the products of an apply op, is such a node:
+    full-size and fed back into the norm, but its own work, float32 in Keras.  The ``dy`` that
+    reaches the norm from outside is not one.  Pure."""
+    own_apply = {name for name, (_, owner) in info.apply.items() if owner == norm}
+    seen: set[str] = set()
+    stack = [norm.mean, norm.variance]
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        index = state.index.get(x)
+        if index is not None and state.cats_l[index] == "allow":
+            continue
+        for y in state.g.successors(x):
+            if y in seen:
+                continue
+            if x in own_apply and y not in inside:
+                seen.add(y)  # reads the norm's output: its own when it also feeds the norm
+            else:
+                stack.append(y)
+    return seen
+
+
+def _input_products(state: PaintingState, norm: Normalization, own: set[str]) -> list[str]:
+    """The nodes outside ``own`` (the norm's apply ops, statistics and interior) that read the
+    norm's input ``x`` and feed nothing but ``own``: in its gradient, ``dy * x``, which is
+    summed into the gradient of its statistics.  Keras computes it in float32 with the rest of
+    the norm; TensorFlow's pass 4 would convert it once ``dy`` and ``x`` are in low precision,
+    and a float16 product of a loss-scaled gradient and an activation can overflow.  Reads
+    ``state``."""
+    ins = state.inputs.get(norm.mean) or []
+    if not ins:
+        return []
+    x = ins[0]
+    g = state.g
+    found = []
+    for reader in sorted(set(g.successors(x[0])) - own):
+        if x not in state.inputs.get(reader, ()):
+            continue
+        readers_of_it = set(g.successors(reader))
+        if readers_of_it and readers_of_it <= own:
+            found.append(reader)
+    return found
+
+
+def _add_fence_writers(state: PaintingState, name: str, stat_ports: frozenset[int], norm: Normalization,
+                       inside: set[str]) -> None:
+    """Add to ``state.fence_writers`` the vertices that give the fenced apply op ``name`` (of
+    ``norm``) a full-size input from outside the normalization (``inside``: the apply ops and
+    statistics, and the norm's interior, :func:`_interior`): ``x`` in the forward pass, and in the backward the gradient ``dy`` that
+    reaches the norm.  Keras's norm layers upcast their input to float32, so what they read is
+    in low precision, and so is the gradient of their low-precision output.  Full-size means
+    as many values as the ``x`` the statistics are computed from, both known from static
+    shapes: the norm's backward also sums statistic-sized gradients (of ``rsqrt(var)``, say)
+    outside its apply ops, and those stay float32, as in Keras.  Mutates
+    ``state.fence_writers`` only."""
+    types = state.types.get(name)
+    if types is None or name not in state.inputs:
+        return
+    shapes = state.g.graph.get("shapes") or {}
+    moments_input = state.inputs.get(norm.mean) or []
+    full = _tensor_numel(shapes, moments_input[0]) if moments_input else None
+    if full is None:
+        return
+    tg = state.tg
+    for q, (src, sp) in enumerate(state.inputs[name]):
+        src_types = state.types.get(src)
+        if (q in stat_ports or src in inside or src_types is None or sp >= len(src_types.outputs)
+                or _tensor_numel(shapes, (src, sp)) != full):
+            continue
+        v = tg.index.get((src, src_types.outputs[sp]))
+        if v is not None:
+            state.fence_writers.add(v)
+
+
+def _tensor_numel(shapes: Mapping[str, tuple[Shape, ...]], tensor: tuple[str, int]) -> int | None:
+    """The number of values of ``tensor`` (producer, port) where its static shape is fully
+    known, else ``None``.  Pure."""
+    outs = shapes.get(tensor[0])
+    return known_numel(outs[tensor[1]]) if outs and tensor[1] < len(outs) else None
 
 
 def recurrent_match(state: PaintingState) -> None:

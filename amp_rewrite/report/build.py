@@ -17,6 +17,7 @@ Layout::
                                    # and optimal colourings, and what the min cut changed
       "normalized": {name: reason},  # a normalization's apply nodes the rule changed: low (optimal, "low") or fenced
       "bounded": {name: proof},    # deny-list nodes inferred: input proven in range
+      "identity": {name: proof},   # deny-list reductions cleared: they reduce no element
       "functions": {fname: {"total_nodes", ..., "nodes", "casts"}},
       "precision_reason": "requested",  # added by rewrite_graph_def
       "excluded": {pattern: 3}     # only with exclude=: nodes each pattern matched
@@ -74,6 +75,7 @@ def _graph_section(plan: Plan, stats: RewriteStats, total: int) -> dict[str, Any
         **({"placement": plan.placement.as_dict()} if plan.placement is not None else {}),
         **({"normalized": dict(plan.normalized)} if plan.normalized else {}),
         **({"bounded": dict(plan.bounded)} if plan.bounded else {}),
+        **({"identity": dict(plan.identity)} if plan.identity else {}),
     }
 
 
@@ -238,6 +240,6 @@ def build_report(
         "skipped_functions": dict(sorted(skipped_functions.items())),
         "nodes": main["nodes"],
         "casts": main["casts"],
-        **{k: main[k] for k in ("placement", "normalized", "bounded") if k in main},
+        **{k: main[k] for k in ("placement", "normalized", "bounded", "identity") if k in main},
         "functions": functions,
     }
