@@ -1105,3 +1105,35 @@ def test_default_profile_fences_a_normalization_in_the_backward_pass_as_keras_do
     for ref, got in zip(run(gd, feeds, fetches), run(ours.graph_def, feeds, fetches)):
         err = np.max(np.abs(got - ref)) / np.max(np.abs(ref))
         assert 0 < err < 2e-2
+
+
+def test_a_batch_norms_input_product_stays_float32_in_its_gradient(monkeypatch):
+    """In a batch norm's gradient, ``dy * x`` is summed over the batch and positions into the
+    gradient of its scale (``x * inv``): the default profile keeps it float32 with the norm, as
+    Keras does, where TensorFlow's pass 4 converts it once ``x`` (a convolution's output) is in
+    float16.  ``dy`` itself, the gradient reaching the norm from the ReLU, runs in float16."""
+    def build():
+        x = v1.placeholder(tf.float32, (8, 16, 16, 32), name="x")
+        k = tf.constant(np.random.RandomState(5).standard_normal((3, 3, 32, 32)).astype(np.float32) * 0.05)
+        c = tf.nn.conv2d(x, k, 1, "SAME", name="conv1")
+        mean, var = tf.nn.moments(c, axes=[0, 1, 2], name="moments")
+        inv = tf.math.rsqrt(var + 1e-3) * tf.constant(np.ones(32, np.float32))
+        y = tf.add(c * inv, 0.1 - mean * inv, name="bn_out")
+        out = tf.nn.conv2d(tf.nn.relu(y, name="relu"), k, 1, "SAME", name="conv2")
+        for i, g in enumerate(tf.gradients(tf.reduce_mean(tf.square(out)) * 1024.0, [x, k])):
+            tf.identity(g / 1024.0, name=f"grad{i}")
+
+    gd = graph_def(build)
+    ours = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", use_env=False).report["nodes"]
+    tf_rules = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", lists="tensorflow", use_env=False).report["nodes"]
+    products = [n for n, d in ours.items() if "multiplies the input of normalization" in d["reason"]]
+    assert products, "dy * x of the scale's gradient is found"
+    for name in products:
+        assert ours[name]["dtype"] == "float32", name
+    assert ours["gradients/relu_grad/ReluGrad"]["dtype"] == "float16"
+    assert tf_rules["gradients/relu_grad/ReluGrad"]["dtype"] == "float32"
+    # Without the rule, pass 4 converts it: it is fed by the convolution, and dy is float16.
+    from amp_rewrite.plan import passes
+    monkeypatch.setattr(passes, "_input_products", lambda state, norm, own: [])
+    unruled = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", use_env=False).report["nodes"]
+    assert all(unruled[name]["dtype"] == "float16" for name in products)

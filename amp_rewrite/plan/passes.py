@@ -478,7 +478,8 @@ def _normalization_fences(state: PaintingState, info: NormalizationInfo) -> tupl
     which deny must not propagate -- every data edge from a normalization's apply op to a node
     that is neither an apply op nor a statistic, the normalization's output (``x * scale +
     offset``, or ``dy * scale`` in its gradient) --, and the apply nodes fenced, which run in
-    float32 (:func:`propagate_deny` denies them).  Records the readers' vertices in
+    float32 (:func:`propagate_deny` denies them), with the norm's input products
+    (:func:`_input_products`).  Records the readers' vertices in
     ``state.fence_readers``, the vertices that hand a fenced apply op its full-size input in
     ``state.fence_writers`` (:func:`_add_fence_writers`), and each fenced apply node's reason
     in ``state.normalized``.
@@ -561,32 +562,53 @@ def _interior(state: PaintingState, norm: Normalization, info: NormalizationInfo
 
 def _input_products(state: PaintingState, norm: Normalization, own: set[str]) -> list[str]:
     """The nodes outside ``own`` (the norm's apply ops, statistics and interior) that read the
-    norm's input ``x`` and feed nothing but ``own``: in its gradient, ``dy * x``, which is
-    summed into the gradient of its statistics.  Keras computes it in float32 with the rest of
-    the norm; TensorFlow's pass 4 would convert it once ``dy`` and ``x`` are in low precision,
-    and a float16 product of a loss-scaled gradient and an activation can overflow.  Reads
+    norm's input ``x`` and feed nothing but the norm (:func:`_feeds_only`): in its gradient,
+    ``dy * x``, summed (over the rows of a layer norm, the batch and positions of a batch norm)
+    into the gradient of its statistics.  Keras computes it in float32 with the rest of the
+    norm; TensorFlow's pass 4 would convert it once ``dy`` and ``x`` are in low precision, and a
+    float16 product of a loss-scaled gradient and an activation can overflow.  Reads
     ``state``."""
     ins = state.inputs.get(norm.mean) or []
     if not ins:
         return []
     x = ins[0]
-    g = state.g
-    found = []
-    for reader in sorted(set(g.successors(x[0])) - own):
-        if x not in state.inputs.get(reader, ()):
-            continue
-        readers_of_it = set(g.successors(reader))
-        if readers_of_it and readers_of_it <= own:
-            found.append(reader)
-    return found
+    return [reader for reader in sorted(set(state.g.successors(x[0])) - own)
+            if x in state.inputs.get(reader, ()) and _feeds_only(state, reader, own)]
+
+
+#: How many ops a product of the norm's input may pass through (its sum, a reshape, a sum of
+#: such gradients) before it reaches the norm, for :func:`_feeds_only`.
+_PRODUCT_REACH = 4
+
+
+def _feeds_only(state: PaintingState, node: str, own: set[str]) -> bool:
+    """Whether every path from ``node`` reaches ``own`` within :data:`_PRODUCT_REACH` ops
+    through ops that are neither allow-list ops nor sinks (a fetched gradient, an update).
+    Reads ``state``."""
+    frontier = {node}
+    for _ in range(_PRODUCT_REACH):
+        following: set[str] = set()
+        for x in frontier:
+            successors = set(state.g.successors(x))
+            if not successors:
+                return False
+            for y in successors - own:
+                index = state.index.get(y)
+                if index is None or state.cats_l[index] == "allow":
+                    return False
+                following.add(y)
+        if not following:
+            return True
+        frontier = following
+    return False
 
 
 def _add_fence_writers(state: PaintingState, name: str, stat_ports: frozenset[int], norm: Normalization,
                        inside: set[str]) -> None:
     """Add to ``state.fence_writers`` the vertices that give the fenced apply op ``name`` (of
     ``norm``) a full-size input from outside the normalization (``inside``: the apply ops and
-    statistics, and the norm's interior, :func:`_interior`): ``x`` in the forward pass, and in the backward the gradient ``dy`` that
-    reaches the norm.  Keras's norm layers upcast their input to float32, so what they read is
+    statistics, and the norm's interior, :func:`_interior`): ``x`` in the forward pass, and in
+    the backward the gradient ``dy`` that reaches the norm.  Keras's norm layers upcast their input to float32, so what they read is
     in low precision, and so is the gradient of their low-precision output.  Full-size means
     as many values as the ``x`` the statistics are computed from, both known from static
     shapes: the norm's backward also sums statistic-sized gradients (of ``rsqrt(var)``, say)
