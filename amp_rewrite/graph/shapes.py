@@ -35,7 +35,8 @@ from .op_registry import OpRegistry, default_registry
 from .tensor_names import node_name
 
 __all__ = ["CallArguments", "Shape", "assign_function_shapes", "call_arguments", "check_variable_shapes",
-           "clear_shape_memo", "function_shapes", "graph_shapes", "known_numel", "merge_call_arguments", "numel"]
+           "clear_shape_memo", "function_shapes", "graph_shapes", "known_numel", "merge_call_arguments", "numel",
+           "tensor_numel"]
 
 log = logging.getLogger(__name__)
 
@@ -646,6 +647,13 @@ def known_numel(shape: Shape) -> int | None:
     for d in shape:
         n *= max(d, 0)
     return n
+
+
+def tensor_numel(shapes: Mapping[str, tuple[Shape, ...]], tensor: tuple[str, int]) -> int | None:
+    """The number of values of ``tensor`` (producer, output port) in ``shapes`` (node -> one
+    shape per port) where its shape is fully known, else ``None``.  Pure."""
+    outs = shapes.get(tensor[0])
+    return known_numel(outs[tensor[1]]) if outs and tensor[1] < len(outs) else None
 
 
 def numel(shape: Shape, default: int) -> int:

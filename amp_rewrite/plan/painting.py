@@ -23,7 +23,7 @@ import networkx as nx
 from ..graph import dtypes as dt
 from ..graph import ir
 from ..graph.op_registry import KernelSpec, OpRegistry, OpSignature
-from ..graph.shapes import known_numel
+from ..graph.shapes import tensor_numel
 from ..graph.type_attrs import NodeTypes, TypeAttr, get_dtype, node_types, opaque_node_types
 from ..graph.type_graph import build_type_graph_from_lists
 from .decisions import DecideOptions, Precision
@@ -142,11 +142,7 @@ def _copied_values(shapes: Mapping[str, tuple[Any, ...]], source: tuple[str, int
     shapes (fully known, at least one value) show it reduces no element, else ``None``: a
     reduction's output holds its input's count divided by the sizes of the axes it reduces, so
     equal counts mean each of them has size 1.  Pure."""
-    ins = shapes.get(source[0])
-    outs = shapes.get(node)
-    if not ins or not outs or source[1] >= len(ins):
-        return None
-    before, after = known_numel(ins[source[1]]), known_numel(outs[0])
+    before, after = tensor_numel(shapes, source), tensor_numel(shapes, (node, 0))
     return before if before is not None and before > 0 and before == after else None
 
 

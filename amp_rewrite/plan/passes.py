@@ -8,12 +8,10 @@ docstring of :mod:`amp_rewrite.plan.painter` describes pass by pass.
 
 from __future__ import annotations
 
-from typing import Mapping
-
 from ..errors import InvalidGraphError
 from ..graph import dtypes as dt
 from ..graph import ir
-from ..graph.shapes import Shape, known_numel
+from ..graph.shapes import tensor_numel
 from ..graph.type_attrs import TypeAttr
 from .normalization import Normalization, NormalizationInfo, find_normalizations, upstream_of_fragile
 from .painting import PaintingState
@@ -497,21 +495,22 @@ def _normalization_fences(state: PaintingState, info: NormalizationInfo) -> tupl
     fenced: set[str] = set()
     inside = set(info.apply) | set(info.stats)
     fragile = upstream_of_fragile(state.g, info) if info.fragile else {}
-    interiors: dict[Normalization, set[str]] = {}
+    # Per norm: its apply ops and statistics (of every norm) and its interior.
+    owns: dict[Normalization, set[str]] = {}
     for name, (stat_ports, norm) in sorted(info.apply.items()):
         src_types = state.types.get(name)
         if name in fragile or src_types is None:
             continue
         fenced.add(name)
-        if norm not in interiors:
-            interiors[norm] = _interior(state, norm, info, inside)
-            for product in _input_products(state, norm, inside | interiors[norm]):
+        if norm not in owns:
+            owns[norm] = inside | _interior(state, norm, info, inside)
+            for product in _input_products(state, norm, owns[norm]):
                 fenced.add(product)
                 state.normalized[product] = (
                     f"multiplies the input of normalization {norm.mean!r}/{norm.variance!r} into its own gradient "
                     "(dy * x, summed for the statistics' gradients): fenced, it runs in float32, as the "
                     "norm does")
-        _add_fence_writers(state, name, stat_ports, norm, inside | interiors[norm])
+        _add_fence_writers(state, name, stat_ports, norm, owns[norm])
         for y_name in sorted(set(state.g.successors(name))):
             y_types = state.types.get(y_name)
             if y_name in inside or y_name not in state.inputs or y_types is None:
@@ -619,25 +618,18 @@ def _add_fence_writers(state: PaintingState, name: str, stat_ports: frozenset[in
         return
     shapes = state.g.graph.get("shapes") or {}
     moments_input = state.inputs.get(norm.mean) or []
-    full = _tensor_numel(shapes, moments_input[0]) if moments_input else None
+    full = tensor_numel(shapes, moments_input[0]) if moments_input else None
     if full is None:
         return
     tg = state.tg
     for q, (src, sp) in enumerate(state.inputs[name]):
         src_types = state.types.get(src)
         if (q in stat_ports or src in inside or src_types is None or sp >= len(src_types.outputs)
-                or _tensor_numel(shapes, (src, sp)) != full):
+                or tensor_numel(shapes, (src, sp)) != full):
             continue
         v = tg.index.get((src, src_types.outputs[sp]))
         if v is not None:
             state.fence_writers.add(v)
-
-
-def _tensor_numel(shapes: Mapping[str, tuple[Shape, ...]], tensor: tuple[str, int]) -> int | None:
-    """The number of values of ``tensor`` (producer, port) where its static shape is fully
-    known, else ``None``.  Pure."""
-    outs = shapes.get(tensor[0])
-    return known_numel(outs[tensor[1]]) if outs and tensor[1] < len(outs) else None
 
 
 def recurrent_match(state: PaintingState) -> None:
