@@ -439,7 +439,7 @@ class PaintingState:
             for v in range(self.bases[i], self.bases[i + 1]):
                 self.v_cat[v] = "clear"
             self.identity[name] = (f"{op} reduces no element (input and output both hold {values} values): "
-                                   f"a copy, cleared: {identity[op]}")
+                                   f"cleared, {identity[op]}")
 
     def _describe_unknown(self, unknown: list[str]) -> None:
         """Give each node of ``unknown`` (ops missing from the registry) an opaque
