@@ -74,7 +74,7 @@ profile)
     for ours in ours_user ours_identity_off; do
         echo "## keras_mixed_xla against $ours (ms per step)" >> "$out/prof_bert_times.md"
         timeout 10 python3 bench/xla_dump_summary.py /tmp/xd_prof --times "$out/prof_bert.json" \
-            keras_mixed_xla "$ours" >> "$out/prof_bert_times.md" 2>&1
+            keras_mixed_xla "$ours" --top 80 >> "$out/prof_bert_times.md" 2>&1
     done
     step tar czf "$out/hlo_prof_bert.tgz" -C /tmp/xd_prof \
         $(cd /tmp/xd_prof 2>/dev/null && ls | grep 'one_step_on_data.*after_optimizations\.txt$')

@@ -370,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--times", nargs=3, metavar=("PROFILE", "VARIANT_A", "VARIANT_B"),
                    help="weigh two variants' modules by the kernel times of a gpu_profile.py JSON (each "
                         "variant's module: --compare's, else the one that took most of its time) and exit")
+    p.add_argument("--top", type=int, default=20,
+                   help="TensorFlow ops listed by --compare and --times, largest difference first (default 20)")
     args = p.parse_args(argv)
     if not os.path.isdir(args.dump_dir):
         print(f"no XLA dump at {args.dump_dir}: nothing was compiled with XLA", file=sys.stderr)
@@ -380,10 +382,10 @@ def main(argv: list[str] | None = None) -> int:
         modules = ([_module_name(args.dump_dir, part) for part in args.compare] if args.compare
                    else [main_module(o) for o in ops])
         texts = [_module_file_text(args.dump_dir, m) for m in modules]
-        print(compare_times(*texts, *(module_times(o, m) for o, m in zip(ops, modules))), end="")
+        print(compare_times(*texts, *(module_times(o, m) for o, m in zip(ops, modules)), top=args.top), end="")
         return 0
     if args.compare:
-        print(compare(*(_module_text(args.dump_dir, part) for part in args.compare)), end="")
+        print(compare(*(_module_text(args.dump_dir, part) for part in args.compare), top=args.top), end="")
         return 0
     summary = summarize_dir(args.dump_dir)
     text = json.dumps(summary, indent=1)
