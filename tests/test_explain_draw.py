@@ -203,3 +203,28 @@ def test_tensorboard_event_files_hold_the_graphs(tmp_path):
     after = {n.name: n for n in graphs["after"].node}
     assert after["mm"].attr["T"].type == tf.float16.as_datatype_enum
     assert after["mm"].attr["_amp_rewrite"].s.decode() == "allow float16: MatMul is on the allow list"
+
+
+def test_the_normalization_rules_decisions_name_their_pass():
+    """The default profile's fence (float32 inside a norm, its output and input taken in
+    float16) and its input product are decided by passes 2 and 3; ``explain`` says which,
+    not "no pass painted it"."""
+    from test_optimal import _batch_norm_graph, _layer_norm_training_graph
+
+    seen = {}
+    for gd in (_layer_norm_training_graph(), _batch_norm_graph()):
+        ours = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", use_env=False)
+        for node in ours.report["nodes"].values():
+            for needle in ("fenced, it runs in float32", "a path from an allow-list op to a normalization's input",
+                           "a path from a normalization's output"):
+                if needle in node["reason"] and node["color"] in ("allow", "deny"):
+                    seen[needle] = decided_by(node["reason"])
+    assert seen == {
+        "fenced, it runs in float32": "pass 2 (normalization fence: float32 inside)",
+        "a path from an allow-list op to a normalization's input":
+            "pass 3 (from an allow op to a fenced normalization's input)",
+        "a path from a normalization's output": "pass 3 (from a fenced normalization's output to an allow op)",
+    }
+    ln = amp_rewrite.rewrite_graph_def(_layer_norm_training_graph(), target="gpu:8.0", use_env=False)
+    (e,) = explain_node(ln, "gradients/AddN")
+    assert "decided by: pass 3 (from an allow op to a fenced normalization's input)" in e.format()

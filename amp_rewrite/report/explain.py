@@ -48,6 +48,12 @@ _PASSES: tuple[tuple[str, str], ...] = (
     ("downstream of deny node", "pass 2 (deny propagation)"),
     ("deny propagated", "pass 2 (deny propagation)"),
     ("TensorList", "TensorList cluster matching (after passes 2 and 6)"),
+    # The normalization rules' reasons (amp_rewrite.plan.passes: the fence, the statistics).
+    ("fenced, it runs in float32", "pass 2 (normalization fence: float32 inside)"),
+    ("normalization's moment statistic", "pass 2 (normalization statistics)"),
+    ("a path from a normalization's output", "pass 3 (from a fenced normalization's output to an allow op)"),
+    ("a path from an allow-list op to a normalization's input",
+     "pass 3 (from an allow op to a fenced normalization's input)"),
     ("between allow-list ops", "pass 3 (clear/infer between allow ops)"),
     ("infer op fed by allow node", "pass 4 (infer after allow)"),
     ("clear op connected to allow node", "pass 5 (allow through clear ops)"),
