@@ -247,20 +247,23 @@ def _decision_function(state: PaintingState) -> Callable[[int], tuple[str, int, 
     low = state.low
     FLOAT = dt.FLOAT
     unpainted = _unpainted_reason_function(state)
+    # The profile's per-node rules that changed a node's category or painting, each with its
+    # proof, appended to the pass's reason.
+    rules = [(label, table) for label, table in (("normalization-aware", normalized), ("range-proven", bounded),
+                                                 ("shape-proven", identity)) if table]
+
+    def with_rules(reason: str, name: str) -> str:
+        for label, table in rules:
+            if name in table:
+                reason = f"{reason}; {label}: {table[name]}"
+        return reason
 
     def fields(v: int) -> tuple[str, int, str, str | None]:
         name = node_of[v]
         dtype = v_dtype[v]
         if v in allow:
             final = low if dtype == FLOAT else dtype
-            reason = reasons.get(v, "allow")
-            if normalized and name in normalized:
-                reason = f"{reason}; normalization-aware: {normalized[name]}"
-            if bounded and name in bounded:
-                reason = f"{reason}; range-proven: {bounded[name]}"
-            if identity and name in identity:
-                reason = f"{reason}; shape-proven: {identity[name]}"
-            return "allow", final, reason, None
+            return "allow", final, with_rules(reasons.get(v, "allow"), name), None
         if v in deny:
             reason = reasons.get(v, "deny")
             source = None
@@ -281,13 +284,7 @@ def _decision_function(state: PaintingState) -> Callable[[int], tuple[str, int, 
         reason = reasons.get(v)  # type: ignore[assignment]
         if reason is None:
             reason = unpainted(v, name, dtype, cat)
-        if normalized and name in normalized:
-            reason = f"{reason}; normalization-aware: {normalized[name]}"
-        if bounded and name in bounded:
-            reason = f"{reason}; range-proven: {bounded[name]}"
-        if identity and name in identity:
-            reason = f"{reason}; shape-proven: {identity[name]}"
-        return color, dtype, reason, None
+        return color, dtype, with_rules(reason, name), None
 
     return fields
 

@@ -607,8 +607,9 @@ def _add_fence_writers(state: PaintingState, name: str, stat_ports: frozenset[in
     """Add to ``state.fence_writers`` the vertices that give the fenced apply op ``name`` (of
     ``norm``) a full-size input from outside the normalization (``inside``: the apply ops and
     statistics, and the norm's interior, :func:`_interior`): ``x`` in the forward pass, and in
-    the backward the gradient ``dy`` that reaches the norm.  Keras's norm layers upcast their input to float32, so what they read is
-    in low precision, and so is the gradient of their low-precision output.  Full-size means
+    the backward the gradient ``dy`` that reaches the norm.  Keras's norm layers upcast their
+    input to float32, so what they read is in low precision, and so is the gradient of their
+    low-precision output.  Full-size means
     as many values as the ``x`` the statistics are computed from, both known from static
     shapes: the norm's backward also sums statistic-sized gradients (of ``rsqrt(var)``, say)
     outside its apply ops, and those stay float32, as in Keras.  Mutates
