@@ -11,18 +11,14 @@
 #     source .gpu/scripts/env.sh; bash bench/gpu_session.sh STAGE "$OUT"
 #
 # Stages, most wanted first (a session of 15 device minutes has room for about two after the
-# install):
+# install; with line 1 measured on both workloads, `more` is now the first to run):
 #   norm      Done-when line 1: ours as a user enables it against Keras's mixed_float16 + XLA
 #             and float32 + XLA, BERT first, then ResNet50; five variants, so both workloads
 #             fit the time budget (six left BERT out).  On the H200 (2026-11-27, second run,
 #             code de33612) ours led Keras's on both (BERT in 5 of 5 rounds, ResNet50 in 4).
-#   profile   Whatever still separates ours from Keras's mixed_float16 on BERT under XLA (on
-#             2026-11-27, before the fixes, the float32 gradients into the layer norms): both
-#             steps, and ours with reductions over no element denied again (the fence's input
-#             side alone), under TensorFlow's profiler, each kernel's time set against its HLO
-#             instruction and TensorFlow op; then ResNet50
-#             inference at batch 1 under XLA (float32 through Keras and through our runner,
-#             ours converted), whose steps the cost model prices 4-7x short.
+#   more      Workloads never measured, with the done-when variants, as far as 520 s go
+#             (the GPT decoder was measured on 2026-11-27: 201 s for six variants; MobileNetV2
+#             under XLA compiles slowly, so it goes first with the whole budget ahead of it).
 #   train     The optimal profile's no-XLA training decision (float32 without loss scaling,
 #             forecast-2026-11-26g-h100.md) against float32 and its A/A gap, on ResNet50 and
 #             BERT; then the LSTM (no XLA for cuDNN's layer in Keras), whose optimal step is
@@ -30,9 +26,13 @@
 #   nodes     Per-node times without XLA (float32, TF32 off, ours default and optimal) for
 #             bench/calibrate_gpu_in_place.py, which prices the same nodes here; then which
 #             element-wise ops Grappler folds into a frozen convolution on the GPU.
-#   more      Workloads never measured, with the done-when variants, as far as 520 s go
-#             (the GPT decoder was measured on 2026-11-27: 201 s for six variants; MobileNetV2
-#             under XLA compiles slowly, so it goes first with the whole budget ahead of it).
+#   profile   Whatever still separates ours from Keras's mixed_float16 on BERT under XLA (on
+#             2026-11-27, before the fixes, the float32 gradients into the layer norms): both
+#             steps, and ours with reductions over no element denied again (the fence's input
+#             side alone), under TensorFlow's profiler, each kernel's time set against its HLO
+#             instruction and TensorFlow op; then ResNet50
+#             inference at batch 1 under XLA (float32 through Keras and through our runner,
+#             ours converted), whose steps the cost model prices 4-7x short.
 #
 # The benchmarks and profiles rewrite their files as they go (gpu_bench after each workload,
 # gpu_profile after each variant), so a command stopped by its timeout keeps what it finished.
