@@ -923,8 +923,14 @@ def relative_error(value: np.ndarray | None, ref: np.ndarray | None) -> float | 
 # --------------------------------------------------------------------------- one workload
 
 
-def run_workload(w: Workload, variants: list[str], cfg: Config, switches: Switches) -> dict[str, Any]:
-    """Every variant of ``w`` side by side; returns the workload's JSON record."""
+def run_workload(w: Workload, variants: list[str], cfg: Config, switches: Switches,
+                 progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Every variant of ``w`` side by side; returns the workload's JSON record.
+
+    ``progress``, if given, receives a partial record (``"partial": True``, no cost-model
+    predictions) once every variant has had its first step and again after each repeat, so a
+    caller can write what is measured before a device call's time limit stops the process:
+    a workload whose variants take minutes to compile under XLA is not lost whole."""
     import tensorflow as tf
 
     keras = _keras()
@@ -954,6 +960,13 @@ def run_workload(w: Workload, variants: list[str], cfg: Config, switches: Switch
             errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:400]
             print(f"[{w.name}] {name}: FAILED {errors[name]}", flush=True)
     repeats_done = 0
+
+    def record(partial: bool) -> dict[str, Any]:
+        return _workload_record(w, runs, errors, not_applicable, repeats_done, cfg,
+                                time.perf_counter() - t_start, partial=partial)
+
+    if progress:
+        progress(record(partial=True))
     order = list(runs)
     for r in range(cfg.repeats):
         if r > 0 and time.monotonic() > cfg.deadline:
@@ -968,6 +981,21 @@ def run_workload(w: Workload, variants: list[str], cfg: Config, switches: Switch
                 errors[name] = f"{type(exc).__name__} in repeat {r}: {str(exc).splitlines()[0] if str(exc) else ''}"[:400]
                 print(f"[{w.name}] {name}: FAILED {errors[name]}", flush=True)
         repeats_done += 1
+        if progress and r + 1 < cfg.repeats:
+            progress(record(partial=True))
+    rec = record(partial=False)
+    del runs, weights
+    keras.backend.clear_session()
+    gc.collect()
+    return rec
+
+
+def _workload_record(w: Workload, runs: dict[str, VariantRun], errors: dict[str, str],
+                     not_applicable: dict[str, str], repeats_done: int, cfg: Config, seconds: float,
+                     *, partial: bool) -> dict[str, Any]:
+    """The workload's JSON record from what its variants have measured so far.  A partial one
+    (the workload still running) leaves the cost model's predictions out: they trace and price
+    each step again, which would cost device time between repeats.  Reads ``runs``."""
     ref = runs.get(REFERENCE)
     base = runs.get("float32")
     base_xla = runs.get("float32_xla")
@@ -978,7 +1006,7 @@ def run_workload(w: Workload, variants: list[str], cfg: Config, switches: Switch
         step = statistics.median(run.step_ms) if run.step_ms else math.nan
         rec: dict[str, Any] = {
             "step_ms": step,
-            "step_ms_per_repeat": run.step_ms,
+            "step_ms_per_repeat": list(run.step_ms),
             "examples_per_s": w.batch / (step / 1e3) if step and math.isfinite(step) else None,
             "first_step_s": run.first_step_s,
             "peak_mem_mib": max(run.peak_bytes) / 2**20 if run.peak_bytes else None,
@@ -991,7 +1019,7 @@ def run_workload(w: Workload, variants: list[str], cfg: Config, switches: Switch
             rec["rewrite"] = info
             # The cost model prices float32 as it runs beside the plan: under XLA against XLA.
             baseline = base_xla if run.xla else base
-            if info is not None:
+            if info is not None and not partial:
                 try:
                     pred, source = run.predicted_ratio(baseline.spec.name if baseline else None)
                 except Exception as exc:  # the measurements stand without the estimate
@@ -1006,16 +1034,12 @@ def run_workload(w: Workload, variants: list[str], cfg: Config, switches: Switch
     if base and again and base.step_ms and again.step_ms:
         b, a = statistics.median(base.step_ms), statistics.median(again.step_ms)
         aa = abs(a - b) / b
-    record = {
+    return {
         "workload": w.name, "train": w.train, "batch": w.batch,
         "repeats": repeats_done, "steps": cfg.steps, "warmup": cfg.warmup,
-        "variants": out_variants, "failed": errors, "not_applicable": not_applicable, "aa_gap": aa,
-        "seconds": time.perf_counter() - t_start,
+        "variants": out_variants, "failed": dict(errors), "not_applicable": not_applicable, "aa_gap": aa,
+        "seconds": seconds, "partial": partial,
     }
-    del runs, weights
-    keras.backend.clear_session()
-    gc.collect()
-    return record
 
 
 # --------------------------------------------------------------------------- output
@@ -1075,6 +1099,10 @@ def render_markdown(results: dict[str, Any]) -> str:
         lines += [f"## {rec['workload']} ({kind}, batch {rec['batch']})", "",
                   f"A/A gap (`float32_again` vs `float32`): **{_fmt(100 * rec['aa_gap'] if rec['aa_gap'] is not None else None, '.1f')}%**; "
                   f"{rec['repeats']} repeats; {rec['seconds']:.0f} s for the workload.", ""]
+        if rec.get("partial"):
+            measured = "the first steps only" if rec["repeats"] == 0 else "the step times of those repeats"
+            lines += [f"**Partial**: the run stopped during this workload, written after {rec['repeats']} "
+                      f"of {cfg['repeats']} repeats ({measured}), without the cost model's predictions.", ""]
         lines.append("| variant | step ms | examples/s | vs f32 | first step s | peak MiB | rel err | "
                      "converted / total | casts | predicted | measured |")
         lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -1117,7 +1145,7 @@ def write_outputs(results: dict[str, Any], md_path: str, json_path: str) -> None
 def merge(paths: list[str]) -> dict[str, Any]:
     """Several runs' JSON files as one (the device allows 10 minutes a call, so a full run is
     split over calls): the first file's machine and settings, every workload once (a later
-    file's record of a workload wins)."""
+    file's record of a workload wins, unless it is partial and the earlier one finished)."""
     merged: dict[str, Any] | None = None
     by_name: dict[str, Any] = {}
     for path in paths:
@@ -1129,6 +1157,9 @@ def merge(paths: list[str]) -> dict[str, Any]:
         merged["merged_from"].append({"file": path, "date": data["machine"].get("date"),
                                       "config": data["config"]})
         for rec in data["workloads"]:
+            earlier = by_name.get(rec["workload"])
+            if rec.get("partial") and earlier is not None and not earlier.get("partial"):
+                continue  # a stopped run's partial record does not replace a finished one
             by_name[rec["workload"]] = rec
     if merged is None:
         raise SystemExit("--merge needs at least one JSON file")
@@ -1237,7 +1268,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{w.name}] skipped: the time budget would be overrun", flush=True)
             continue
         print(f"[{w.name}] {len(variants)} variants ...", flush=True)
-        rec = run_workload(w, variants, cfg, switches)
+
+        def write_partial(partial_rec: dict[str, Any]) -> None:
+            write_outputs({**results, "workloads": [*results["workloads"], partial_rec]}, out, json_path)
+
+        rec = run_workload(w, variants, cfg, switches, progress=write_partial)
         last = rec["seconds"]
         results["workloads"].append(rec)
         write_outputs(results, out, json_path)

@@ -34,7 +34,7 @@
 #             inference at batch 1 under XLA (float32 through Keras and through our runner,
 #             ours converted), whose steps the cost model prices 4-7x short.
 #
-# The benchmarks and profiles rewrite their files as they go (gpu_bench after each workload,
+# The benchmarks and profiles rewrite their files as they go (gpu_bench after each repeat,
 # gpu_profile after each variant), so a command stopped by its timeout keeps what it finished.
 # The stage's exit status is the first failing command's (0 when all succeeded).
 set -u

@@ -68,6 +68,57 @@ def test_merge_keeps_each_workload_once(tmp_path):
     assert "## a" in gpu_bench.render_markdown(merged)
 
 
+def test_merge_keeps_a_finished_workload_over_a_later_partial_one(tmp_path):
+    """A device call stopped by its time limit leaves a partial record; merged with an earlier
+    run that finished the workload, the finished one stays, and a partial record on its own is
+    kept and marked as such in the table."""
+    def run(name: str, partial: bool, step: float) -> str:
+        rec = {"workload": "a", "train": True, "batch": 2, "repeats": 1 if partial else 2, "steps": 1,
+               "warmup": 0, "variants": {}, "failed": {}, "aa_gap": None, "seconds": step,
+               "partial": partial}
+        data = {"machine": {"date": "d"}, "config": {"precision": "float16", "target": "auto", "repeats": 2,
+                                                    "steps": 1, "warmup": 0, "reduced": False},
+                "workloads": [rec], "skipped_workloads": []}
+        path = tmp_path / name
+        path.write_text(json.dumps(data))
+        return str(path)
+
+    finished, stopped = run("1.json", False, 1.0), run("2.json", True, 2.0)
+    assert gpu_bench.merge([finished, stopped])["workloads"][0]["seconds"] == 1.0
+    assert gpu_bench.merge([stopped, finished])["workloads"][0]["seconds"] == 1.0
+    alone = gpu_bench.merge([stopped])
+    assert alone["workloads"][0]["partial"] is True
+    assert "**Partial**: the run stopped during this workload, written after 1 of 2 repeats" in \
+        gpu_bench.render_markdown(alone)
+    assert "Partial" not in gpu_bench.render_markdown(gpu_bench.merge([finished]))
+
+
+def test_a_workload_hands_over_what_it_measured_after_the_first_steps_and_each_repeat():
+    """``run_workload``'s progress records: one once every variant has had its first step (no
+    step times yet), one after each repeat but the last, all partial and unpriced; the record
+    it returns is whole.  On the GPU a variant's XLA compile takes a minute, and a call's time
+    limit stopped a MobileNetV2 workload with nothing written (2026-11-27, second run)."""
+    import math as _math
+
+    w = gpu_bench.workload_named("small_cnn-train-b8")
+    cfg = gpu_bench.Config(precision="bfloat16", target="cpu", repeats=3, steps=1, warmup=0,
+                           predict=True, deadline=_math.inf)
+    seen: list[dict] = []
+    final = gpu_bench.run_workload(w, ["float32", "ours_default"], cfg, gpu_bench.Switches("bfloat16"),
+                                   progress=lambda rec: seen.append(json.loads(json.dumps(rec))))
+    assert [r["repeats"] for r in seen] == [0, 1, 2]
+    assert all(r["partial"] for r in seen)
+    first = seen[0]["variants"]
+    assert set(first) == {"float32", "ours_default"}
+    assert all(v["first_step_s"] > 0 and v["step_ms_per_repeat"] == [] for v in first.values())
+    assert [len(r["variants"]["float32"]["step_ms_per_repeat"]) for r in seen] == [0, 1, 2]
+    assert all("predicted_ratio" not in r["variants"]["ours_default"] for r in seen)
+    assert seen[0]["variants"]["ours_default"]["rewrite"]["converted_nodes"] > 0
+    assert final["partial"] is False and final["repeats"] == 3
+    assert final["variants"]["ours_default"]["predicted_ratio"] > 0
+    assert len(final["variants"]["float32"]["step_ms_per_repeat"]) == 3
+
+
 def test_reduced_run_measures_every_variant_and_model(tmp_path):
     """``--reduced`` end to end in a subprocess, as CI and CONTRIBUTING.md run it."""
     out = tmp_path / "GPU_RESULTS.md"
@@ -90,7 +141,7 @@ def test_reduced_run_measures_every_variant_and_model(tmp_path):
         autotuned = {"ours_autotune", "ours_autotune_xla"}  # inference only: listed, not run
         assert set(rec["variants"]) == set(gpu_bench.VARIANTS) - autotuned, where
         assert set(rec["not_applicable"]) == autotuned, where
-        assert rec["repeats"] == 2
+        assert rec["repeats"] == 2 and rec["partial"] is False
         assert rec["aa_gap"] is not None and math.isfinite(rec["aa_gap"]), where
         for name, v in rec["variants"].items():
             assert math.isfinite(v["step_ms"]) and v["step_ms"] > 0, (where, name)
