@@ -18,7 +18,10 @@
 #             code de33612) ours led Keras's on both (BERT in 5 of 5 rounds, ResNet50 in 4).
 #   more      Workloads never measured, with the done-when variants, as far as 520 s go
 #             (the GPT decoder was measured on 2026-11-27: 201 s for six variants; MobileNetV2
-#             under XLA compiles slowly, so it goes first with the whole budget ahead of it).
+#             under XLA compiles slowly, so it goes first with the whole budget ahead of it):
+#             float32 and its A/A twin, float32_strict (the error column's reference), TF's
+#             pass, ours_optimal (the best profile without XLA), and under XLA float32, Keras's
+#             mixed_float16 and ours as enabled.  Expect one or two workloads a call.
 #   train     The optimal profile's no-XLA training decision (float32 without loss scaling,
 #             forecast-2026-11-26g-h100.md) against float32 and its A/A gap, on ResNet50 and
 #             BERT; then the LSTM (no XLA for cuDNN's layer in Keras), whose optimal step is
@@ -107,7 +110,7 @@ nodes)
 more)
     step timeout 560 python3 bench/gpu_bench.py \
         --workloads mobilenetv2-train-b64,efficientnetb0-train-b64,resnet50-infer-b8,resnet50-train-b128,lstm-train-b64 \
-        --variants float32,float32_again,float32_xla,tf_amp,keras_mixed_xla,ours_user,ours_optimal,ours_autotune,ours_autotune_xla \
+        --variants float32,float32_again,float32_strict,float32_xla,tf_amp,keras_mixed_xla,ours_user,ours_optimal \
         --repeats 5 --steps 10 --warmup 2 --no-predict --time-budget 520 \
         --out "$out/gpu_more.md"
     ;;
