@@ -98,6 +98,7 @@ def rows_of(data: dict[str, Any], capability: str | None = None,
     cap = capability or _capability(data["machine"])
     target = f"gpu:{cap}"
     costs = device_costs(data["machine"], target)
+    precision = data.get("config", {}).get("precision", "float16")  # the run's: gpu_bench --precision
     rows = []
     for rec in data["workloads"]:
         measured = {k: v["step_ms"] for k, v in rec["variants"].items() if v.get("step_ms")}
@@ -110,21 +111,21 @@ def rows_of(data: dict[str, Any], capability: str | None = None,
             if base not in measured:
                 continue
             pred = gpu_bench.predicted_step_ratio(rec["workload"], name, base, target=target,
-                                                  precision="float16", costs=costs)
+                                                  precision=precision, costs=costs)
             meas = step / measured[base]
             rows.append({"workload": rec["workload"], "variant": name, "baseline": base, "measured": meas,
                          "predicted": pred, "off": pred / meas - 1.0, "measured_ms": step,
-                         "predicted_ms": _predicted_ms(rec["workload"], name, target, costs)})
+                         "predicted_ms": _predicted_ms(rec["workload"], name, target, costs, precision)})
             print(f"{rec['workload']} {name}: predicted {pred:.3f} measured {meas:.3f} "
                   f"({100 * (pred / meas - 1):+.0f}%)", flush=True)
     return rows
 
 
-def _predicted_ms(workload: str, variant: str, target: str, costs: Any) -> float:
+def _predicted_ms(workload: str, variant: str, target: str, costs: Any, precision: str) -> float:
     """The cost model's absolute estimate of ``variant``'s step (ms), as its ratio prices it."""
     import gpu_bench
 
-    return gpu_bench.estimated_step_ns(workload, variant, target=target, precision="float16", costs=costs,
+    return gpu_bench.estimated_step_ns(workload, variant, target=target, precision=precision, costs=costs,
                                        options_json=gpu_bench.variant_spec(variant).options_json) / 1e6
 
 
@@ -144,9 +145,11 @@ def table(rows: list[dict[str, Any]], run: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def forecast_rows(workloads: list[str], variants: list[str], gpu: str, capability: str) -> list[dict[str, Any]]:
+def forecast_rows(workloads: list[str], variants: list[str], gpu: str, capability: str,
+                  precision: str = "float16") -> list[dict[str, Any]]:
     """Predicted ratios of ``variants`` on ``workloads`` for a GPU not measured on them yet
-    (``gpu``: its device name, for :data:`MEASURED_BANDWIDTH`).  Traces here."""
+    (``gpu``: its device name, for :data:`MEASURED_BANDWIDTH`), in ``precision`` (Keras's
+    variants then use its ``mixed_`` policy).  Traces here."""
     import gpu_bench
 
     target = f"gpu:{capability}"
@@ -157,9 +160,10 @@ def forecast_rows(workloads: list[str], variants: list[str], gpu: str, capabilit
             base = baseline_of(name)
             if base is None:
                 continue
-            pred = gpu_bench.predicted_step_ratio(w, name, base, target=target, precision="float16", costs=costs)
+            pred = gpu_bench.predicted_step_ratio(w, name, base, target=target, precision=precision, costs=costs)
             rows.append({"workload": w, "variant": name, "baseline": base, "measured": math.nan,
-                         "predicted": pred, "off": math.nan, "predicted_ms": _predicted_ms(w, name, target, costs)})
+                         "predicted": pred, "off": math.nan,
+                         "predicted_ms": _predicted_ms(w, name, target, costs, precision)})
             print(f"{w} {name}: predicted {pred:.3f}", flush=True)
     return rows
 
@@ -172,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--forecast", action="store_true", help="predict --workloads not measured yet")
     p.add_argument("--workloads", help="comma-separated workloads (with --forecast)")
     p.add_argument("--gpu", default="NVIDIA H200", help="the GPU forecast for (its device name)")
+    p.add_argument("--precision", choices=("float16", "bfloat16"), default="float16",
+                   help="the low precision to forecast (measured runs use their own)")
     p.add_argument("--out", help="markdown table (default: stdout)")
     args = p.parse_args(argv)
     wanted = set(args.variants.split(",")) if args.variants else None
@@ -180,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     text = ""
     if args.forecast:
         rows = forecast_rows(args.workloads.split(","), args.variants.split(","), args.gpu,
-                             args.capability or "9.0")
-        text = table(rows, f"forecast ({args.gpu})")
+                             args.capability or "9.0", args.precision)
+        text = table(rows, f"forecast ({args.gpu}{', ' + args.precision if args.precision != 'float16' else ''})")
     for path in args.results:
         with open(path) as f:
             data = json.load(f)

@@ -22,6 +22,11 @@
 #             float32 and its A/A twin, float32_strict (the error column's reference), TF's
 #             pass, ours_optimal (the best profile without XLA), and under XLA float32, Keras's
 #             mixed_float16 and ours as enabled.  Expect one or two workloads a call.
+#   bf16      bfloat16 on the GPU (never measured): Keras's mixed_bfloat16 + XLA against ours
+#             with the default profile, which fences norms and clears reductions over no
+#             element in bfloat16 on GPUs since 2026-11-27 (forecast
+#             gpu_runs/forecast-2026-11-27-h200-bf16.md), and with TensorFlow's lists painted
+#             TensorFlow's way (ours_tensorflow_xla); BERT, then ResNet50.
 #   train     The optimal profile's no-XLA training decision (float32 without loss scaling,
 #             forecast-2026-11-26g-h100.md) against float32 and its A/A gap, on ResNet50 and
 #             BERT; then the LSTM (no XLA for cuDNN's layer in Keras), whose optimal step is
@@ -41,7 +46,7 @@
 # gpu_profile after each variant), so a command stopped by its timeout keeps what it finished.
 # The stage's exit status is the first failing command's (0 when all succeeded).
 set -u
-stage=${1:?usage: bench/gpu_session.sh norm|profile|train|nodes|more OUT}
+stage=${1:?usage: bench/gpu_session.sh norm|more|bf16|train|nodes|profile OUT}
 out=${2:?usage: bench/gpu_session.sh STAGE OUT}
 mkdir -p "$out" && out=$(cd "$out" && pwd) || exit 2
 cd "$(dirname "$0")/.." || exit 2
@@ -107,6 +112,13 @@ nodes)
     # GPU targets too, unmeasured).
     step timeout 90 sh -c "python3 -u bench/fold_probe.py > '$out/fold_probe.txt'"
     ;;
+bf16)
+    step timeout 540 python3 bench/gpu_bench.py --precision bfloat16 \
+        --workloads bert_base-train-b32,resnet50-train-b64 \
+        --variants float32,float32_again,float32_xla,keras_mixed_xla,ours_default_xla,ours_tensorflow_xla \
+        --repeats 5 --steps 10 --warmup 2 --no-predict --time-budget 480 \
+        --out "$out/gpu_bf16.md"
+    ;;
 more)
     step timeout 560 python3 bench/gpu_bench.py \
         --workloads mobilenetv2-train-b64,efficientnetb0-train-b64,resnet50-infer-b8,resnet50-train-b128,lstm-train-b64 \
@@ -115,7 +127,7 @@ more)
         --out "$out/gpu_more.md"
     ;;
 *)
-    echo "unknown stage $stage: profile, train, nodes or more" >&2
+    echo "unknown stage $stage: norm, more, bf16, train, nodes or profile" >&2
     exit 2
     ;;
 esac

@@ -277,6 +277,13 @@ def test_gpu_predict_prices_every_measured_variant_against_its_float32_here(tmp_
     assert forecast[0].split(" | ")[7] == "not measured"
     assert forecast[0].split(" | ")[8] == rows["keras_mixed_xla"].split(" | ")[8]
     assert forecast[0].split(" | ")[5] == rows["keras_mixed_xla"].split(" | ")[5]  # same estimate
+    # In bfloat16 (Keras's mixed_bfloat16, our bfloat16 rewrite): said so, and priced as such.
+    fc_bf16 = tmp_path / "forecast_bf16.md"
+    assert gpu_predict.main(["--forecast", "--precision", "bfloat16", "--workloads", "small_cnn-train-b8",
+                             "--variants", "ours_default_xla", "--out", str(fc_bf16)]) == 0
+    (bf16_row,) = fc_bf16.read_text().splitlines()[2:]
+    assert bf16_row.startswith("| forecast (NVIDIA H200, bfloat16) | small_cnn-train-b8 | ours_default_xla |")
+    assert float(bf16_row.split(" | ")[5]) > 0
     with pytest.raises(SystemExit):
         gpu_predict.main(["--forecast", "--workloads", "small_cnn-train-b8"])  # which variants?
     costs = gpu_predict.device_costs(record["machine"], "gpu:9.0")
@@ -635,7 +642,7 @@ def test_the_gpu_session_script_names_only_known_workloads_and_variants_and_fits
                 if re.search(r"timeout \d+ python3 bench/gpu_(bench|profile)\.py", line)]
     assert len(commands) >= 4
     stages = re.findall(r"^(\w+)\)$", text, flags=re.M)
-    assert stages == ["norm", "profile", "train", "nodes", "more"]
+    assert stages == ["norm", "profile", "train", "nodes", "bf16", "more"]
     for command in commands:
         words = shlex.split(command.split(">")[0])
         timeout = int(words[1])

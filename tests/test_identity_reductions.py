@@ -1,5 +1,6 @@
-"""The default profile's ``[float16.identity]`` rule: a deny-list reduction whose static shapes
-show it reduces no element is a copy, and is cleared instead of denied.
+"""The default profile's ``[float16.identity]`` rule (and ``[bfloat16.identity]`` on a GPU): a
+deny-list reduction whose static shapes show it reduces no element is a copy, and is cleared
+instead of denied.
 
 TensorFlow's lists deny ``Sum``; the gradient of a broadcasting ``BatchMatMulV2`` (Keras 3's
 ``Dense`` on a sequence) sums the input's gradient over no axis, and deny propagation from that
@@ -93,11 +94,29 @@ def test_the_gradient_of_a_broadcasting_batch_matmul_sums_over_no_axis():
 
 def test_identity_entries_are_validated_and_follow_the_lists(tmp_path):
     """Only reductions may be named; a later layer that lists the op, or an edit, turns the
-    entry off; bfloat16 and the ``tensorflow`` profile have none."""
+    entry off; bfloat16 has them on a GPU only (backend cuda), and the ``tensorflow`` profile
+    has none."""
     f16 = ListContext("float16", "cuda")
     assert set(load_lists("default", context=f16).identity) == {"Sum", "Mean", "Prod"}
     assert not load_lists("tensorflow", context=f16).identity
     assert not load_lists("default", context=ListContext("bfloat16", "onednn")).identity
+    bf16_gpu = load_lists("default", context=ListContext("bfloat16", "cuda")).identity
+    assert set(bf16_gpu) == {"Sum", "Mean", "Prod"} and "bfloat16" in bf16_gpu["Sum"]
+    # A later layer's entry for another backend overrides the parent's for this one too.
+    cpu_only = tmp_path / "cpu_only.toml"
+    cpu_only.write_text('schema_version = 1\n[bfloat16.identity]\n'
+                        'Sum = { reason = "on oneDNN only", backends = ["onednn"] }\n')
+    assert set(load_lists("default", context=ListContext("bfloat16", "cuda"), user_file=cpu_only).identity) == {
+        "Mean", "Prod"}
+    assert set(load_lists("default", context=ListContext("bfloat16", "onednn"), user_file=cpu_only).identity) == {
+        "Sum"}
+    for text, match in (('Sum = { reason = "x", backends = ["tpu"] }', "backends"),
+                        ('Sum = { reason = "x", backends = [] }', "backends"),
+                        ('Sum = { reason = "x", min_cuda = 1 }', "min_cuda")):
+        wrong = tmp_path / "wrong.toml"
+        wrong.write_text(f"schema_version = 1\n[bfloat16.identity]\n{text}\n")
+        with pytest.raises(ListError, match=match):
+            load_lists("default", context=f16, user_file=wrong)
     bad = tmp_path / "bad.toml"
     bad.write_text('schema_version = 1\nextends = "default"\n[float16.identity]\nEuclideanNorm = "no"\n')
     with pytest.raises(ListError, match="EuclideanNorm"):

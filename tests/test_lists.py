@@ -405,13 +405,22 @@ def test_normalization_policy_is_validated_inherited_and_overridable(tmp_path):
     assert load_lists("tensorflow", context=CUDA).normalization_apply == "float32"
     assert load_lists("tensorflow", context=CUDA).normalization_reason == ""
     got = load_lists("default", context=CUDA)
-    assert got.normalization_apply == "fenced" and "as Keras's mixed_float16 policy" in got.normalization_reason
+    assert got.normalization_apply == "fenced" and "as Keras's mixed precision policies" in got.normalization_reason
     got = load_lists("optimal", context=CUDA)
     assert got.normalization_apply == "low" and "float32 statistics is bounded" in got.normalization_reason
-    # In bfloat16 the default profile leaves it to TensorFlow's rule (a CPU's bfloat16
-    # element-wise kernels are slower than float32's); the optimal planner weighs it.
+    # In bfloat16 on a CPU the default profile leaves it to TensorFlow's rule (a CPU's bfloat16
+    # element-wise kernels are slower than float32's); the optimal planner weighs it.  On a
+    # GPU (backend cuda) it fences bfloat16 too, as Keras's mixed_bfloat16 policy does.
     assert load_lists("default", context=BF16).normalization_apply == "float32"
     assert load_lists("optimal", context=BF16).normalization_apply == "low"
+    assert load_lists("default", context=ListContext("bfloat16", "cuda")).normalization_apply == "fenced"
+    # A limit to some backends applies to that precision only.
+    gpu_bf16 = tmp_path / "gpu_bf16.toml"
+    gpu_bf16.write_text('schema_version = 1\nextends = "tensorflow"\n[normalization]\napply = "low"\nreason = "g"\n'
+                        'backends = { bfloat16 = ["cuda"] }\n')
+    assert load_lists(str(gpu_bf16), context=ListContext("bfloat16", "cuda")).normalization_apply == "low"
+    assert load_lists(str(gpu_bf16), context=BF16).normalization_apply == "float32"
+    assert load_lists(str(gpu_bf16), context=FP16_ONEDNN).normalization_apply == "low"
     _assert_refused(tmp_path, [
         ('[normalization]\napply = "low"\nreason = "r"\nprecisions = ["fp8"]\n', r"precisions: expected"),
         ('[normalization]\napply = "low"\nreason = "r"\nprecisions = []\n', r"precisions: expected"),
@@ -424,6 +433,11 @@ def test_normalization_policy_is_validated_inherited_and_overridable(tmp_path):
         ('[normalization]\napply = "low"\n', r"reason must be a non-empty string"),
         ('[normalization]\napply = "low"\nreason = "  "\n', r"reason must be a non-empty string"),
         ('[normalization]\napply = "low"\nreason = "r"\nwhere = "gpu"\n', r"where"),
+        ('[normalization]\napply = "low"\nreason = "r"\nbackends = ["cuda"]\n', r"backends: expected an inline table"),
+        ('[normalization]\napply = "low"\nreason = "r"\nprecisions = ["float16"]\nbackends = { bfloat16 = ["cuda"] }\n',
+         r"backends.bfloat16: only a precision the policy is for"),
+        ('[normalization]\napply = "low"\nreason = "r"\nbackends = { float16 = ["gpu"] }\n',
+         r"backends.float16: expected a non-empty list"),
         ('normalization = "low"\n', r"\[normalization\] must be a table"),
     ])
     strict = tmp_path / "strict.toml"

@@ -657,8 +657,8 @@ def test_default_profile_fences_a_normalization_as_keras_does():
     """The default profile in float16 (``apply = "fenced"``): the batch norm -- statistics
     and the ops applying them -- stays float32, as Keras 3's ``mixed_float16`` computes a norm
     layer, but deny stops at its output, so the ReLU and the residual add between it and the
-    next convolution run in float16 (TensorFlow's rules keep them float32).  In bfloat16 the
-    default profile keeps TensorFlow's rule."""
+    next convolution run in float16 (TensorFlow's rules keep them float32).  In bfloat16 it
+    does the same on a GPU and keeps TensorFlow's rule on a CPU."""
     gd = _batch_norm_graph()
     tf_rules = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", lists="tensorflow", use_env=False)
     ours = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", use_env=False)
@@ -680,9 +680,12 @@ def test_default_profile_fences_a_normalization_as_keras_does():
     (got,) = run(ours.graph_def, {"x:0": x}, ["out:0"])
     err = np.max(np.abs(got - ref)) / np.max(np.abs(ref))
     assert 0 < err < 2e-2
-    bf16 = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", precision="bfloat16", use_env=False)
-    assert bf16.report["nodes"]["relu"]["dtype"] == "float32" and not bf16.report.get("normalized")
-    assert bf16.report["converted_nodes"] > 0
+    bf16_gpu = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", precision="bfloat16", use_env=False)
+    assert bf16_gpu.report["nodes"]["relu"]["dtype"] == "bfloat16"
+    assert set(bf16_gpu.report["normalized"]) == {"mul_1", "bn_out"}
+    bf16_cpu = amp_rewrite.rewrite_graph_def(gd, target="cpu", precision="bfloat16", use_env=False)
+    assert bf16_cpu.report["nodes"]["relu"]["dtype"] == "float32" and not bf16_cpu.report.get("normalized")
+    assert bf16_cpu.report["converted_nodes"] > 0
 
 
 def test_fence_is_left_out_for_few_values_and_upstream_of_a_fragile_normalization():
@@ -1105,6 +1108,32 @@ def test_default_profile_fences_a_normalization_in_the_backward_pass_as_keras_do
     for ref, got in zip(run(gd, feeds, fetches), run(ours.graph_def, feeds, fetches)):
         err = np.max(np.abs(got - ref)) / np.max(np.abs(ref))
         assert 0 < err < 2e-2
+
+
+def test_bfloat16_on_a_gpu_is_fenced_as_float16_is_and_on_a_cpu_keeps_tensorflows_rule():
+    """Keras's ``mixed_bfloat16`` policy fences its norms as ``mixed_float16`` does, and on a
+    GPU a bfloat16 element-wise op moves the bytes a float16 one does: the default profile's
+    fence (both sides) and its identity rule hold for bfloat16 on a GPU.  On a CPU, where
+    bfloat16's element-wise kernels are slower than float32's, it keeps TensorFlow's rule."""
+    gd = _layer_norm_training_graph()
+    gpu = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", precision="bfloat16", use_env=False)
+    cpu = amp_rewrite.rewrite_graph_def(gd, target="cpu", precision="bfloat16", use_env=False)
+    g_nodes, c_nodes = gpu.report["nodes"], cpu.report["nodes"]
+    assert gpu.report["normalized"] and "normalized" not in cpu.report
+    assert gpu.report.get("identity") and "identity" not in cpu.report  # the broadcasting matmul's x gradient
+    dy = [n.name for n in gd.node if n.op == "AddN" and {i.split(":")[0] for i in n.input} & {
+        m.name for m in gd.node if m.name.startswith("gradients/o_mm") or m.name.startswith("gradients/block_out")}]
+    assert dy
+    for name in dy:
+        assert g_nodes[name]["dtype"] == "bfloat16" and "to a normalization's input" in g_nodes[name]["reason"], name
+        assert c_nodes[name]["dtype"] == "float32", (name, c_nodes[name])
+    # The norm's output, cast to bfloat16 for its readers on the GPU only.
+    assert g_nodes["block_out"]["dtype"] == "bfloat16" and c_nodes["block_out"]["dtype"] == "float32"
+    feeds = {"x:0": np.random.RandomState(4).standard_normal((8, 16, 32)).astype(np.float32)}
+    fetches = [f"grad{i}:0" for i in range(3)]
+    for ref, got in zip(run(gd, feeds, fetches), run(gpu.graph_def, feeds, fetches)):
+        err = np.max(np.abs(got - ref)) / np.max(np.abs(ref))
+        assert 0 < err < 5e-2
 
 
 def test_a_batch_norms_input_product_stays_float32_in_its_gradient(monkeypatch):

@@ -13,9 +13,10 @@ installed as the package ``amp_rewrite._lists``):
 * ``tensorflow`` -- TensorFlow's lists, exactly (tested against TF's own dump): 2.21's tables
   and per-release deltas for 2.16 to 2.20 (see "TensorFlow versions" below);
 * ``default`` -- ``tensorflow`` plus softmax, arithmetic reductions and cross-entropy losses
-  kept in float32, and, in float16, a moment-based normalization computed in float32 with deny
-  stopping at its output (``[normalization] apply = "fenced"``, Keras's policy) and reductions
-  over no element cleared (``[float16.identity]``);
+  kept in float32, and, in float16 and in bfloat16 on a GPU, a moment-based normalization
+  computed in float32 with deny stopping at its output (``[normalization] apply = "fenced"``,
+  Keras's policy) and reductions over no element cleared (``[float16.identity]``,
+  ``[bfloat16.identity]``);
 * ``optimal`` -- ``default`` with the cost-aware planner.
 
 Profile schema (version 1)
@@ -34,11 +35,13 @@ Profile schema (version 1)
     [normalization]                    # optional: where a moment-based normalization's apply
     apply = "fenced"                   # ops run: "float32" (deny propagates into them from the
     reason = "one-line reason"         # statistics, as in TensorFlow; the default), "fenced"
-    precisions = ["float16"]           # (float32, deny stops at the norm's output) or "low"
-                                       # (deny stops at the statistics); reason required;
-                                       # precisions: those it is for (default both); per
-                                       # precision, the last layer of the chain (or a user
-                                       # file) with it wins
+    precisions = ["float16", "bfloat16"]   # (float32, deny stops at the norm's output) or
+    backends = { bfloat16 = ["cuda"] } # "low" (deny stops at the statistics); reason
+                                       # required; precisions: those it is for (default
+                                       # both); backends: limits a listed precision to some
+                                       # backends (default all); per precision and backend,
+                                       # the last layer of the chain (or a user file) with it
+                                       # wins
 
     [float16.bounded]                  # optional: a deny-list op inferred where its input 0
     Exp = { input_max = 0.0, reason = "..." }    # is proven at most input_max
@@ -48,8 +51,9 @@ Profile schema (version 1)
 
     [float16.identity]                 # optional: a deny-list reduction (Sum, Mean, Prod, Max,
     Sum = "one-line reason"            # Min) cleared where static shapes show it reduces no
-                                       # element (a copy); same survival rules as bounded;
-                                       # shapes are inferred for it (painting.py)
+    Mean = { reason = "...", backends = ["cuda"] }   # element (a copy); same survival rules
+                                       # as bounded; backends as for op entries; shapes are
+                                       # inferred for it (painting.py)
 
     [float16.allow]                    # tables: {float16,bfloat16}.{allow,infer,deny,clear}
     MatMul = "one-line reason"         # plain form: just the reason
@@ -360,7 +364,7 @@ def load_lists(
     _check_conflicts(lists)
     if level == "TREAT_INFER_AS_DENY":
         _deny_infer(lists)
-    return _op_lists(lists, profile_label, layers, version, context.precision, level,
+    return _op_lists(lists, profile_label, layers, version, context, level,
                      frozenset(e.op for e in edits))
 
 

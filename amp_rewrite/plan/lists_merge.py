@@ -127,13 +127,14 @@ def _op_lists(
     profile_label: str,
     layers: Sequence[_Layer],
     version: str | None,
-    precision: str,
+    context: ListContext,
     level: str = "DEFAULT",
     edited: frozenset[str] = frozenset(),
 ) -> OpLists:
     """The immutable :class:`OpLists` of the final ``lists``; the planner and the
-    normalization policy (for ``precision``) are those of the last layer that sets each
-    (``"greedy"`` and ``"float32"`` when none does).  A ``bounded`` or ``identity`` entry is
+    normalization policy (for ``context``'s precision and backend) are those of the last layer
+    that sets each (``"greedy"`` and ``"float32"`` when none does).  An ``identity`` entry
+    counts for the backends it names only.  A ``bounded`` or ``identity`` entry is
     the last layer's for its op, and is dropped where a later statement about the op overrides
     it: a later layer listing or removing the op (a user file that puts ``Exp`` on deny means
     it), an edit naming it (``edited``), an ``input_max`` of ``-inf``, the op not being on the
@@ -141,8 +142,9 @@ def _op_lists(
     Pure."""
     reasons = {op: reason for table in lists.values() for op, (reason, _) in table.items()}
     origins = {op: origin for table in lists.values() for op, (_, origin) in table.items()}
-    apply, why = next((layer.normalization[:2] for layer in reversed(layers)
-                       if layer.normalization and precision in layer.normalization[2]), ("float32", ""))
+    precision = context.precision
+    apply, why = next(((layer.normalization.apply, layer.normalization.reason) for layer in reversed(layers)
+                       if layer.normalization and layer.normalization.applies(context)), ("float32", ""))
     bounded: dict[str, tuple[float, str]] = {}
     identity: dict[str, str] = {}
     if level != "TREAT_INFER_AS_DENY":
@@ -151,7 +153,12 @@ def _op_lists(
                 bounded.pop(op, None)
                 identity.pop(op, None)
             bounded.update(layer.bounded.get(precision, {}))
-            identity.update(layer.identity.get(precision, {}))
+            for op, entry in layer.identity.get(precision, {}).items():
+                # A later layer's entry for another backend still overrides an earlier one.
+                if context.backend in entry.backends:
+                    identity[op] = entry.reason
+                else:
+                    identity.pop(op, None)
     bounded = {op: bounded[op] for op in sorted(bounded)
                if op in lists["deny"] and op not in edited and bounded[op][0] > -math.inf}
     identity = {op: identity[op] for op in sorted(identity) if op in lists["deny"] and op not in edited}

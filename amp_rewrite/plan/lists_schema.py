@@ -13,6 +13,7 @@ import math
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:  # only used in annotations; its module moved in 3.11
@@ -25,7 +26,7 @@ from .lists_types import (_OP_NAME, BACKENDS, CATEGORIES, IDENTITY_REDUCTIONS, N
 _SCHEMA_VERSION = 1
 _TOP_KEYS = frozenset({"schema_version", "name", "description", "source", "extends", "planner",
                        "normalization", "tf_version", "versions", *PRECISIONS})
-_NORMALIZATION_KEYS = frozenset({"apply", "reason", "precisions"})
+_NORMALIZATION_KEYS = frozenset({"apply", "reason", "precisions", "backends"})
 _VERSION_KEYS = frozenset({"note", *PRECISIONS})
 # A TensorFlow release as the lists are keyed: major.minor ("2.16"); the patch level never
 # changes the op lists.
@@ -35,6 +36,7 @@ _TF_VERSION_PREFIX = re.compile(r"\s*(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(?:\.[0-9]+
 _SECTION_KEYS = frozenset({*CATEGORIES, "remove", "bounded", "identity"})
 _BOUNDED_KEYS = frozenset({"input_max", "reason"})
 _ENTRY_KEYS = frozenset({"reason", "min_cuda", "min_cudnn", "backends", "registered"})
+_IDENTITY_KEYS = frozenset({"reason", "backends"})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -64,6 +66,32 @@ class _Entry:
         return True
 
 
+@dataclass(frozen=True)
+class _Normalization:
+    """A file's ``[normalization]`` policy: where a moment-based normalization's apply ops run,
+    why, and for which precisions and backends."""
+
+    apply: str
+    reason: str
+    precisions: frozenset[str]
+    #: precision -> the backends it is limited to (a precision not here: every backend).
+    backends: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    def applies(self, context: ListContext) -> bool:
+        """Whether the policy is for ``context``'s precision on its backend."""
+        return (context.precision in self.precisions
+                and context.backend in self.backends.get(context.precision, frozenset(BACKENDS)))
+
+
+@dataclass(frozen=True)
+class _Identity:
+    """One ``[<precision>.identity]`` entry: why the reduction is a copy when it reduces no
+    element, and the backends it is for."""
+
+    reason: str
+    backends: frozenset[str] = frozenset(BACKENDS)
+
+
 @dataclass
 class _Layer:
     """One parsed list file."""
@@ -76,12 +104,12 @@ class _Layer:
     entries: dict[str, dict[str, _Entry]]  # precision -> op -> entry
     removes: dict[str, dict[str, str]]  # precision -> op -> reason
     planner: str | None = None
-    # [normalization]: (apply, its reason, the precisions it is for), or None.
-    normalization: tuple[str, str, frozenset[str]] | None = None
+    # [normalization], or None.
+    normalization: _Normalization | None = None
     # [<precision>.bounded]: precision -> op -> (input_max, reason).
     bounded: dict[str, dict[str, tuple[float, str]]] = field(default_factory=dict)
-    # [<precision>.identity]: precision -> op -> reason.
-    identity: dict[str, dict[str, str]] = field(default_factory=dict)
+    # [<precision>.identity]: precision -> op -> entry.
+    identity: dict[str, dict[str, _Identity]] = field(default_factory=dict)
     tf_version: str | None = None  # the release the tables above are; None: unversioned
     # Older releases: version -> (entries, removes) relative to the tables above.
     versions: dict[str, _VersionDelta] = field(default_factory=dict)
@@ -180,7 +208,15 @@ def _parse_entry(op: str, category: Category, value: Any, where: str, label: str
         if isinstance(number, bool) or not isinstance(number, int) or number < 0:
             raise ListError(f"{where}.{key}: expected a non-negative integer, got {number!r}", path=location)
         gates[key] = number
-    backends = value.get("backends", list(BACKENDS))
+    backends = _parse_backends(value.get("backends", list(BACKENDS)), f"{where}.backends", location)
+    registered = value.get("registered", True)
+    if not isinstance(registered, bool):
+        raise ListError(f"{where}.registered: expected true or false, got {registered!r}", path=location)
+    return _Entry(op, category, reason, label, backends, gates["min_cuda"], gates["min_cudnn"], registered)
+
+
+def _parse_backends(backends: Any, where: str, location: str) -> frozenset[str]:
+    """A ``backends`` value: a non-empty list of distinct names from :data:`BACKENDS`.  Pure."""
     if (
         not isinstance(backends, list)
         or not backends
@@ -188,14 +224,10 @@ def _parse_entry(op: str, category: Category, value: Any, where: str, label: str
         or len(set(backends)) != len(backends)
     ):
         raise ListError(
-            f"{where}.backends: expected a non-empty list of distinct values from {list(BACKENDS)}, "
-            f"got {backends!r}",
+            f"{where}: expected a non-empty list of distinct values from {list(BACKENDS)}, got {backends!r}",
             path=location,
         )
-    registered = value.get("registered", True)
-    if not isinstance(registered, bool):
-        raise ListError(f"{where}.registered: expected true or false, got {registered!r}", path=location)
-    return _Entry(op, category, reason, label, frozenset(backends), gates["min_cuda"], gates["min_cudnn"], registered)
+    return frozenset(backends)
 
 
 def _parse_layer(data: dict[str, Any], label: str, location: str, base_dir: Traversable | None, default_name: str) -> _Layer:
@@ -240,10 +272,10 @@ def _parse_layer(data: dict[str, Any], label: str, location: str, base_dir: Trav
     )
 
 
-def _parse_normalization(table: Any, location: str) -> tuple[str, str, frozenset[str]] | None:
-    """The ``[normalization]`` table: ``(apply, reason, precisions)`` (``apply`` and
-    ``reason`` required; ``precisions`` a list, default both), or ``None`` when the file has
-    none.  Pure."""
+def _parse_normalization(table: Any, location: str) -> _Normalization | None:
+    """The ``[normalization]`` table (``apply`` and ``reason`` required; ``precisions`` a list,
+    default both; ``backends`` an inline table limiting a listed precision to some backends,
+    ``{ bfloat16 = ["cuda"] }``), or ``None`` when the file has none.  Pure."""
     if table is None:
         return None
     if not isinstance(table, dict):
@@ -263,7 +295,16 @@ def _parse_normalization(table: Any, location: str) -> tuple[str, str, frozenset
             or len(set(precisions)) != len(precisions)):
         raise ListError(f"[normalization].precisions: expected a non-empty list of distinct values from "
                         f"{list(PRECISIONS)}, got {precisions!r}", path=location)
-    return apply, reason, frozenset(precisions)
+    limits = table.get("backends", {})
+    if not isinstance(limits, dict):
+        raise ListError(f"[normalization].backends: expected an inline table precision -> backends, such as "
+                        f"{{ bfloat16 = [\"cuda\"] }}, got {limits!r}", path=location)
+    for precision in limits:
+        if precision not in precisions:
+            raise ListError(f"[normalization].backends.{precision}: only a precision the policy is for "
+                            f"({', '.join(sorted(precisions))}) can be limited to some backends", path=location)
+    backends = {p: _parse_backends(b, f"[normalization].backends.{p}", location) for p, b in limits.items()}
+    return _Normalization(apply, reason, frozenset(precisions), MappingProxyType(backends))
 
 
 def _table_entries(table: Any, name: str, location: str) -> Iterator[tuple[str, Any, str]]:
@@ -300,11 +341,11 @@ def _parse_bounded(data: Mapping[str, Any], location: str) -> dict[str, dict[str
     return bounded
 
 
-def _parse_identity(data: Mapping[str, Any], location: str) -> dict[str, dict[str, str]]:
+def _parse_identity(data: Mapping[str, Any], location: str) -> dict[str, dict[str, _Identity]]:
     """The ``[float16.identity]`` and ``[bfloat16.identity]`` tables: per precision, op ->
-    reason, each entry ``Sum = "..."`` (or ``{ reason = "..." }``) naming one of
+    entry, each ``Sum = "..."`` (or ``{ reason = "...", backends = ["cuda"] }``) naming one of
     :data:`IDENTITY_REDUCTIONS`.  Pure."""
-    identity: dict[str, dict[str, str]] = {p: {} for p in PRECISIONS}
+    identity: dict[str, dict[str, _Identity]] = {p: {} for p in PRECISIONS}
     for precision in PRECISIONS:
         section = data.get(precision, {})
         table = section.get("identity", {}) if isinstance(section, dict) else {}
@@ -313,10 +354,13 @@ def _parse_identity(data: Mapping[str, Any], location: str) -> dict[str, dict[st
                 raise ListError(f"{entry_where}: only a reduction whose output copies its input when it reduces "
                                 f"no axis can be an identity ({', '.join(sorted(IDENTITY_REDUCTIONS))}), "
                                 f"not {op}", path=location, op=op)
+            backends = frozenset(BACKENDS)
             if isinstance(value, dict):
-                _check_keys(value, frozenset({"reason"}), entry_where, location)
+                _check_keys(value, _IDENTITY_KEYS, entry_where, location)
+                if "backends" in value:
+                    backends = _parse_backends(value["backends"], f"{entry_where}.backends", location)
                 value = value.get("reason")
-            identity[precision][op] = _reason(value, entry_where, location)
+            identity[precision][op] = _Identity(_reason(value, entry_where, location), backends)
     return identity
 
 

@@ -29,6 +29,12 @@ Usage (from a checkout's root)::
 
     python bench/cpu_runs/2026-11-27-identity/gradient_errors.py [--loss-scale=1024] transformer bert_like
 
+``--precision=bfloat16`` measures bfloat16 instead: our rewrites for a GPU 8.0 in bfloat16
+(``default``, and ``tensorflow``: TensorFlow's bfloat16 lists painted by TensorFlow's passes,
+which TensorFlow itself runs only on a CPU, with oneDNN) against Keras's ``mixed_bfloat16``
+policy (``keras_mixed``); use it with ``--loss-scale=1``, as Keras does not scale a bfloat16
+loss.  The graphs run on this CPU's bfloat16 kernels.
+
 Models with batch norms are not measured: freezing their training step's moving-average
 updates fails.
 """
@@ -76,6 +82,9 @@ def loss_and_gradients_function(model, loss_fn, x0: np.ndarray, y0: np.ndarray):
     return loss_and_gradients
 
 
+PRECISION = "float16"  # --precision=bfloat16: the bfloat16 rewrites and Keras's mixed_bfloat16
+
+
 def gradient_graph(model_name: str):
     """``(GraphDef, output names, input names, item, Keras's mixed function, Keras's float32
     function)``: the frozen loss-and-gradients function of the corpus model ``model_name`` in
@@ -84,7 +93,7 @@ def gradient_graph(model_name: str):
     from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
     item = corpus.build(f"{model_name}/training")
-    f32, mixed, loss_fn = keras_models(model_name)
+    f32, mixed, loss_fn = keras_models(model_name, f"mixed_{PRECISION}")
     x0, y0 = item.feeds["x:0"], item.feeds["y:0"]
     concrete = loss_and_gradients_function(f32, loss_fn, x0, y0).get_concrete_function()
     frozen = convert_variables_to_constants_v2(concrete)
@@ -123,13 +132,17 @@ def errors(model_name: str) -> dict[str, float]:
     graph_def, outputs, inputs, item, keras_mixed, keras_f32 = gradient_graph(model_name)
     batches = bench.input_batches(item, 16)
     ref = run(graph_def, outputs, inputs, batches)
+    def ours(lists: str):
+        return amp_rewrite.rewrite_graph_def(graph_def, target="gpu:8.0", precision=PRECISION, fetches=outputs,
+                                             lists=lists, use_env=False).graph_def
+
     rewrites = {
-        "tensorflow": tf_amp_rewrite(graph_def, outputs),
-        "default": amp_rewrite.rewrite_graph_def(graph_def, target="gpu:8.0", fetches=outputs, lists="default",
-                                                 use_env=False).graph_def,
-        "keras_mixed_float16": keras_mixed,
+        "tensorflow": tf_amp_rewrite(graph_def, outputs) if PRECISION == "float16" else ours("tensorflow"),
+        "default": ours("default"),
+        f"keras_mixed_{PRECISION}": keras_mixed,
         "keras_float32": keras_f32,
     }
+    low_enum = 19 if PRECISION == "float16" else 14  # DataType DT_HALF / DT_BFLOAT16
     result: dict[str, float] = {"gradients": len(outputs) - 1}
     per_batch_median: dict[str, list[float]] = {}
     for label, gd in rewrites.items():
@@ -155,8 +168,8 @@ def errors(model_name: str) -> dict[str, float]:
         result[f"{label}:nonfinite"] = nonfinite
         if not callable(gd):
             result[f"{label}:converted"] = sum(
-                1 for n in gd.node if any(v.type == 19 for k, v in n.attr.items() if k in ("T", "dtype", "DstT")))
-    for label in ("default", "keras_mixed_float16"):
+                1 for n in gd.node if any(v.type == low_enum for k, v in n.attr.items() if k in ("T", "dtype", "DstT")))
+    for label in ("default", f"keras_mixed_{PRECISION}"):
         pairs = list(zip(per_batch_median[label], per_batch_median["tensorflow"]))
         result[f"{label}:grad_worse_than_tf"] = sum(d > t for d, t in pairs)
     return result
@@ -165,7 +178,13 @@ def errors(model_name: str) -> dict[str, float]:
 if __name__ == "__main__":
     register()
     args = sys.argv[1:]
-    if args and args[0].startswith("--loss-scale="):
-        LOSS_SCALE = float(args.pop(0).split("=", 1)[1])
+    while args and args[0].startswith("--"):
+        key, _, value = args.pop(0).partition("=")
+        if key == "--loss-scale":
+            LOSS_SCALE = float(value)
+        elif key == "--precision" and value in ("float16", "bfloat16"):
+            PRECISION = value
+        else:
+            raise SystemExit(f"unknown option {key}={value}: --loss-scale=N, --precision=float16|bfloat16")
     for name in args:
         print(json.dumps({"model": name, **{k: float(f"{v:.4g}") for k, v in errors(name).items()}}), flush=True)

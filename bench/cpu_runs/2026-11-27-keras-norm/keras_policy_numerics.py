@@ -56,9 +56,10 @@ WITHOUT_RULE = os.path.join(HERE, "..", "2026-11-27-headline", "default_without_
 EXTRA_LISTS = {}
 
 
-def keras_models(model_name: str):
-    """The corpus model of ``model_name`` in float32 and under ``mixed_float16``, with the
-    same (the corpus') initial weights, its loss and whether the loss takes logits."""
+def keras_models(model_name: str, policy: str = "mixed_float16"):
+    """The corpus model of ``model_name`` in float32 and under ``policy`` (``mixed_float16``
+    or ``mixed_bfloat16``), with the same (the corpus') initial weights, its loss and whether
+    the loss takes logits."""
     import keras
 
     factory = corpus.MODELS[model_name][0]
@@ -70,7 +71,7 @@ def keras_models(model_name: str):
     # The same seed again, so the two models' dropout layers draw the same masks when they are
     # called in turn (EfficientNetB0's; each layer's seed generator starts from it).
     keras.utils.set_random_seed(corpus.SEED)
-    keras.mixed_precision.set_dtype_policy("mixed_float16")
+    keras.mixed_precision.set_dtype_policy(policy)
     try:
         mixed, _, _ = factory()
     finally:
