@@ -17,10 +17,13 @@ import jsonschema
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import amp_rewrite
 from amp_rewrite.errors import ListError
 from amp_rewrite.plan.lists import ListContext, load_lists
+from conftest import examples
 from graphs import graph_def, run, v1
 
 RNG = np.random.RandomState(0)
@@ -128,3 +131,47 @@ def test_identity_entries_are_validated_and_follow_the_lists(tmp_path):
     relisted = tmp_path / "relisted.toml"
     relisted.write_text('schema_version = 1\n[float16.deny]\nSum = "every Sum stays float32 here"\n')
     assert set(load_lists("default", context=f16, user_file=relisted).identity) == {"Mean", "Prod"}
+
+
+@settings(max_examples=examples(30))
+@given(dims=st.lists(st.sampled_from([1, 1, 2, 4]), min_size=1, max_size=4),
+       axes_mask=st.lists(st.booleans(), min_size=4, max_size=4),
+       op=st.sampled_from(["Sum", "Mean", "Prod"]), keepdims=st.booleans(),
+       precision=st.sampled_from(["float16", "bfloat16"]))
+def test_a_reduction_is_cleared_exactly_when_its_shapes_show_it_reduces_nothing(dims, axes_mask, op, keepdims,
+                                                                               precision):
+    """Property: between two MatMuls, a ``Sum``/``Mean``/``Prod`` over any axes of a tensor of
+    any static shape is cleared (and runs in the low precision, on a GPU) exactly when every
+    axis it reduces has one element; otherwise it stays denied.  TensorFlow's profile denies
+    it always.  Either way the rewritten graph computes what the float32 one does."""
+    axes = [i for i, keep in enumerate(axes_mask[:len(dims)]) if keep]
+    reduce = {"Sum": tf.reduce_sum, "Mean": tf.reduce_mean, "Prod": tf.reduce_prod}[op]
+    n = int(np.prod(dims))
+
+    def build():
+        x = v1.placeholder(tf.float32, (3, 8), name="x")
+        w = tf.constant(np.linspace(-0.3, 0.3, 8 * n, dtype=np.float32).reshape(8, n))
+        h = tf.reshape(tf.matmul(x, w, name="mm0"), (3, *dims))
+        r = reduce(h, axis=[a + 1 for a in axes], keepdims=keepdims, name="red")  # never the batch axis
+        w2 = tf.constant(np.linspace(-0.2, 0.2, 4, dtype=np.float32).reshape(1, 4))
+        tf.identity(tf.matmul(tf.reshape(r, (-1, 1)), w2, name="mm1"), name="out")
+
+    gd = graph_def(build)
+    ours = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", precision=precision, use_env=False)
+    tf_rules = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", precision=precision, lists="tensorflow",
+                                             use_env=False)
+    copies = all(dims[a] == 1 for a in axes)
+    node = ours.report["nodes"]["red"]
+    if copies:
+        assert node["dtype"] == precision and "shape-proven" in node["reason"], node
+        assert set(ours.report["identity"]) == {"red"}
+    else:
+        assert node["color"] == "deny" and node["dtype"] == "float32", node
+        assert "identity" not in ours.report
+    assert "identity" not in tf_rules.report
+    assert ours.report["converted_nodes"] > 0  # the MatMuls convert either way
+    x = np.linspace(-1.0, 1.0, 24, dtype=np.float32).reshape(3, 8)
+    (ref,) = run(gd, {"x:0": x}, ["out:0"])
+    (got,) = run(ours.graph_def, {"x:0": x}, ["out:0"])
+    scale = max(float(np.max(np.abs(ref))), 1e-6)
+    assert float(np.max(np.abs(got - ref))) / scale < (2e-2 if precision == "float16" else 8e-2)
