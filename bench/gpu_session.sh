@@ -42,6 +42,9 @@
 #             inference at batch 1 under XLA (float32 through Keras and through our runner,
 #             ours converted), whose steps the cost model prices 4-7x short.
 #
+# Afterwards, here: bench/gpu_predict.py (predicted against measured) and bench/gpu_done_when.py
+# (done-when lines 1 and 2, judged within the A/A gap) on the returned JSON files.
+#
 # The benchmarks and profiles rewrite their files as they go (gpu_bench after each repeat,
 # gpu_profile after each variant), so a command stopped by its timeout keeps what it finished.
 # The stage's exit status is the first failing command's (0 when all succeeded).

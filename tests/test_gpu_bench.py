@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 
@@ -699,3 +700,54 @@ def test_the_list_files_the_gpu_session_names_load_and_differ_from_the_default_a
                                        precision="float16", environ={})
     assert (default.normalization_apply, low.normalization_apply) == ("fenced", "low")
     assert low.as_dict() == default.as_dict() and low.bounded == default.bounded
+
+
+def test_done_when_judges_lines_1_and_2_from_paired_repeats_within_the_aa_gap(tmp_path):
+    """``bench/gpu_done_when.py`` reads measured runs only: line 1 pairs ours with Keras's
+    mixed + XLA and float32 + XLA repeat by repeat; line 2 takes our best variant per mode
+    against TF's pass and float32 in that mode; a comparison holds within the A/A gap (2%,
+    said so, where the run had no A/A pair); errors hold up to the larger of TF's and Keras's."""
+    import gpu_done_when
+
+    def v(steps, err=None, baseline=None):
+        rec = {"step_ms": statistics.median(steps), "step_ms_per_repeat": steps, "rel_err_vs_float32_strict": err}
+        if baseline:
+            rec["measured_ratio_baseline"] = baseline
+        return rec
+
+    train = {"workload": "w-train", "train": True, "aa_gap": 0.01, "variants": {
+        "float32": v([100.0, 100.0, 100.0]), "float32_again": v([101.0, 101.0, 101.0]),
+        "float32_strict": v([150.0, 150.0, 150.0], err=0.0), "float32_xla": v([40.0, 40.0, 40.0]),
+        "tf_amp": v([110.0, 110.0, 110.0], err=4e-4), "keras_mixed_xla": v([30.0, 30.0, 30.0], err=5e-4),
+        "ours_user": v([29.0, 31.5, 29.5], err=3e-4, baseline="float32_xla"),
+        "ours_optimal": v([100.5, 100.5, 100.5], err=0.0, baseline="float32"),
+        "ours_default": v([120.0, 120.0, 120.0], err=6e-4, baseline="float32")}}
+    row = gpu_done_when.line1(train)
+    assert row["keras"]["faster"] == 2 and row["keras"]["repeats"] == 3
+    assert row["keras"]["median"] == pytest.approx(29.5 / 30.0) and row["keras"]["verdict"] == "holds"
+    judged = gpu_done_when.line2(train)
+    no_xla, xla = judged["modes"]["no XLA"], judged["modes"]["XLA"]
+    assert no_xla["ours"] == "ours_optimal" and no_xla["float32"]["verdict"] == "holds"  # 0.5% < 1% A/A
+    assert no_xla["tf_amp"]["ratio"] == pytest.approx(100.5 / 110.0)
+    assert xla["ours"] == "ours_user" and xla["tf_amp"]["verdict"] == "n/a"
+    # The worst of ours (ours_default, 6e-4) is above both TF's pass's and Keras's: fails.
+    assert judged["error"]["ours"] == ("ours_default", 6e-4) and judged["error"]["verdict"] == "fails"
+
+    # Slower than Keras by more than the A/A gap, with no A/A pair (2% assumed): fails.
+    slow = {"workload": "w2", "train": True, "aa_gap": None, "variants": {
+        "keras_mixed_xla": v([10.0, 10.0]), "ours_user": v([10.5, 10.4], baseline="float32_xla")}}
+    row = gpu_done_when.line1(slow)
+    assert row["keras"]["verdict"] == "fails" and not row["noise_measured"]
+    assert row["float32_xla"]["verdict"] == "not measured"
+    assert gpu_done_when.line1({**slow, "train": False}) is None  # line 1 is about training steps
+    runs = []
+    for i, w in enumerate((train, slow)):
+        path = tmp_path / f"{i}.json"
+        path.write_text(json.dumps({"machine": {"date": "d"}, "config": {}, "workloads": [w]}))
+        runs.append(str(path))
+    out = tmp_path / "done.md"
+    assert gpu_done_when.main([*runs, "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| w-train | 0.983 (0.967-1.050, 2 of 3) | holds |" in text
+    assert "| w2 | 1.045 (1.040-1.050, 0 of 2) | fails |" in text and "(assumed: no A/A pair)" in text
+    assert "| w-train | ours_default 6.00e-04 | 5.00e-04 | fails |" in text
