@@ -9,7 +9,8 @@ a partial one never over a finished one), and says, per workload, what the lines
   user enables it against Keras's ``mixed_float16`` + XLA, and against float32 + XLA, paired
   per repeat: the median of the per-repeat ratios, the range, and in how many repeats ours
   was faster.
-* **Line 2**: the best of our variants in each mode (without XLA: ``ours_default``,
+* **Line 2**: the best of our built-in variants (not ``--extra-variant`` experiments) in each
+  mode (without XLA: ``ours_default``,
   ``ours_optimal``, ``ours_tensorflow``, ``ours_autotune``, and ``ours_user`` where it did not
   compile; with XLA: ``*_xla`` and ``ours_user`` where it compiled) against TensorFlow's pass
   and float32 in the same mode (TensorFlow's pass runs without XLA only), as medians; and the
@@ -104,7 +105,8 @@ def line2(workload: dict[str, Any]) -> dict[str, Any]:
     float32 in that mode, and the errors.  Pure."""
     variants = workload["variants"]
     noise, measured = _noise(workload)
-    ours_names = [n for n in variants if n.startswith("ours_")]
+    # Our built-in variants only: an --extra-variant is an experiment, not a profile a user has.
+    ours_names = [n for n in variants if n.startswith("ours_") and n in gpu_bench.VARIANTS]
     modes: dict[str, Any] = {}
     for mode, f32 in (("no XLA", "float32"), ("XLA", "float32_xla")):
         compiled = mode == "XLA"
@@ -120,7 +122,7 @@ def line2(workload: dict[str, Any]) -> dict[str, Any]:
         modes[mode] = entry
     errors = {n: v.get("rel_err_vs_float32_strict") for n, v in variants.items()
               if v.get("rel_err_vs_float32_strict") is not None}
-    ours_err = [(n, e) for n, e in errors.items() if n.startswith("ours_")]
+    ours_err = [(n, e) for n, e in errors.items() if n in ours_names]
     others = [errors[n] for n in errors if n == "tf_amp" or n.startswith("keras_mixed")]
     if not ours_err or not others:
         error = {"verdict": "not measured (no float32_strict in the run)" if not errors else "not measured"}

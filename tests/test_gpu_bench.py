@@ -721,7 +721,9 @@ def test_done_when_judges_lines_1_and_2_from_paired_repeats_within_the_aa_gap(tm
         "tf_amp": v([110.0, 110.0, 110.0], err=4e-4), "keras_mixed_xla": v([30.0, 30.0, 30.0], err=5e-4),
         "ours_user": v([29.0, 31.5, 29.5], err=3e-4, baseline="float32_xla"),
         "ours_optimal": v([100.5, 100.5, 100.5], err=0.0, baseline="float32"),
-        "ours_default": v([120.0, 120.0, 120.0], err=6e-4, baseline="float32")}}
+        "ours_default": v([120.0, 120.0, 120.0], err=6e-4, baseline="float32"),
+        # An --extra-variant experiment is not a profile: never "ours (best)", nor ours' error.
+        "ours_experiment_xla": v([1.0, 1.0, 1.0], err=1e-2, baseline="float32_xla")}}
     row = gpu_done_when.line1(train)
     assert row["keras"]["faster"] == 2 and row["keras"]["repeats"] == 3
     assert row["keras"]["median"] == pytest.approx(29.5 / 30.0) and row["keras"]["verdict"] == "holds"
