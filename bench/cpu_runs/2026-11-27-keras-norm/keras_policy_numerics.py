@@ -77,6 +77,14 @@ def keras_models(model_name: str, policy: str = "mixed_float16"):
     finally:
         keras.mixed_precision.set_dtype_policy("float32")
     mixed.set_weights(f32.get_weights())
+    if policy == "mixed_bfloat16":
+        # The BERT-like corpus model feeds token ids as float32 (up to 999) to a Lambda layer
+        # that casts them to int32; under mixed_bfloat16 Keras would cast them to bfloat16
+        # first (exact only to 256) and look up other embeddings.  A model fed int ids has no
+        # such layer, so it computes in float32 here: the policy is measured, not the artefact.
+        for layer in mixed.layers:
+            if isinstance(layer, keras.layers.Lambda):
+                layer.dtype_policy = keras.DTypePolicy("float32")
     return f32, mixed, keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits)
 
 
