@@ -495,22 +495,31 @@ def _normalization_fences(state: PaintingState, info: NormalizationInfo) -> tupl
     fenced: set[str] = set()
     inside = set(info.apply) | set(info.stats)
     fragile = upstream_of_fragile(state.g, info) if info.fragile else {}
-    # Per norm: its apply ops and statistics (of every norm) and its interior.
+    # Per norm, once: its apply ops, what it owns (every norm's apply ops and statistics, and
+    # its interior) and the size of its input.
+    apply_of: dict[Normalization, set[str]] = {}
+    for name, (_, norm) in info.apply.items():
+        apply_of.setdefault(norm, set()).add(name)
     owns: dict[Normalization, set[str]] = {}
+    full_size: dict[Normalization, int | None] = {}
+    shapes = state.g.graph.get("shapes") or {}
     for name, (stat_ports, norm) in sorted(info.apply.items()):
         src_types = state.types.get(name)
         if name in fragile or src_types is None:
             continue
         fenced.add(name)
         if norm not in owns:
-            owns[norm] = inside | _interior(state, norm, info, inside)
+            owns[norm] = inside | _interior(state, norm, apply_of[norm], inside)
+            moments_input = state.inputs.get(norm.mean) or []
+            full_size[norm] = tensor_numel(shapes, moments_input[0]) if moments_input else None
             for product in _input_products(state, norm, owns[norm]):
                 fenced.add(product)
                 state.normalized[product] = (
                     f"multiplies the input of normalization {norm.mean!r}/{norm.variance!r} into its own gradient "
                     "(dy * x, summed for the statistics' gradients): fenced, it runs in float32, as the "
                     "norm does")
-        _add_fence_writers(state, name, stat_ports, norm, owns[norm])
+        if full_size[norm] is not None:
+            _add_fence_writers(state, name, stat_ports, full_size[norm], owns[norm])
         for y_name in sorted(set(state.g.successors(name))):
             y_types = state.types.get(y_name)
             if y_name in inside or y_name not in state.inputs or y_types is None:
@@ -531,14 +540,14 @@ def _normalization_fences(state: PaintingState, info: NormalizationInfo) -> tupl
     return fences, fenced
 
 
-def _interior(state: PaintingState, norm: Normalization, info: NormalizationInfo, inside: set[str]) -> set[str]:
+def _interior(state: PaintingState, norm: Normalization, own_apply: set[str], inside: set[str]) -> set[str]:
     """The nodes computed from ``norm``'s moments inside the norm: reached from its ``Mean``
     nodes along data edges, going past no allow-list op, and one step at most through a fence
-    (an edge from one of its apply ops to a node outside ``inside``: its output).  In its
+    (an edge from one of its apply ops, ``own_apply``, to a node outside ``inside``: its
+    output).  In its
     gradient, ``dy * (x - mean)``, summed from the products of an apply op, is such a node:
     full-size and fed back into the norm, but its own work, float32 in Keras.  The ``dy`` that
     reaches the norm from outside is not one.  Pure."""
-    own_apply = {name for name, (_, owner) in info.apply.items() if owner == norm}
     seen: set[str] = set()
     stack = [norm.mean, norm.variance]
     while stack:
@@ -602,10 +611,10 @@ def _feeds_only(state: PaintingState, node: str, own: set[str]) -> bool:
     return False
 
 
-def _add_fence_writers(state: PaintingState, name: str, stat_ports: frozenset[int], norm: Normalization,
+def _add_fence_writers(state: PaintingState, name: str, stat_ports: frozenset[int], full: int,
                        inside: set[str]) -> None:
-    """Add to ``state.fence_writers`` the vertices that give the fenced apply op ``name`` (of
-    ``norm``) a full-size input from outside the normalization (``inside``: the apply ops and
+    """Add to ``state.fence_writers`` the vertices that give the fenced apply op ``name`` a
+    full-size input (``full`` values) from outside its normalization (``inside``: the apply ops and
     statistics, and the norm's interior, :func:`_interior`): ``x`` in the forward pass, and in
     the backward the gradient ``dy`` that reaches the norm.  Keras's norm layers upcast their
     input to float32, so what they read is in low precision, and so is the gradient of their
@@ -618,10 +627,6 @@ def _add_fence_writers(state: PaintingState, name: str, stat_ports: frozenset[in
     if types is None or name not in state.inputs:
         return
     shapes = state.g.graph.get("shapes") or {}
-    moments_input = state.inputs.get(norm.mean) or []
-    full = tensor_numel(shapes, moments_input[0]) if moments_input else None
-    if full is None:
-        return
     tg = state.tg
     for q, (src, sp) in enumerate(state.inputs[name]):
         src_types = state.types.get(src)
