@@ -102,3 +102,53 @@ def test_force_all_rewrite_of_a_keras_mlp_is_idempotent():
     assert once.report["converted_nodes"] > 0
     twice = amp_rewrite.rewrite_graph_def(once.graph_def, **kw)
     assert twice.report["casts_to_low"] == twice.report["casts_to_high"] == 0
+
+
+def _loop_then_matmul_graph_def() -> tf.compat.v1.GraphDef:
+    """A functional loop (``StatelessWhile`` with ``cond``/``body`` functions) whose state
+    starts from a ``Fill`` and feeds a MatMul: the loop variable sits between clear ops and
+    an allow-list op, as a Keras LSTM's state does on a CPU."""
+
+    @tf.function
+    def step(x, w):
+        h0 = tf.fill(tf.shape(x), 0.5)
+        _, h = tf.while_loop(lambda i, h: i < 3, lambda i, h: (i + 1, tf.tanh(h + x)), [tf.constant(0), h0])
+        return tf.matmul(h, w)
+
+    spec = (tf.TensorSpec([4, 8], tf.float32, name="x"), tf.TensorSpec([8, 8], tf.float32, name="w"))
+    return step.get_concrete_function(*spec).graph.as_graph_def()
+
+
+def test_loop_variables_keep_their_functions_types():
+    # KD-6: TensorFlow's bfloat16 lists clear While/StatelessWhile and its pass paints the loop
+    # variable bfloat16 while cond and body keep float32 signatures; its own graph optimizer
+    # then rejects the result.  Ours keeps the loop a float32 boundary and converts the rest.
+    import numpy as np
+    import pytest
+
+    from amp_rewrite.testing.invariant_support import InvariantError
+    from amp_rewrite.testing.structural_invariants import check_valid
+
+    if tuple(int(p) for p in tf.__version__.split(".")[:2]) < (2, 17):
+        pytest.skip("TensorFlow's bfloat16 lists put While on no list before 2.17: KD-6 does not arise")
+    gd = _loop_then_matmul_graph_def()
+    fetches = ["Identity"]
+    bf16 = tf.bfloat16.as_datatype_enum
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Graph Optimizer failed"):
+        tf_amp_rewrite(gd, fetches, mode="bf16")
+    theirs = tf_amp_rewrite(gd, fetches, mode="bf16", tfg=False)  # the pass's output, before TFG rejects it
+    assert ("", "while", "T[3]") in converted_type_attrs(gd, theirs, to_dtype=bf16)
+    with pytest.raises(InvariantError, match="does not match the signature"):
+        check_valid(gd, theirs, run=False)
+    kwargs = dict(target="cpu", precision="bfloat16", lists="tensorflow", fetches=fetches, use_env=False)
+    exact = amp_rewrite.rewrite_graph_def(gd, tensorflow_bugs=True, **kwargs)
+    assert converted_type_attrs(gd, exact.graph_def, to_dtype=bf16) == converted_type_attrs(gd, theirs, to_dtype=bf16)
+
+    ours = amp_rewrite.rewrite_graph_def(gd, **kwargs)
+    loop = next(n for n in ours.graph_def.node if n.op == "StatelessWhile")
+    assert list(loop.attr["T"].list.type) == [int(t) for t in next(
+        n for n in gd.node if n.op == "StatelessWhile").attr["T"].list.type]
+    # The Fill stays float32 too: the loop, a boundary now, no longer links it to the MatMul.
+    assert converted_type_attrs(gd, ours.graph_def, to_dtype=bf16) == {("", "MatMul", "T")}
+    assert ours.report["nodes"][loop.name]["reason"].startswith("[KD-6]")
+    check_valid(gd, ours.graph_def, feeds={"x:0": np.ones((4, 8), np.float32), "w:0": np.eye(8, dtype=np.float32)})

@@ -167,12 +167,14 @@ def make_cluster(gpus: Sequence[str], *, cuda: str = "12090", cudnn: str = "9100
     return gcluster.Cluster(devices=devices)
 
 
-def _config(mode: Mode, fail_on_optimizer_errors: bool) -> config_pb2.ConfigProto:
+def _config(mode: Mode, fail_on_optimizer_errors: bool, tfg: bool = True) -> config_pb2.ConfigProto:
     config = config_pb2.ConfigProto()
     ro = config.graph_options.rewrite_options
     ro.meta_optimizer_iterations = _RC.ONE
     ro.min_graph_nodes = -1
     ro.fail_on_optimizer_errors = fail_on_optimizer_errors
+    if not tfg:
+        ro.disable_tfg_optimizer = True
     if mode == "cuda":
         ro.optimizers.append("auto_mixed_precision")
     elif mode == "bf16":
@@ -251,6 +253,7 @@ def tf_amp_rewrite(
     mode: Mode = "cuda",
     env: Mapping[str, str] | None = None,
     fail_on_optimizer_errors: bool = False,
+    tfg: bool = True,
     _probe: bool = False,
 ) -> GraphDef:
     """Runs TF's real AMP pass on a copy of ``graph_def`` and returns the optimized GraphDef.
@@ -259,7 +262,10 @@ def tf_amp_rewrite(
     ``gpus``: compute capabilities of the fake GPUs (``None``: ``("8.0",)`` for ``"cuda"``,
     none for the CPU modes).  ``env``: environment variables set for the duration of the call
     (``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_*``).  ``fail_on_optimizer_errors``: raise instead
-    of TF's default (log the error and keep the unoptimized graph).  The input is not mutated.
+    of TF's default (log the error and keep the unoptimized graph).  ``tfg=False`` skips
+    Grappler's MLIR (TFG) optimizer, which runs after the pass and rejects a graph whose loop
+    variables no longer match the loop's functions (KNOWN_DIFFERENCES.md KD-6): the pass's
+    own output is returned as it painted it.  The input is not mutated.
     In ``"bf16"`` mode the calling test fails when the pass is not registered
     (:func:`require_onednn_bf16`).
     """
@@ -274,7 +280,7 @@ def tf_amp_rewrite(
     train_op = mg.collection_def["train_op"].node_list.value
     for f in fetches:
         train_op.append(f)
-    config = _config(mode, fail_on_optimizer_errors)
+    config = _config(mode, fail_on_optimizer_errors, tfg)
     cluster = make_cluster(tuple(gpus), cuda=cuda, cudnn=cudnn)
     with _environ(env):
         out = tf_optimizer.OptimizeGraph(config, mg, verbose=False, cluster=cluster)

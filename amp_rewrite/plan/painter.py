@@ -298,6 +298,7 @@ def _unpainted_reason_function(state: PaintingState) -> Callable[[int, str, int,
     types_l = state.types_l
     proc_l = state.proc_l
     kernel_missing = state.kernel_missing
+    signature_bound = state.signature_bound
     preserve = state.options.preserve
     preserve_reasons = state.options.preserve_reasons
     precision = state.precision
@@ -318,6 +319,8 @@ def _unpainted_reason_function(state: PaintingState) -> Callable[[int, str, int,
             return text("type {} is not float32", dt.name(dtype))
         if v in kernel_missing:
             return text("no " + precision + " kernel for {} on this device", op)
+        if name in signature_bound:
+            return signature_bound[name]
         if cat == "allow":
             return "allow-list op not painted"
         if cat == "infer":

@@ -222,6 +222,9 @@ class PaintingState:
         self.bounded: dict[str, str] = {}
         #: Deny-list reductions cleared because their shapes show they reduce nothing (node -> why).
         self.identity: dict[str, str] = {}
+        #: Listed nodes taken off their list because their types are their functions'
+        #: signatures (node -> why; known difference KD-6).
+        self.signature_bound: dict[str, str] = {}
         #: What :func:`find_normalizations` found (pass 2), for the optimal planner.
         self.norm_info: NormalizationInfo | None = None
         self.had_allow = False  # pass 1 painted something (the planner may undo it all)
@@ -268,6 +271,7 @@ class PaintingState:
         self._vertex_facts()
         self._infer_bounded()
         self._clear_identity_reductions()
+        self._bind_function_signatures()
 
     def _node_facts(self) -> list[int]:
         """Fill the per-node lists (``ops_l``, ``proc_l``, ``ins_l``, ``device_l``,
@@ -440,6 +444,30 @@ class PaintingState:
                 self.v_cat[v] = "clear"
             self.identity[name] = (f"{op} reduces no element (input and output both hold {values} values): "
                                    f"cleared, {identity[op]}")
+
+    def _bind_function_signatures(self) -> None:
+        """Take off its list every node that calls functions through its attributes
+        (``While``/``StatelessWhile``: ``T`` is the loop variables' types in ``cond`` and
+        ``body``; ``If``, ``Case`` and calls: ``Tin``/``Tout``).  Each function is rewritten on
+        its own with its signature unchanged, so a type attribute of such a node painted low
+        would hand its functions a type they do not take.  TensorFlow's bfloat16 lists clear
+        ``While`` and ``StatelessWhile`` and its pass paints them (known difference KD-6: a
+        Keras LSTM's loop state painted bfloat16 fails at run time with "passed bfloat16
+        expected float"); unlisted, the node is a float32 boundary, as ``While`` is in
+        TensorFlow's float16 mode.  Only ``cats_l``/``v_cat`` change; the reason is kept in
+        :attr:`signature_bound`.  Not under ``tensorflow_bugs``."""
+        if self.options.tensorflow_bugs:
+            return
+        for i, data in enumerate(self._datas):
+            if self.cats_l[i] is None or not data["funcs"]:
+                continue
+            op = self.ops_l[i]
+            self.cats_l[i] = None
+            for v in range(self.bases[i], self.bases[i + 1]):
+                self.v_cat[v] = None
+            self.signature_bound[self.order[i]] = (
+                f"[KD-6] {op} is on no list here: its types are those of the functions it calls "
+                f"({', '.join(data['funcs'])}), which keep their signatures")
 
     def _describe_unknown(self, unknown: list[str]) -> None:
         """Give each node of ``unknown`` (ops missing from the registry) an opaque

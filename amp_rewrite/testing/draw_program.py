@@ -1,5 +1,5 @@
 """The draw loop of the graph strategies and the structure it draws besides single ops:
-TF1 while loops and function calls, each with a body drawn by a nested :class:`~.drawer._Drawer`,
+while loops (TF1 frames or TF2 functional loops) and function calls, each with a body drawn by a nested :class:`~.drawer._Drawer`,
 and the ``Identity`` output nodes of a finished graph.
 """
 
@@ -71,7 +71,10 @@ def _while_emit(d: _Drawer) -> None:
     (bounded,) = sub.emit("Tanh", [r], {}, [(v.dtype, v.shape, (-1.0, 1.0), r.smooth)])
     d.count = sub.count  # names stay unique across the program and its loop bodies
     body = Program(_prune(sub.steps, [bounded.ref]), (arg,), (bounded.ref,))
-    d.emit("While", [v], {"iterations": iterations},
+    # TF2's loops are functional (``tf.function`` builds a StatelessWhile whose cond and body
+    # are functions, each rewritten on its own); TF1's are Enter/Merge/... frames in the graph.
+    params = {"iterations": iterations, "functional": True} if d.chance(50) else {"iterations": iterations}
+    d.emit("While", [v], params,
            [(v.dtype, v.shape, (min(v.lo, -1.0), max(v.hi, 1.0)), v.smooth and bounded.smooth)],
            body=body)
 

@@ -224,11 +224,14 @@ def _build_step(tf: Any, step: Step, ins: list[Any], seed: int) -> list[Any]:
 
 
 @contextlib.contextmanager
-def _control_flow_v1() -> Any:
+def _control_flow(v2: bool) -> Any:
+    """TensorFlow's control flow version while a loop is built: v1 (``Enter``/``Merge``/
+    ``Switch``/``NextIteration``/``Exit`` in the graph) or v2 (a functional ``While`` or
+    ``StatelessWhile`` whose ``cond`` and ``body`` are functions of the library)."""
     from tensorflow.python.ops import control_flow_util
 
     was = control_flow_util.ENABLE_CONTROL_FLOW_V2
-    control_flow_util.ENABLE_CONTROL_FLOW_V2 = False
+    control_flow_util.ENABLE_CONTROL_FLOW_V2 = v2
     try:
         yield
     finally:
@@ -291,7 +294,7 @@ class _Builder:
             self.build(body, local)
             return [i + 1] + [local[r] for r in body.results]
 
-        with _control_flow_v1():
+        with _control_flow(v2=bool(step.param("functional", False))):
             i0 = tf.constant(0, name=f"{step.name}_i0")
             outs = tf.compat.v1.while_loop(cond, loop_body, [i0, *ins], name=step.name,
                                            back_prop=False)

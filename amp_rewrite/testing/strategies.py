@@ -162,8 +162,9 @@ def graphs(
         Device strings to place nodes on, e.g. :data:`MULTI_DEVICES`.  The first one is what
         the shrinker moves towards.
     while_loops, functions
-        Also draw TF1 while loops (``Enter/Merge/Switch/NextIteration/Exit``) and calls
-        (``PartitionedCall``) into a FunctionDef; each has a body of up to ``body_nodes``
+        Also draw while loops, TF1's (``Enter/Merge/Switch/NextIteration/Exit``) and TF2's
+        functional ones (``While``/``StatelessWhile`` with ``cond`` and ``body`` functions), and
+        calls (``PartitionedCall``) into a FunctionDef; each has a body of up to ``body_nodes``
         drawn ops.
     output_identities
         Whether unused values get an ``Identity`` output node (``None``: drawn per graph).

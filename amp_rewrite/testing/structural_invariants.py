@@ -99,13 +99,41 @@ def _check_node_types(scope: Scope, node: Any, library: Mapping[str, Any]) -> No
             raise InvariantError(
                 "valid", f"input {i} ({text!r}) carries {dtype_name(got)} but {node.op} expects "
                 f"{dtype_name(want)} there", node=node.name, scope=scope.name)
-    if node.op in ("PartitionedCall", "StatefulPartitionedCall") and node.attr["f"].func.name in library:
-        sig = library[node.attr["f"].func.name].signature
-        tin = [int(t) for t in node.attr["Tin"].list.type]
-        tout = [int(t) for t in node.attr["Tout"].list.type]
-        if tin != [int(a.type) for a in sig.input_arg] or tout != [int(a.type) for a in sig.output_arg]:
-            raise InvariantError("valid", f"Tin/Tout do not match the signature of {sig.name!r}",
-                                 node=node.name, scope=scope.name)
+    _check_call_signatures(scope, node, library)
+
+
+#: Ops that call functions of the library, and per op: the attribute naming each callee (a
+#: list attribute for ``Case``), and the type attributes its arguments and results must match.
+_CALLS: dict[str, tuple[str, str, str]] = {
+    "PartitionedCall": ("f", "Tin", "Tout"), "StatefulPartitionedCall": ("f", "Tin", "Tout"),
+    "While": ("cond body", "T", "T"), "StatelessWhile": ("cond body", "T", "T"),
+    "If": ("then_branch else_branch", "Tin", "Tout"), "StatelessIf": ("then_branch else_branch", "Tin", "Tout"),
+    "Case": ("branches", "Tin", "Tout"), "StatelessCase": ("branches", "Tin", "Tout"),
+}
+
+
+def _check_call_signatures(scope: Scope, node: Any, library: Mapping[str, Any]) -> None:
+    """A call's type attributes must be its callees' signatures: a function is rewritten on
+    its own and keeps its signature, so a call painted otherwise does not run ("passed
+    bfloat16 expected float").  A loop's condition returns a bool, not the loop variables."""
+    spec = _CALLS.get(node.op)
+    if spec is None:
+        return
+    attrs, tin_attr, tout_attr = spec
+    tin = [int(t) for t in node.attr[tin_attr].list.type]
+    tout = [int(t) for t in node.attr[tout_attr].list.type]
+    for attr in attrs.split():
+        value = node.attr[attr]
+        for callee in ([f.name for f in value.list.func] if value.HasField("list") else [value.func.name]):
+            if callee not in library:
+                continue
+            sig = library[callee].signature
+            ins = [int(a.type) for a in sig.input_arg]
+            outs = [int(a.type) for a in sig.output_arg]
+            if ins != tin or (attr != "cond" and outs != tout):
+                which = tin_attr if tin_attr == tout_attr else f"{tin_attr}/{tout_attr}"
+                raise InvariantError("valid", f"{which} of {node.op} does not match the signature of its {attr} "
+                                     f"{callee!r}", node=node.name, scope=scope.name)
 
 
 # ----------------------------------------------------------------------------- interface
