@@ -129,26 +129,29 @@ def test_loop_variables_keep_their_functions_types():
     from amp_rewrite.testing.invariant_support import InvariantError
     from amp_rewrite.testing.structural_invariants import check_valid
 
-    if tuple(int(p) for p in tf.__version__.split(".")[:2]) < (2, 17):
-        pytest.skip("TensorFlow's bfloat16 lists put While on no list before 2.17: KD-6 does not arise")
+    # Before 2.17 TensorFlow's bfloat16 lists put While on no list: the same graph shows no
+    # difference there (the parity tier runs this under 2.16).
+    lists_clear_loops = tuple(int(p) for p in tf.__version__.split(".")[:2]) >= (2, 17)
     gd = _loop_then_matmul_graph_def()
     fetches = ["Identity"]
     bf16 = tf.bfloat16.as_datatype_enum
-    with pytest.raises(tf.errors.InvalidArgumentError, match="Graph Optimizer failed"):
-        tf_amp_rewrite(gd, fetches, mode="bf16")
-    theirs = tf_amp_rewrite(gd, fetches, mode="bf16", tfg=False)  # the pass's output, before TFG rejects it
-    assert ("", "while", "T[3]") in converted_type_attrs(gd, theirs, to_dtype=bf16)
-    with pytest.raises(InvariantError, match="does not match the signature"):
-        check_valid(gd, theirs, run=False)
+    theirs = tf_amp_rewrite(gd, fetches, mode="bf16", tfg=False)  # the pass's output, before TFG checks it
     kwargs = dict(target="cpu", precision="bfloat16", lists="tensorflow", fetches=fetches, use_env=False)
     exact = amp_rewrite.rewrite_graph_def(gd, tensorflow_bugs=True, **kwargs)
     assert converted_type_attrs(gd, exact.graph_def, to_dtype=bf16) == converted_type_attrs(gd, theirs, to_dtype=bf16)
+    if lists_clear_loops:
+        assert ("", "while", "T[3]") in converted_type_attrs(gd, theirs, to_dtype=bf16)
+        with pytest.raises(InvariantError, match="does not match the signature"):
+            check_valid(gd, theirs, run=False)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="Graph Optimizer failed"):
+            tf_amp_rewrite(gd, fetches, mode="bf16")
 
     ours = amp_rewrite.rewrite_graph_def(gd, **kwargs)
     loop = next(n for n in ours.graph_def.node if n.op == "StatelessWhile")
     assert list(loop.attr["T"].list.type) == [int(t) for t in next(
         n for n in gd.node if n.op == "StatelessWhile").attr["T"].list.type]
-    # The Fill stays float32 too: the loop, a boundary now, no longer links it to the MatMul.
+    # The Fill stays float32 too: the loop, a boundary, does not link it to the MatMul.
     assert converted_type_attrs(gd, ours.graph_def, to_dtype=bf16) == {("", "MatMul", "T")}
-    assert ours.report["nodes"][loop.name]["reason"].startswith("[KD-6]")
+    if lists_clear_loops:
+        assert ours.report["nodes"][loop.name]["reason"].startswith("[KD-6]")
     check_valid(gd, ours.graph_def, feeds={"x:0": np.ones((4, 8), np.float32), "w:0": np.eye(8, dtype=np.float32)})
