@@ -1,6 +1,6 @@
 """The draw loop of the graph strategies and the structure it draws besides single ops:
-while loops (TF1 frames or TF2 functional loops) and function calls, each with a body drawn by a nested :class:`~.drawer._Drawer`,
-and the ``Identity`` output nodes of a finished graph.
+while loops (TF1 frames or TF2 functional loops) and function calls, each with a body drawn
+by a nested :class:`~.drawer._Drawer`, and the ``Identity`` output nodes of a finished graph.
 """
 
 from __future__ import annotations
