@@ -126,8 +126,7 @@ def test_loop_variables_keep_their_functions_types():
     import numpy as np
     import pytest
 
-    from amp_rewrite.testing.invariant_support import InvariantError
-    from amp_rewrite.testing.structural_invariants import check_valid
+    from amp_rewrite.testing import InvariantError, check_valid
 
     # Before 2.17 TensorFlow's bfloat16 lists put While on no list: the same graph shows no
     # difference there (the parity tier runs this under 2.16).

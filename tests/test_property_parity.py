@@ -13,9 +13,8 @@ import tensorflow as tf
 from hypothesis import given, settings
 
 import amp_rewrite
-from amp_rewrite.testing import MULTI_DEVICES, check_parity, graphs, tensorflow_reference
-from amp_rewrite.testing.invariant_support import InvariantError
-from amp_rewrite.testing.structural_invariants import check_valid
+from amp_rewrite.testing import (MULTI_DEVICES, InvariantError, check_parity, check_valid, graphs,
+                                 tensorflow_reference)
 from amp_rewrite.testing.facts import converted_type_attrs, low_dtype
 from conftest import examples
 from tf_oracle import DT_BFLOAT16, tf_amp_rewrite

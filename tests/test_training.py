@@ -111,7 +111,6 @@ def test_keras_fit_matches_float32_and_runs_float16(digits: Any) -> None:
     assert abs(results[True] - results[False]) <= 0.01
 
 
-
 def test_keras_lstm_fit_in_bfloat16_runs_with_its_loop_float32() -> None:
     """A Keras LSTM's training step on a CPU is a functional loop.  With 256 units its initial
     state is a ``Fill`` (a clear op) and the loop's state feeds MatMuls, so TensorFlow's
