@@ -111,20 +111,21 @@ def test_keras_fit_matches_float32_and_runs_float16(digits: Any) -> None:
     assert abs(results[True] - results[False]) <= 0.01
 
 
-def test_keras_lstm_fit_in_bfloat16_runs_with_its_loop_float32() -> None:
-    """A Keras LSTM's training step on a CPU is a functional loop.  With 256 units its initial
-    state is a ``Fill`` (a clear op) and the loop's state feeds MatMuls, so TensorFlow's
-    bfloat16 lists, which clear ``While``, painted the loop variable bfloat16 while the
-    loop's functions kept float32 signatures: the step failed with "passed bfloat16 expected
-    float" (KNOWN_DIFFERENCES.md, KD-6).  Now the loop stays a float32 boundary, the loop
-    body is rewritten, and the step runs and trains close to float32."""
+@pytest.mark.parametrize("layer", ["LSTM", "GRU"])
+def test_keras_rnn_fit_in_bfloat16_runs_with_its_loop_float32(layer: str) -> None:
+    """A Keras LSTM's or GRU's training step on a CPU is a functional loop.  With 256 units
+    its initial state is a ``Fill`` (a clear op) and the loop's state feeds MatMuls, so
+    TensorFlow's bfloat16 lists, which clear ``While``, painted the loop variable bfloat16
+    while the loop's functions kept float32 signatures: the step failed with "passed bfloat16
+    expected float" (KNOWN_DIFFERENCES.md, KD-6).  Now the loop stays a float32 boundary, the
+    loop body is rewritten, and the step runs and trains close to float32."""
     x = np.random.default_rng(0).integers(0, 500, size=(8, 6)).astype(np.int32)
     y = np.arange(8, dtype=np.int32) % 4
     losses = {}
     for amp in (False, True):
         keras.utils.set_random_seed(3)
         model = keras.Sequential([keras.Input((6,), dtype="int32"), keras.layers.Embedding(500, 32),
-                                  keras.layers.LSTM(256), keras.layers.Dense(4)])
+                                  getattr(keras.layers, layer)(256), keras.layers.Dense(4)])
         opt = keras.optimizers.SGD(0.1)
         if amp:
             opt = amp_rewrite.enable_mixed_precision_graph_rewrite(opt, target="cpu", precision="bfloat16",
