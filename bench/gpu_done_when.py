@@ -10,9 +10,9 @@ a partial one never over a finished one), and says, per workload, what the lines
   per repeat: the median of the per-repeat ratios, the range, and in how many repeats ours
   was faster.
 * **Line 2**: the best of our built-in variants (not ``--extra-variant`` experiments) in each
-  mode (without XLA: ``ours_default``,
-  ``ours_optimal``, ``ours_tensorflow``, ``ours_autotune``, and ``ours_user`` where it did not
-  compile; with XLA: ``*_xla`` and ``ours_user`` where it compiled) against TensorFlow's pass
+  mode (without XLA: ``ours_default``, ``ours_optimal``, ``ours_tensorflow``, ``ours_autotune``,
+  and ``ours_user`` where it did not compile; with XLA: ``*_xla`` and ``ours_user`` where it
+  compiled) against TensorFlow's pass
   and float32 in the same mode (TensorFlow's pass runs without XLA only), as medians; and the
   first step's error against ``float32_strict`` (where the run had it) next to TensorFlow's
   pass's and Keras's.

@@ -544,10 +544,9 @@ def _interior(state: PaintingState, norm: Normalization, own_apply: set[str], in
     """The nodes computed from ``norm``'s moments inside the norm: reached from its ``Mean``
     nodes along data edges, going past no allow-list op, and one step at most through a fence
     (an edge from one of its apply ops, ``own_apply``, to a node outside ``inside``: its
-    output).  In its
-    gradient, ``dy * (x - mean)``, summed from the products of an apply op, is such a node:
-    full-size and fed back into the norm, but its own work, float32 in Keras.  The ``dy`` that
-    reaches the norm from outside is not one.  Pure."""
+    output).  In its gradient, ``dy * (x - mean)``, summed from the products of an apply op,
+    is such a node: full-size and fed back into the norm, but its own work, float32 in Keras.
+    The ``dy`` that reaches the norm from outside is not one.  Pure."""
     seen: set[str] = set()
     stack = [norm.mean, norm.variance]
     while stack:
