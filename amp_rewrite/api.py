@@ -26,7 +26,7 @@ from typing import Any, Callable, Collection, Iterable, Iterator, Literal, Mappi
 import networkx as nx
 
 from .plan.painter import DecideOptions, Painting, Placement, Plan
-from .errors import AmpRewriteError, InvalidGraphError, ListError, TargetError
+from .errors import AmpRewriteError, InvalidGraphError, ListError, RewriteError, TargetError
 from .plan.exclude import NameMatcher
 from .graph.io import export_graph_def, import_graph_def, loop_functions, parse_graph_def, reachable_functions
 from .plan.preserve import excluded_nodes, preserved_nodes
@@ -35,6 +35,7 @@ from .plan.lists import PLANNERS, ListContext, ListEdit, OpLists, edits_from_env
 from .graph.op_registry import OpRegistry, default_registry
 from .report.build import build_report
 from .rewrite import RewriteStats, apply_plan
+from .rewrite_check import rewrite_type_errors
 from .step_check import checked_plan, device_costs
 from .graph.shapes import assign_function_shapes, check_variable_shapes, graph_shapes
 from .option_types import (check_bool, check_list_edits, check_names, check_optional_str, check_path,
@@ -795,8 +796,32 @@ class _Stage:
         t2 = time.perf_counter()
         self.timings["decide"] += t2 - t1
         stats = apply_plan(g, plan, fold_casts=self.fold_casts)
+        if stats.converted or stats.casts:
+            _check_rewritten(g, plan, self.registry, parity=options.tensorflow_bugs)
         self.timings["rewrite"] += time.perf_counter() - t2
         return plan, stats
+
+
+def _check_rewritten(g: nx.MultiDiGraph, plan: Plan, registry: OpRegistry, *, parity: bool) -> None:
+    """Raise :class:`RewriteError` where the rewrite of ``g`` (done, in place) made a graph
+    that TensorFlow would not build (:mod:`amp_rewrite.rewrite_check`); with TensorFlow's
+    bugs kept (``parity``), whose pass makes such graphs (KNOWN_DIFFERENCES.md), only warn.
+    Reads ``g``."""
+    errors = rewrite_type_errors(g, plan.types, registry)
+    if not errors:
+        return
+    where = f"function {g.graph['name']}" if g.graph["kind"] == "function" else "the main graph"
+    reasons = "; ".join(e.message for e in errors)
+    if parity:
+        log.warning("amp_rewrite: the rewrite of %s will not run, as TensorFlow's own pass's would not "
+                    "(tensorflow_bugs=True): %s", where, reasons)
+        return
+    nodes = list(dict.fromkeys(e.node for e in errors))
+    named = ", ".join(map(repr, nodes))
+    raise RewriteError(
+        f"the rewrite of {where} failed its type check, so nothing was written: {reasons}.  This is a bug "
+        f"in amp_rewrite; please report it with the graph.  Meanwhile, excluding {named} (exclude=[...], "
+        f"--exclude) keeps {'it' if len(nodes) == 1 else 'them'} float32 and may avoid it", node=nodes[0])
 
 
 def _log_outcome(report: Mapping[str, Any], precision: str, precision_reason: str, tgt: Target,

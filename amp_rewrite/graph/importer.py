@@ -43,9 +43,10 @@ class ImportedGraph:
 
 def _attr_values(
     node_def: Any,
-) -> tuple[dict[str, int | tuple[int, ...]], dict[str, int], str, tuple[str, ...], tuple[str, ...]]:
-    """Type attrs, int attrs, kernel label, called functions and sorted attr names of a
-    NodeDef.  Reads only; does not modify ``node_def``.
+) -> tuple[dict[str, int | tuple[int, ...]], dict[str, int], str, tuple[tuple[str, str], ...], tuple[str, ...]]:
+    """Type attrs, int attrs, kernel label, called functions (``(attr, function)`` pairs in
+    attr-name order) and sorted attr names of a NodeDef.  Reads only; does not modify
+    ``node_def``.
 
     Iterates the attr map by key and indexes it: the map's ``items()`` view is implemented in
     Python (``collections.abc``) and costs several times more per attribute.
@@ -53,7 +54,7 @@ def _attr_values(
     types: dict[str, int | tuple[int, ...]] = {}
     ints: dict[str, int] = {}
     label = ""
-    funcs: list[str] = []
+    funcs: list[tuple[str, str]] = []
     attr_map = node_def.attr
     # Interned: a million nodes then share a few dozen attr-name strings (less memory, and
     # hashing or comparing them later hits the cache).
@@ -68,14 +69,14 @@ def _attr_values(
             if lst.type:
                 types[key] = tuple(lst.type)
             if lst.func:
-                funcs.extend(f.name for f in lst.func)
+                funcs.extend((key, f.name) for f in lst.func)
         elif kind == "i":
             ints[key] = value.i
         elif kind == "func":
-            funcs.append(value.func.name)
+            funcs.append((key, value.func.name))
         elif kind == "s" and key == "_kernel":
             label = value.s.decode("utf-8", "replace")
-    return types, ints, label, tuple(sorted(funcs)) if funcs else (), tuple(keys)
+    return types, ints, label, tuple(funcs), tuple(keys)
 
 
 def _add_proto_node(g: nx.MultiDiGraph, node_def: Any, index: int, *, unique: bool = False) -> str:
@@ -93,7 +94,7 @@ def _add_proto_node(g: nx.MultiDiGraph, node_def: Any, index: int, *, unique: bo
         raise InvalidGraphError(f"duplicate node name {name!r}", node=name)
     if not name:
         raise InvalidGraphError("a node has an empty name")
-    types, ints, label, funcs, attr_names = _attr_values(node_def)
+    types, ints, label, func_attrs, attr_names = _attr_values(node_def)
     g._succ[name] = {}
     g._pred[name] = {}
     # Key order as ir.add_node writes it (kept so node dicts look the same either way).  Op
@@ -102,7 +103,8 @@ def _add_proto_node(g: nx.MultiDiGraph, node_def: Any, index: int, *, unique: bo
     g._node[name] = {
         "op": intern(node_def.op), "device": intern(node_def.device), "order": (index, 0),
         "dtypes": types, "ints": ints, "attr_names": attr_names, "label": label, "proto": node_def,
-        "synthetic": None, "dirty": False, "funcs": funcs,
+        "synthetic": None, "dirty": False,
+        "funcs": tuple(sorted(f for _, f in func_attrs)) if func_attrs else (), "func_attrs": func_attrs,
     }
     return name
 

@@ -19,7 +19,8 @@ Node attributes (node key = node name)
     ``dirty`` (True once the rewrite changed the node, so export rebuilds it),
     ``inputs_changed`` (True once an input was rewired, so export respells its inputs), ``funcs``
     (names of the functions the node's ``func``/``list(func)`` attrs call: While bodies, If
-    branches, PartitionedCall targets).
+    branches, PartitionedCall targets; sorted), ``func_attrs`` (the same calls as ``(attr,
+    function)`` pairs in attr-name order, ``list(func)`` elements in their order).
 
 Edge attributes (key: the destination port for data edges, ``-1 - position`` for control edges)
     ``src_port`` (int, :data:`~amp_rewrite.graph.tensor_names.CONTROL` for control edges),
@@ -222,7 +223,7 @@ def _node_attrs(
     return {
         "op": op, "device": device, "order": order, "dtypes": dtypes, "ints": ints or {},
         "attr_names": attr_names, "label": label, "proto": proto, "synthetic": synthetic,
-        "dirty": proto is None, "funcs": (),
+        "dirty": proto is None, "funcs": (), "func_attrs": (),
     }
 
 

@@ -1,0 +1,261 @@
+"""The rewrite's self-check: a rewritten graph must still be typed as TensorFlow will run it.
+
+A plan that paints one end of an edge and not the other gets a Cast between them; a call
+(``While``, ``If``, ``Case``, ``PartitionedCall``) must pass its callees exactly the types
+of their signatures, since each function is rewritten on its own and keeps its signature.
+Where the rewrite breaks either rule, TensorFlow rejects the graph only when it builds it:
+at the first training step, at ``tf.saved_model.load``, or in TF Serving ("passed bfloat16
+expected float", KD-6's symptom).  This check finds such a break when the graph is
+rewritten, names the node, and the rewrite fails with a
+:class:`~amp_rewrite.errors.RewriteError` before anything is written or run.
+
+Only what the rewrite changed is checked: edges it made (to and from its Casts, and
+consumers moved onto a Cast) and edges whose end has a type attribute it changed; and calls
+whose type attributes it changed.  A mismatch the input graph had already is not the
+rewrite's to report (TensorFlow reports it as it did before).  The check reads the IR and
+the plan's port analysis (:class:`~amp_rewrite.graph.type_attrs.NodeTypes`), not protobuf.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, NamedTuple
+
+import networkx as nx
+
+from .graph import dtypes as dt
+from .graph.op_registry import ArgSpec, OpRegistry, OpSignature
+from .graph.type_attrs import NodeTypes, TypeAttr, get_dtype, node_types
+
+__all__ = ["CALL_TYPE_ATTRS", "TypeBreak", "rewrite_type_errors"]
+
+#: Ops that call functions through attributes: per op, the attributes naming its callees,
+#: the type attribute their arguments must equal, and the one their results must equal
+#: (``None`` for a callee whose results are not the call's: a loop's ``cond`` returns a bool).
+CALL_TYPE_ATTRS: Mapping[str, tuple[Mapping[str, str | None], str]] = {
+    **dict.fromkeys(("While", "StatelessWhile"), ({"cond": None, "body": "T"}, "T")),
+    **dict.fromkeys(("If", "StatelessIf"), ({"then_branch": "Tout", "else_branch": "Tout"}, "Tin")),
+    **dict.fromkeys(("Case", "StatelessCase"), ({"branches": "Tout"}, "Tin")),
+    **dict.fromkeys(("PartitionedCall", "StatefulPartitionedCall"), ({"f": "Tout"}, "Tin")),
+}
+
+
+class TypeBreak(NamedTuple):
+    """One type error the rewrite made: the node that would not build, and why."""
+
+    node: str
+    message: str
+
+
+def rewrite_type_errors(g: nx.MultiDiGraph, types: Mapping[str, NodeTypes], registry: OpRegistry, *,
+                        limit: int = 5) -> list[TypeBreak]:
+    """The type errors the rewrite made in ``g`` (rewritten in place), at most ``limit``, in
+    node order; empty when there are none.
+
+    ``types`` is the plan's port analysis of ``g`` as given (:attr:`Plan.types`); nodes
+    outside it (the inserted Casts) are analysed from ``registry``.  What the rewrite did is
+    read from the IR (its schema): the nodes it changed or inserted are ``dirty`` (so is every
+    node an edge it made leads to), their changed type attributes are ``changed_attrs``, and
+    the edges it made have no ``text``.  Reads ``g``, changes nothing.
+
+    Each edge is looked at once: the data inputs of every dirty node, and the outputs of every
+    retyped node into nodes that are not dirty (a consumer the rewrite left alone reading a
+    retyped tensor: where it forgot a Cast).  Linear in those edges.
+    """
+    analysis = _Analysis(g, types, registry)
+    nodes, succ = g._node, g._succ
+    errors: list[TypeBreak] = []
+    # In node order, with networkx's dicts side by side (they share it): walking them costs
+    # far less than a lookup by name per node in a large graph.
+    for (name, data), preds in zip(nodes.items(), g._pred.values()):
+        if not data["dirty"]:
+            continue
+        nt = analysis.node_types(name)
+        if nt is None:
+            continue
+        errors += analysis.bad_inputs(name, data, nt, preds)
+        if data.get("changed_attrs"):
+            for v, keyed in succ[name].items():
+                if not nodes[v]["dirty"]:
+                    errors += analysis.bad_edges(name, v, keyed)
+            errors += _call_errors(g, name, analysis)
+        if len(errors) >= limit:
+            break
+    return errors[:limit]
+
+
+class _Analysis:
+    """Each node's ports and current dtypes, from the plan's analysis or, for nodes the
+    rewrite inserted, from the registry.  Reads ``g``; caches what it derives."""
+
+    def __init__(self, g: nx.MultiDiGraph, types: Mapping[str, NodeTypes], registry: OpRegistry) -> None:
+        self.g = g
+        self.types = types
+        self.registry = registry
+        self.signatures: Mapping[str, OpSignature] = g.graph.get("signatures", {})
+        #: Inserted nodes' analyses, by name and by what they are a function of (thousands
+        #: of Casts share a few).
+        self._by_name: dict[str, NodeTypes | None] = {}
+        self._derived: dict[tuple, NodeTypes | None] = {}
+
+    def node_types(self, name: str) -> NodeTypes | None:
+        """``name``'s ports, or ``None`` for an op neither the registry nor the library has."""
+        nt = self.types.get(name)
+        if nt is not None:
+            return nt
+        if name in self._by_name:
+            return self._by_name[name]
+        data = self.g._node[name]
+        n_inputs = sum(1 for keyed in self.g._pred[name].values() for q in keyed if q >= 0)
+        # Unsorted: the rewrite writes every Cast's attributes in one order, and a dict in
+        # another order only costs one more entry.
+        key = (data["op"], tuple(data["dtypes"].items()), tuple(data["ints"].items()), data["attr_names"],
+               n_inputs)
+        if key not in self._derived:
+            sig = self.registry.op(data["op"]) or self.signatures.get(data["op"])
+            self._derived[key] = None if sig is None else node_types(
+                name, data["op"], data["dtypes"], data["ints"], data["attr_names"], n_inputs, sig)
+        nt = self._by_name[name] = self._derived[key]
+        return nt
+
+    def bad_inputs(self, v: str, data_v: Mapping, nt_v: NodeTypes,
+                   preds: Mapping[str, Mapping[int, Mapping]]) -> list[TypeBreak]:
+        """The data inputs of ``v`` (dirty; ``data_v`` its attributes, ``nt_v`` its ports,
+        ``preds`` networkx's predecessor dict) that do not type, of those the rewrite made or
+        whose end it retyped."""
+        # Runs for every node the rewrite touched (hundreds of thousands in large graphs):
+        # the lookups are inlined, and the common case (scalar type attributes or fixed types
+        # that agree) is decided without a call.
+        nodes, types, node_types = self.g._node, self.types, self.node_types
+        changed_v = data_v.get("changed_attrs", ())
+        dtypes_v = data_v["dtypes"]
+        inputs = nt_v.inputs
+        bad: list[TypeBreak] = []
+        for u, keyed in preds.items():
+            nt_u = types.get(u) or node_types(u)
+            if nt_u is None:
+                continue
+            data_u = nodes[u]
+            changed_u = data_u.get("changed_attrs", ())
+            dtypes_u = data_u["dtypes"]
+            outputs = nt_u.outputs
+            for q, d in keyed.items():
+                if q < 0:
+                    continue
+                p = d["src_port"]
+                if p >= len(outputs) or q >= len(inputs):
+                    continue  # the import's checks own malformed ports
+                out_ta, in_ta = outputs[p], inputs[q]
+                a, b = out_ta.attr, in_ta.attr
+                if not (d["text"] is None or a in changed_u or b in changed_v):
+                    continue
+                got = (dtypes_u.get(a) if out_ta.index < 0 else None) if a else out_ta.fixed
+                want = (dtypes_v.get(b) if in_ta.index < 0 else None) if b else in_ta.fixed
+                if got is not None and got == want:
+                    continue
+                error = _edge_error(u, p, data_u, nt_u, v, q, data_v, nt_v)
+                if error:
+                    bad.append(error)
+        return bad
+
+    def bad_edges(self, u: str, v: str, keyed: Mapping[int, Mapping]) -> list[TypeBreak]:
+        """The data edges ``keyed`` (networkx's key -> edge data) from ``u``, a retyped node,
+        to ``v``, one the rewrite did not touch, that no longer type."""
+        nt_u, nt_v = self.node_types(u), self.node_types(v)
+        if nt_u is None or nt_v is None:
+            return []
+        data_u, data_v = self.g._node[u], self.g._node[v]
+        changed = data_u.get("changed_attrs", ())
+        bad = []
+        for q, d in keyed.items():
+            p = d["src_port"]
+            if q < 0 or p >= len(nt_u.outputs) or nt_u.outputs[p].attr not in changed:
+                continue
+            error = _edge_error(u, p, data_u, nt_u, v, q, data_v, nt_v)
+            if error:
+                bad.append(error)
+        return bad
+
+
+def _edge_error(u: str, p: int, data_u: Mapping, nt_u: NodeTypes, v: str, q: int, data_v: Mapping,
+                nt_v: NodeTypes) -> TypeBreak | None:
+    """Why the edge ``u:p -> v`` (input ``q``) does not type, ``None`` where it does or an
+    end's type is not known (each end's attributes and ports given).  An op missing from the
+    registry has its ports described from its neighbours as they were before the rewrite, so
+    it must be handed what it had."""
+    if q >= len(nt_v.inputs):
+        return None
+    out_ta, in_ta = nt_u.outputs[p], nt_v.inputs[q]
+    got, want = _dtype(data_u, nt_u, out_ta), _dtype(data_v, nt_v, in_ta)
+    if got == want or dt.INVALID in (got, want):
+        return None
+    return TypeBreak(v, f"{data_v['op']} node {v!r} reads {dt.name(got)} from output {p} of {data_u['op']} "
+                        f"node {u!r} at input {q}, which is {dt.name(want)} ({in_ta})")
+
+
+def _dtype(data: Mapping, nt: NodeTypes, ta: TypeAttr) -> int:
+    """The dtype ``ta`` has now: the node's own attribute (``data``), which the rewrite may
+    have changed, else the analysis's (``nt``, with OpDef defaults filled in)."""
+    if ta.attr and ta.attr in data["dtypes"]:
+        return get_dtype(data["dtypes"], ta)
+    return get_dtype(nt.dtypes, ta)
+
+
+def _call_errors(g: nx.MultiDiGraph, name: str, analysis: _Analysis) -> list[TypeBreak]:
+    """Where ``name`` calls functions and the rewrite changed its type attributes: one
+    :class:`TypeBreak` naming the first callee whose signature its arguments or results no
+    longer match, and how many such mismatches there are."""
+    data = g._node[name]
+    spec = CALL_TYPE_ATTRS.get(data["op"])
+    changed = data.get("changed_attrs", ())
+    if spec is None or not changed:
+        return []
+    callees, in_attr = spec
+    if not ({in_attr, *filter(None, callees.values())} & set(changed)):
+        return []
+    given = analysis.node_types(name)
+    mismatches = []
+    for attr, callee in data.get("func_attrs", ()):
+        sig = analysis.signatures.get(callee)
+        if attr not in callees or sig is None:
+            continue
+        for type_attr, what, args in ((in_attr, "arguments", sig.inputs), (callees[attr], "results", sig.outputs)):
+            declared = _signature_types(args)
+            if type_attr is None or declared is None:
+                continue
+            passed = _types_of(data["dtypes"], type_attr)
+            before = _types_of(given.dtypes, type_attr) if given is not None else passed
+            # Only the elements the rewrite changed: a call the input had mismatched already
+            # is TensorFlow's to report.
+            at = [i for i, (now, was, want) in enumerate(zip(passed, before, declared)) if now != want and now != was]
+            if at and len(passed) == len(declared):
+                mismatches.append(_call_error(data["op"], name, type_attr, attr, callee, what, at[0],
+                                              passed[at[0]], declared[at[0]]))
+    if not mismatches:
+        return []
+    more = f" (and {len(mismatches) - 1} more of its callees' arguments or results)" if len(mismatches) > 1 else ""
+    return [TypeBreak(name, mismatches[0] + more)]
+
+
+def _types_of(dtypes: Mapping[str, int | tuple[int, ...]], attr: str) -> tuple[int, ...]:
+    """The dtypes of list attribute ``attr`` in ``dtypes`` (a scalar as one).  Pure."""
+    value = dtypes.get(attr, ())
+    return value if isinstance(value, tuple) else (value,)
+
+
+def _signature_types(args: Iterable[ArgSpec]) -> tuple[int, ...] | None:
+    """A library function's declared argument (or result) types; ``None`` for a polymorphic
+    function (a TF1 ``Defun`` typed by attributes), whose types a call sets itself."""
+    declared = []
+    for arg in args:
+        if arg.type_attr or arg.type_list_attr or arg.number_attr:
+            return None
+        declared.append(arg.fixed_type)
+    return tuple(declared)
+
+
+def _call_error(op: str, name: str, type_attr: str, attr: str, callee: str, what: str, at: int, got: int,
+                want: int) -> str:
+    """The sentence for a call whose element ``at`` of ``type_attr`` is ``got`` where its
+    callee declares ``want``.  Pure."""
+    return (f"{op} node {name!r} passes {what} {type_attr} that do not match its {attr} {callee!r}: element "
+            f"{at} is {dt.name(got)} where {callee!r} declares {dt.name(want)}")
