@@ -48,7 +48,7 @@ CACHE = os.path.join(HERE, ".cache")
 
 import amp_rewrite  # noqa: E402
 
-STAGES = ("lists", "import", "decide", "rewrite", "export")
+STAGES = ("lists", "import", "decide", "rewrite", "check", "export")
 
 
 def load(name: str) -> tuple[Any, list[str] | None]:
