@@ -409,15 +409,65 @@ def rewrite_graph_def(
     ------
     AmpRewriteError
         For input that is not a valid graph, unknown lists or ops, or a bad target.
+    RewriteError
+        Where a rewritten graph fails amp_rewrite's own type check (a bug of ours:
+        :mod:`amp_rewrite.rewrite_check`) even when made again with the nodes involved kept
+        float32.  A failure that keeping them avoids is a WARNING, and their report reasons say so.
     """
+    kept: dict[str, dict[str, str]] = {}
     with _gc_paused():
-        return _rewrite_graph_def(
-            graph_def, target=target, precision=precision, lists=lists, lists_file=lists_file,
-            fetches=fetches, add=add, remove=remove, level=level, exclude=exclude,
-            functions=functions, tensorflow_bugs=tensorflow_bugs, use_env=use_env, registry=registry,
-            planner=planner, variable_shapes=variable_shapes, compiled=compiled,
-            keep_float32=keep_float32, declined=declined, price_step=price_step,
-        )
+        for retry in range(_TYPE_CHECK_RETRIES + 1):
+            try:
+                return _rewrite_graph_def(
+                    graph_def, target=target, precision=precision, lists=lists, lists_file=lists_file,
+                    fetches=fetches, add=add, remove=remove, level=level, exclude=exclude,
+                    functions=functions, tensorflow_bugs=tensorflow_bugs, use_env=use_env, registry=registry,
+                    planner=planner, variable_shapes=variable_shapes, compiled=compiled,
+                    keep_float32=keep_float32, declined=declined, price_step=price_step, kept=kept,
+                )
+            except _TypeCheckFailed as exc:
+                if retry == _TYPE_CHECK_RETRIES or not _keep_after_type_check(exc, kept):
+                    if kept:
+                        n = sum(map(len, kept.values()))
+                        raise RewriteError(f"{exc}.  Keeping {n} node(s) float32 that earlier tries involved did "
+                                           "not avoid it", node=exc.node) from None
+                    raise
+    raise AssertionError("unreachable: the last retry returns or raises")
+
+
+#: How many times a rewrite that fails its type check is made again, each time with the nodes
+#: the failure involves kept float32, before the failure is raised.
+_TYPE_CHECK_RETRIES = 2
+
+
+class _TypeCheckFailed(RewriteError):
+    """A rewritten graph failed its type check (:func:`_check_rewritten`): a bug of ours.
+    ``where`` names the graph, ``reasons`` the breaks, and ``keep`` the nodes of the graph as
+    given (per graph: ``""`` or a function's name) that kept float32 would not be retyped,
+    each with the reason the report gives them."""
+
+    def __init__(self, where: str, reasons: str, keep: dict[str, dict[str, str]], node: str) -> None:
+        super().__init__(f"the rewrite of {where} failed its type check, so nothing was written: {reasons}.  "
+                         "This is a bug in amp_rewrite; please report it with the graph", node=node)
+        self.where = where
+        self.reasons = reasons
+        self.keep = keep
+
+
+def _keep_after_type_check(exc: _TypeCheckFailed, kept: dict[str, dict[str, str]]) -> bool:
+    """Add to ``kept`` (mutated) the nodes ``exc`` involves, with a WARNING that the rewrite is
+    made again; ``False`` (and nothing done) where they are all kept already."""
+    new = {graph: {n: r for n, r in nodes.items() if n not in kept.get(graph, {})}
+           for graph, nodes in exc.keep.items()}
+    new = {graph: nodes for graph, nodes in new.items() if nodes}
+    if not new:
+        return False
+    names = ", ".join(repr(n) for nodes in new.values() for n in nodes)
+    log.warning("amp_rewrite: the rewrite of %s failed its type check (%s); this is a bug in amp_rewrite, please "
+                "report it with the graph.  Rewriting again with %s kept float32", exc.where, exc.reasons, names)
+    for graph, nodes in new.items():
+        kept.setdefault(graph, {}).update(nodes)
+    return True
 
 
 # The parameters' reference, appended to the docstring (help() and the API docs show the
@@ -447,7 +497,11 @@ def _rewrite_graph_def(
     keep_float32: Collection[str] | None = None,
     declined: str | None = None,
     price_step: bool = False,
+    kept: Mapping[str, Mapping[str, str]] | None = None,
 ) -> RewriteResult:
+    """:func:`rewrite_graph_def`, once.  ``kept``: per graph (``""``, a function's name), nodes
+    an earlier try's type check kept float32, with their reasons."""
+    kept = kept or {}
     check_optional_str("declined", declined, what="a reason or None")
     check_bool("price_step", price_step)
     graph_def, fetches = _checked_arguments(graph_def, compiled, tensorflow_bugs, use_env, functions, planner,
@@ -490,6 +544,7 @@ def _rewrite_graph_def(
     preserve = preserved_nodes(g, fetches)
     preserve |= scope_keep & set(g.nodes)
     excluded = excluded_nodes(g.nodes, excluder, preserve, excluded_counts)
+    excluded.update(_still_kept(kept.get("", {}), g, preserve))
     preserve |= excluded.keys()
 
     options = _decide_options(lvl, preserve, excluded, tensorflow_bugs, chosen_planner, compiled, op_lists,
@@ -500,7 +555,7 @@ def _rewrite_graph_def(
     stage = _Stage(op_lists, tgt, precision, registry, _placement(chosen_planner), not tensorflow_bugs, timings)
     plans[""], stats[""] = stage.run(g, options)
     skipped_functions = _rewrite_functions(imported, stage, options, excluder, scope_keep, excluded_counts,
-                                           plans, stats)
+                                           plans, stats, kept)
     step_estimates = None
     if pricing is not None:
         t_price = clock()
@@ -571,11 +626,13 @@ def _price_failed(exc: BaseException) -> None:
 
 def _rewrite_functions(imported: Any, stage: _Stage, options: DecideOptions, excluder: NameMatcher,
                        scope_keep: frozenset[str], excluded_counts: dict[str, int],
-                       plans: dict[str, Plan], stats: dict[str, RewriteStats]) -> dict[str, str]:
+                       plans: dict[str, Plan], stats: dict[str, RewriteStats],
+                       kept: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
     """Decide and rewrite every function of ``imported``, in name order, adding to ``plans``,
-    ``stats`` and ``excluded_counts``.  **Mutates** the functions' IR, and drops from
-    ``imported.functions`` each function that is not a valid graph.  Returns the skipped
-    functions (name -> why), those import skipped included."""
+    ``stats`` and ``excluded_counts``; ``kept``: per function, nodes an earlier try's type
+    check kept float32.  **Mutates** the functions' IR, and drops from ``imported.functions``
+    each function that is not a valid graph.  Returns the skipped functions (name -> why),
+    those import skipped included."""
     skipped_functions = dict(imported.skipped_functions)
     for fname in sorted(imported.functions):
         fg = imported.functions[fname]
@@ -585,6 +642,7 @@ def _rewrite_functions(imported: Any, stage: _Stage, options: DecideOptions, exc
             keep |= {n for n in fg.graph["keep"] if n in fg}
             keep |= scope_keep & set(fg.nodes)
             f_excluded = excluded_nodes(fg.nodes, excluder, keep, excluded_counts)
+            f_excluded.update(_still_kept(kept.get(fname, {}), fg, keep))
             keep |= f_excluded.keys()
             f_options = dataclasses.replace(options, preserve=frozenset(keep), preserve_reasons=f_excluded)
             plan, fstats = stage.run(fg, f_options)
@@ -806,25 +864,41 @@ class _Stage:
 
 
 def _check_rewritten(g: nx.MultiDiGraph, plan: Plan, registry: OpRegistry, *, parity: bool) -> None:
-    """Raise :class:`RewriteError` where the rewrite of ``g`` (done, in place) made a graph
+    """Raise :class:`_TypeCheckFailed` where the rewrite of ``g`` (done, in place) made a graph
     that TensorFlow would not build (:mod:`amp_rewrite.rewrite_check`); with TensorFlow's
     bugs kept (``parity``), whose pass makes such graphs (KNOWN_DIFFERENCES.md), only warn.
     Reads ``g``."""
-    errors = rewrite_type_errors(g, plan.types, registry)
+    errors = rewrite_type_errors(g, plan.types, registry, limit=_TYPE_BREAKS_KEPT)
     if not errors:
         return
-    where = f"function {g.graph['name']}" if g.graph["kind"] == "function" else "the main graph"
-    reasons = "; ".join(e.message for e in errors)
+    function = g.graph["kind"] == "function"
+    where = f"function {g.graph['name']}" if function else "the main graph"
+    shown = errors[:_TYPE_BREAKS_SHOWN]
+    reasons = "; ".join(e.message for e in shown)
+    if len(errors) > len(shown):
+        reasons += f" (and {len(errors) - len(shown)}{'+' if len(errors) == _TYPE_BREAKS_KEPT else ''} more)"
     if parity:
         log.warning("amp_rewrite: the rewrite of %s will not run, as TensorFlow's own pass's would not "
                     "(tensorflow_bugs=True): %s", where, reasons)
         return
-    nodes = list(dict.fromkeys(e.node for e in errors))
-    named = ", ".join(map(repr, nodes))
-    raise RewriteError(
-        f"the rewrite of {where} failed its type check, so nothing was written: {reasons}.  This is a bug "
-        f"in amp_rewrite; please report it with the graph.  Meanwhile, excluding {named} (exclude=[...], "
-        f"--exclude) keeps {'it' if len(nodes) == 1 else 'them'} float32 and may avoid it", node=nodes[0])
+    keep: dict[str, str] = {}
+    for e in errors:
+        for name in e.involves:
+            keep.setdefault(name, f"preserved: kept float32 after the rewrite that converted it failed amp_rewrite's "
+                                  f"type check ({e.message}; a bug in amp_rewrite); keeps its dtypes")
+    raise _TypeCheckFailed(where, reasons, {g.graph["name"] if function else "": keep}, errors[0].node)
+
+
+#: How many type errors one check collects (each one's nodes are kept float32 on the next
+#: try), and how many of them a message quotes.
+_TYPE_BREAKS_KEPT = 100
+_TYPE_BREAKS_SHOWN = 5
+
+
+def _still_kept(kept: Mapping[str, str], g: nx.MultiDiGraph, preserved: set[str]) -> dict[str, str]:
+    """The nodes of ``kept`` (node -> reason) that ``g`` has and that are not ``preserved``
+    already.  Pure."""
+    return {name: reason for name, reason in kept.items() if name in g and name not in preserved}
 
 
 def _log_outcome(report: Mapping[str, Any], precision: str, precision_reason: str, tgt: Target,

@@ -6,8 +6,10 @@ of their signatures, since each function is rewritten on its own and keeps its s
 Where the rewrite breaks either rule, TensorFlow rejects the graph only when it builds it:
 at the first training step, at ``tf.saved_model.load``, or in TF Serving ("passed bfloat16
 expected float", KD-6's symptom).  This check finds such a break when the graph is
-rewritten, names the node, and the rewrite fails with a
-:class:`~amp_rewrite.errors.RewriteError` before anything is written or run.
+rewritten and names the nodes it involves; :mod:`amp_rewrite.api` then makes the rewrite again
+with those nodes kept float32 (with a WARNING), and raises
+:class:`~amp_rewrite.errors.RewriteError` where that does not avoid it, before anything is
+written or run.
 
 Only what the rewrite changed is checked: edges it made (to and from its Casts, and
 consumers moved onto a Cast) and edges whose end has a type attribute it changed; and calls
@@ -40,10 +42,13 @@ CALL_TYPE_ATTRS: Mapping[str, tuple[Mapping[str, str | None], str]] = {
 
 
 class TypeBreak(NamedTuple):
-    """One type error the rewrite made: the node that would not build, and why."""
+    """One type error the rewrite made: the node that would not build, why, and the nodes of
+    the graph as given that it involves (an edge's two ends; an inserted Cast stands for the
+    node it reads), which kept float32 would not be retyped."""
 
     node: str
     message: str
+    involves: tuple[str, ...] = ()
 
 
 def rewrite_type_errors(g: nx.MultiDiGraph, types: Mapping[str, NodeTypes], registry: OpRegistry, *,
@@ -80,7 +85,7 @@ def rewrite_type_errors(g: nx.MultiDiGraph, types: Mapping[str, NodeTypes], regi
             errors += _call_errors(g, name, analysis)
         if len(errors) >= limit:
             break
-    return errors[:limit]
+    return [e._replace(involves=analysis.given_nodes(e.involves or (e.node,))) for e in errors[:limit]]
 
 
 class _Analysis:
@@ -116,6 +121,16 @@ class _Analysis:
                 name, data["op"], data["dtypes"], data["ints"], data["attr_names"], n_inputs, sig)
         nt = self._by_name[name] = self._derived[key]
         return nt
+
+    def given_nodes(self, names: Iterable[str]) -> tuple[str, ...]:
+        """``names`` as nodes of the graph as given: an inserted node (a Cast) stands for the
+        node it reads.  In order, without repeats."""
+        out: dict[str, None] = {}
+        for name in names:
+            if name not in self.types:
+                name = next((u for u, keyed in self.g._pred[name].items() if any(q >= 0 for q in keyed)), name)
+            out.setdefault(name, None)
+        return tuple(out)
 
     def bad_inputs(self, v: str, data_v: Mapping, nt_v: NodeTypes,
                    preds: Mapping[str, Mapping[int, Mapping]]) -> list[TypeBreak]:
@@ -189,7 +204,7 @@ def _edge_error(u: str, p: int, data_u: Mapping, nt_u: NodeTypes, v: str, q: int
     if got == want or dt.INVALID in (got, want):
         return None
     return TypeBreak(v, f"{data_v['op']} node {v!r} reads {dt.name(got)} from output {p} of {data_u['op']} "
-                        f"node {u!r} at input {q}, which is {dt.name(want)} ({in_ta})")
+                        f"node {u!r} at input {q}, which is {dt.name(want)} ({in_ta})", (v, u))
 
 
 def _dtype(data: Mapping, nt: NodeTypes, ta: TypeAttr) -> int:

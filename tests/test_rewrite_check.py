@@ -1,23 +1,29 @@
 """The rewrite's self-check (:mod:`amp_rewrite.rewrite_check`): a rewrite that would hand
-TensorFlow a graph it cannot build fails with a RewriteError naming the node, before anything
-is written; a type error the input had already is not the rewrite's to report.
+TensorFlow a graph it cannot build is made again with the nodes involved kept float32, with a
+WARNING; where that does not avoid it (or the retries are spent) it fails with a RewriteError
+naming the node, before anything is written.  A type error the input had already is not the
+rewrite's to report.
 
 Each broken rewrite here is made by switching off one piece of the product (the binding of
 calls to their functions' signatures, KD-6's fix; the Casts), so that the check is seen to
-catch what those pieces prevent.
+catch what those pieces prevent.  ``_TYPE_CHECK_RETRIES = 0`` shows what the check finds
+first; the default shows the recovery.
 """
 
 from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
 import amp_rewrite
+import amp_rewrite.api
 from amp_rewrite.graph import dtypes as dt
 from amp_rewrite.plan.painting import PaintingState
 from amp_rewrite.rewrite import _Rewriter
+from amp_rewrite.testing import check_valid
 from test_known_differences import _loop_then_matmul_graph_def
 
 _BF16_CPU = dict(target="cpu", precision="bfloat16", lists="tensorflow", fetches=["Identity"], use_env=False)
@@ -45,22 +51,55 @@ def _matmul_graph_def(extra: bool = False) -> tf.compat.v1.GraphDef:
     return gd
 
 
+def _no_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(amp_rewrite.api, "_TYPE_CHECK_RETRIES", 0)
+
+
+def _unbind_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without KD-6's fix the loop variable is painted bfloat16 against its functions' float32."""
+    monkeypatch.setattr(PaintingState, "_bind_function_signatures", lambda self: None)
+
+
+def _no_casts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_Rewriter, "rewire", lambda self, *args: None)
+
+
+@pytest.mark.type_check_failures
 @pytest.mark.skipif(not _LISTS_CLEAR_LOOPS, reason="TensorFlow's bfloat16 lists put While on a list from 2.17")
-def test_a_call_retyped_against_its_functions_fails_the_rewrite(monkeypatch):
+def test_a_call_retyped_against_its_functions_fails_the_check(monkeypatch):
     gd = _loop_then_matmul_graph_def()
     given = gd.SerializeToString(deterministic=True)
     assert amp_rewrite.rewrite_graph_def(gd, **_BF16_CPU).report["converted_nodes"] == 1  # the MatMul
-    # Without KD-6's fix the loop variable is painted bfloat16 against its functions' float32.
-    monkeypatch.setattr(PaintingState, "_bind_function_signatures", lambda self: None)
+    _unbind_calls(monkeypatch)
+    _no_retries(monkeypatch)
     with pytest.raises(amp_rewrite.RewriteError) as caught:
         amp_rewrite.rewrite_graph_def(gd, **_BF16_CPU)
     err = caught.value
     assert err.node == "while"
-    assert "the main graph failed its type check" in str(err)
+    assert "the main graph failed its type check, so nothing was written" in str(err)
     assert "passes arguments T that do not match its body 'while_body" in str(err)
     assert "element 3 is bfloat16" in str(err) and "declares float32" in str(err)
-    assert "excluding 'while'" in str(err)
+    assert "This is a bug in amp_rewrite" in str(err)
     assert gd.SerializeToString(deterministic=True) == given
+
+
+@pytest.mark.type_check_failures
+@pytest.mark.skipif(not _LISTS_CLEAR_LOOPS, reason="TensorFlow's bfloat16 lists put While on a list from 2.17")
+def test_a_failed_check_is_rewritten_again_with_the_nodes_involved_kept_float32(monkeypatch, caplog):
+    gd = _loop_then_matmul_graph_def()
+    _unbind_calls(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
+        result = amp_rewrite.rewrite_graph_def(gd, **_BF16_CPU)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("failed its type check" in w and "Rewriting again with 'while' kept float32" in w
+               for w in warnings), warnings
+    loop = next(n for n in result.graph_def.node if n.name == "while")
+    assert list(loop.attr["T"].list.type) == list(next(n for n in gd.node if n.name == "while").attr["T"].list.type)
+    assert result.report["nodes"]["while"]["reason"].startswith(
+        "preserved: kept float32 after the rewrite that converted it failed amp_rewrite's type check")
+    # The rest of the rewrite stands: the MatMul runs in bfloat16, and the graph runs.
+    assert result.report["converted_nodes"] == 1
+    check_valid(gd, result.graph_def, feeds={"x:0": np.ones((4, 8), np.float32), "w:0": np.eye(8, dtype=np.float32)})
 
 
 @pytest.mark.skipif(not _LISTS_CLEAR_LOOPS, reason="TensorFlow's bfloat16 lists put While on a list from 2.17")
@@ -75,10 +114,12 @@ def test_tensorflow_bugs_keeps_the_passs_invalid_graph_with_a_warning(caplog):
     assert any("main graph will not run" in w and "'while'" in w for w in warnings), warnings
 
 
-def test_a_missing_cast_fails_the_rewrite(monkeypatch):
+@pytest.mark.type_check_failures
+def test_a_missing_cast_fails_the_check(monkeypatch):
     gd = _matmul_graph_def()
     assert amp_rewrite.rewrite_graph_def(gd, **_FP16_GPU).report["casts_to_low"] == 2
-    monkeypatch.setattr(_Rewriter, "rewire", lambda self, *args: None)  # no Casts at all
+    _no_casts(monkeypatch)
+    _no_retries(monkeypatch)
     with pytest.raises(amp_rewrite.RewriteError) as caught:
         amp_rewrite.rewrite_graph_def(gd, **_FP16_GPU)
     message = str(caught.value)
@@ -88,6 +129,26 @@ def test_a_missing_cast_fails_the_rewrite(monkeypatch):
     assert "Identity node 'y' reads float16 from output 0 of MatMul node 'mm'" in message
 
 
+@pytest.mark.type_check_failures
+def test_a_check_that_fails_again_raises(monkeypatch, caplog):
+    # With no Casts at all, keeping the first try's nodes float32 (both ends of each broken
+    # edge) leaves nothing to convert here; a rewrite that cannot avoid the break raises once
+    # nothing new is left to keep.
+    gd = _matmul_graph_def()
+    _no_casts(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
+        result = amp_rewrite.rewrite_graph_def(gd, **_FP16_GPU)
+    assert result.report["converted_nodes"] == 0
+    assert result.report["nodes"]["mm"]["reason"].startswith("preserved: kept float32 after the rewrite")
+    assert sum("failed its type check" in r.getMessage() for r in caplog.records) == 1
+    # A break that keeping nodes float32 cannot avoid: every try retypes the MatMul anyway.
+    monkeypatch.setattr(amp_rewrite.api, "_still_kept", lambda kept, g, preserved: {})
+    with pytest.raises(amp_rewrite.RewriteError, match=r"failed its type check.*Keeping 4 node\(s\) float32 "
+                       r"that earlier tries involved did not avoid it"):
+        amp_rewrite.rewrite_graph_def(gd, **_FP16_GPU)
+
+
+@pytest.mark.type_check_failures
 def test_an_op_missing_from_the_registry_must_be_handed_the_type_it_had(monkeypatch):
     gd = _matmul_graph_def()
     custom = gd.node.add(name="custom", op="AmpRewriteTestCustomOp", input=["mm"])
@@ -95,7 +156,8 @@ def test_an_op_missing_from_the_registry_must_be_handed_the_type_it_had(monkeypa
     result = amp_rewrite.rewrite_graph_def(gd, **_FP16_GPU)
     (fed,) = next(n for n in result.graph_def.node if n.name == "custom").input
     assert fed != "mm" and next(n for n in result.graph_def.node if n.name == fed).attr["DstT"].type == dt.FLOAT
-    monkeypatch.setattr(_Rewriter, "rewire", lambda self, *args: None)
+    _no_casts(monkeypatch)
+    _no_retries(monkeypatch)
     with pytest.raises(amp_rewrite.RewriteError, match="AmpRewriteTestCustomOp node 'custom' reads float16 "
                        "from output 0 of MatMul node 'mm' at input 0, which is float32"):
         amp_rewrite.rewrite_graph_def(gd, **_FP16_GPU)
@@ -126,13 +188,15 @@ def _call_graph_def() -> tf.compat.v1.GraphDef:
     return outer.get_concrete_function(spec, spec).graph.as_graph_def()
 
 
+@pytest.mark.type_check_failures
 def test_a_missing_cast_inside_a_function_names_the_function(monkeypatch):
     gd = _call_graph_def()
     options = dict(_FP16_GPU, fetches=["Identity"])
     result = amp_rewrite.rewrite_graph_def(gd, **options)
     (inner,) = [f for f in result.graph_def.library.function if "inner" in f.signature.name]
     assert any(n.op == "MatMul" and n.attr["T"].type == dt.HALF for n in inner.node_def)
-    monkeypatch.setattr(_Rewriter, "rewire", lambda self, *args: None)
+    _no_casts(monkeypatch)
+    _no_retries(monkeypatch)
     with pytest.raises(amp_rewrite.RewriteError, match=rf"the rewrite of function {inner.signature.name} "
                        r"failed its type check.*MatMul node 'MatMul' reads float32 from output 0 of _Arg"):
         amp_rewrite.rewrite_graph_def(gd, **options)
