@@ -167,7 +167,7 @@ class _Analysis:
                 want = (dtypes_v.get(b) if in_ta.index < 0 else None) if b else in_ta.fixed
                 if got is not None and got == want:
                     continue
-                error = _edge_error(u, p, data_u, nt_u, v, q, data_v, nt_v)
+                error = self.edge_error(u, p, data_u, nt_u, v, q, data_v, nt_v)
                 if error:
                     bad.append(error)
         return bad
@@ -185,26 +185,44 @@ class _Analysis:
             p = d["src_port"]
             if q < 0 or p >= len(nt_u.outputs) or nt_u.outputs[p].attr not in changed:
                 continue
-            error = _edge_error(u, p, data_u, nt_u, v, q, data_v, nt_v)
+            error = self.edge_error(u, p, data_u, nt_u, v, q, data_v, nt_v)
             if error:
                 bad.append(error)
         return bad
 
+    def edge_error(self, u: str, p: int, data_u: Mapping, nt_u: NodeTypes, v: str, q: int, data_v: Mapping,
+                   nt_v: NodeTypes) -> TypeBreak | None:
+        """Why the edge ``u:p -> v`` (input ``q``) does not type, ``None`` where it does, where
+        an end's type is not known, or where the graph as given had the same edge mistyped
+        already (each end's attributes and ports given).  An op missing from the registry
+        has its ports described from its neighbours as they were before the rewrite, so it
+        must be handed what it had."""
+        if q >= len(nt_v.inputs):
+            return None
+        out_ta, in_ta = nt_u.outputs[p], nt_v.inputs[q]
+        got, want = _dtype(data_u, nt_u, out_ta), _dtype(data_v, nt_v, in_ta)
+        if got == want or dt.INVALID in (got, want) or self._mistyped_as_given(u, p, v, q):
+            return None
+        return TypeBreak(v, f"{data_v['op']} node {v!r} reads {dt.name(got)} from output {p} of {data_u['op']} "
+                            f"node {u!r} at input {q}, which is {dt.name(want)} ({in_ta})", (v, u))
 
-def _edge_error(u: str, p: int, data_u: Mapping, nt_u: NodeTypes, v: str, q: int, data_v: Mapping,
-                nt_v: NodeTypes) -> TypeBreak | None:
-    """Why the edge ``u:p -> v`` (input ``q``) does not type, ``None`` where it does or an
-    end's type is not known (each end's attributes and ports given).  An op missing from the
-    registry has its ports described from its neighbours as they were before the rewrite, so
-    it must be handed what it had."""
-    if q >= len(nt_v.inputs):
-        return None
-    out_ta, in_ta = nt_u.outputs[p], nt_v.inputs[q]
-    got, want = _dtype(data_u, nt_u, out_ta), _dtype(data_v, nt_v, in_ta)
-    if got == want or dt.INVALID in (got, want):
-        return None
-    return TypeBreak(v, f"{data_v['op']} node {v!r} reads {dt.name(got)} from output {p} of {data_u['op']} "
-                        f"node {u!r} at input {q}, which is {dt.name(want)} ({in_ta})", (v, u))
+    def _mistyped_as_given(self, u: str, p: int, v: str, q: int) -> bool:
+        """Whether, in the graph as given, the tensor that ``u:p`` carries now (through the
+        Casts the rewrite inserted, back to the node that makes it) already had a type other
+        than input ``q`` of ``v`` read: TensorFlow's error to report, not the rewrite's.
+        ``False`` where ``v`` is an inserted node (it reads what it is made to read)."""
+        given_v = self.types.get(v)
+        seen = 0
+        while u not in self.types and seen < 64:  # an inserted Cast: to what it reads
+            ins = [(w, d["src_port"]) for w, keyed in self.g._pred[u].items() for k, d in keyed.items() if k >= 0]
+            if len(ins) != 1:
+                return False
+            (u, p), seen = ins[0], seen + 1
+        given_u = self.types.get(u)
+        if given_u is None or given_v is None or p >= len(given_u.outputs) or q >= len(given_v.inputs):
+            return False
+        was, read = get_dtype(given_u.dtypes, given_u.outputs[p]), get_dtype(given_v.dtypes, given_v.inputs[q])
+        return was != read and dt.INVALID not in (was, read)
 
 
 def _dtype(data: Mapping, nt: NodeTypes, ta: TypeAttr) -> int:
