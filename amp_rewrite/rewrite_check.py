@@ -25,6 +25,7 @@ from typing import Iterable, Mapping, NamedTuple
 import networkx as nx
 
 from .graph import dtypes as dt
+from .graph.ir import node_entries
 from .graph.op_registry import ArgSpec, OpRegistry, OpSignature
 from .graph.type_attrs import NodeTypes, TypeAttr, get_dtype, node_types
 
@@ -64,14 +65,14 @@ def rewrite_type_errors(g: nx.MultiDiGraph, types: Mapping[str, NodeTypes], regi
 
     Each edge is looked at once: the data inputs of every dirty node, and the outputs of every
     retyped node into nodes that are not dirty (a consumer the rewrite left alone reading a
-    retyped tensor: where it forgot a Cast).  Linear in those edges.
+    retyped tensor: where it forgot a Cast).  Linear in the nodes, and in those edges.
     """
     analysis = _Analysis(g, types, registry)
-    nodes, succ = g._node, g._succ
+    nodes = g._node
     errors: list[TypeBreak] = []
-    # In node order, with networkx's dicts side by side (they share it): walking them costs
-    # far less than a lookup by name per node in a large graph.
-    for (name, data), preds in zip(nodes.items(), g._pred.values()):
+    # Each node with its dicts, in the graph's own order: walking them costs far less than a
+    # lookup by name per node in a large graph.
+    for name, data, outs, preds in zip(*node_entries(g)):
         if not data["dirty"]:
             continue
         nt = analysis.node_types(name)
@@ -79,7 +80,7 @@ def rewrite_type_errors(g: nx.MultiDiGraph, types: Mapping[str, NodeTypes], regi
             continue
         errors += analysis.bad_inputs(name, data, nt, preds)
         if data.get("changed_attrs"):
-            for v, keyed in succ[name].items():
+            for v, keyed in outs.items():
                 if not nodes[v]["dirty"]:
                     errors += analysis.bad_edges(name, v, keyed)
             errors += _call_errors(g, name, analysis)
