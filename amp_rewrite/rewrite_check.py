@@ -12,8 +12,9 @@ with those nodes kept float32 (with a WARNING), and raises
 written or run.
 
 Only what the rewrite changed is checked: edges it made (to and from its Casts, and
-consumers moved onto a Cast) and edges whose end has a type attribute it changed; and calls
-whose type attributes it changed.  A mismatch the input graph had already is not the
+consumers moved onto a Cast) and edges whose end has a type attribute it changed; calls whose
+type attributes it changed; and that each type attribute it changed holds a type its op
+allows.  A mismatch the input graph had already is not the
 rewrite's to report (TensorFlow reports it as it did before).  The check reads the IR and
 the plan's port analysis (:class:`~amp_rewrite.graph.type_attrs.NodeTypes`), not protobuf.
 """
@@ -84,6 +85,7 @@ def rewrite_type_errors(g: nx.MultiDiGraph, types: Mapping[str, NodeTypes], regi
                 if not nodes[v]["dirty"]:
                     errors += analysis.bad_edges(name, v, keyed)
             errors += _call_errors(g, name, analysis)
+            errors += analysis.disallowed_types(name, data)
         if len(errors) >= limit:
             break
     return [e._replace(involves=analysis.given_nodes(e.involves or (e.node,))) for e in errors[:limit]]
@@ -102,6 +104,8 @@ class _Analysis:
         #: of Casts share a few).
         self._by_name: dict[str, NodeTypes | None] = {}
         self._derived: dict[tuple, NodeTypes | None] = {}
+        #: (op, attr, value) -> the dtype of the value the op refuses, or None.
+        self._refused: dict[tuple, int | None] = {}
 
     def node_types(self, name: str) -> NodeTypes | None:
         """``name``'s ports, or ``None`` for an op neither the registry nor the library has."""
@@ -122,6 +126,31 @@ class _Analysis:
                 name, data["op"], data["dtypes"], data["ints"], data["attr_names"], n_inputs, sig)
         nt = self._by_name[name] = self._derived[key]
         return nt
+
+    def disallowed_types(self, name: str, data: Mapping) -> list[TypeBreak]:
+        """The type attributes of ``name`` that the rewrite changed to a dtype its op does not
+        allow (TensorFlow refuses such a node when it builds the graph)."""
+        op = data["op"]
+        bad = []
+        for attr in data["changed_attrs"]:
+            value = data["dtypes"].get(attr)
+            key = (op, attr, value)
+            refused = self._refused.get(key, ...)
+            if refused is ...:
+                refused = self._refused[key] = self._refused_dtype(op, attr, value)
+            if refused is not None:
+                bad.append(TypeBreak(name, f"{op} node {name!r} has {attr} {dt.name(refused)}, which op {op} does not "
+                                           "allow"))
+        return sorted(bad)  # changed_attrs is a set: its order is the hash seed's
+
+    def _refused_dtype(self, op: str, attr: str, value: int | tuple[int, ...] | None) -> int | None:
+        """The first dtype of ``value`` (type attribute ``attr`` of an ``op`` node) that the op
+        does not allow, ``None`` where it allows them all or is not known."""
+        sig = self.registry.op(op) or self.signatures.get(op)
+        spec = None if sig is None else sig.attrs.get(attr)
+        if spec is None or spec.allowed is None or value is None:
+            return None
+        return next((d for d in (value if isinstance(value, tuple) else (value,)) if d not in spec.allowed), None)
 
     def given_nodes(self, names: Iterable[str]) -> tuple[str, ...]:
         """``names`` as nodes of the graph as given: an inserted node (a Cast) stands for the

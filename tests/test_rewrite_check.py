@@ -165,6 +165,34 @@ def test_an_op_missing_from_the_registry_must_be_handed_the_type_it_had(monkeypa
         amp_rewrite.rewrite_graph_def(gd, **_FP16_GPU)
 
 
+def _gru_cell_graph_def() -> tf.compat.v1.GraphDef:
+    """A fused GRU cell (``GRUBlockCell``, on TensorFlow's allow list, whose ``T`` takes only
+    float32) read by an Identity."""
+
+    @tf.function
+    def cell(x, h, w_ru, w_c, b_ru, b_c):
+        return tf.identity(tf.raw_ops.GRUBlockCell(x=x, h_prev=h, w_ru=w_ru, w_c=w_c, b_ru=b_ru, b_c=b_c)[3])
+
+    specs = [tf.TensorSpec(s, tf.float32) for s in ([8, 16], [8, 32], [48, 64], [48, 32], [64], [32])]
+    return cell.get_concrete_function(*specs).graph.as_graph_def()
+
+
+@pytest.mark.type_check_failures
+def test_a_type_the_op_does_not_allow_fails_the_check(monkeypatch):
+    gd = _gru_cell_graph_def()
+    options = dict(_FP16_GPU, fetches=["Identity"])
+    result = amp_rewrite.rewrite_graph_def(gd, **options)
+    assert result.report["converted_nodes"] == 0  # TensorFlow's kernel takes float32 only
+    # Painted as if the op took float16 (and had a kernel for it), it is converted, with
+    # Casts on every edge: only its own type is wrong.
+    monkeypatch.setattr(PaintingState, "_supports_dtype", lambda self, op, known, ta: known)
+    monkeypatch.setattr(PaintingState, "has_kernel", lambda self, v: True)
+    _no_retries(monkeypatch)
+    with pytest.raises(amp_rewrite.RewriteError, match=r"GRUBlockCell node '\w+' has T float16, which op "
+                       r"GRUBlockCell does not allow"):
+        amp_rewrite.rewrite_graph_def(gd, **options)
+
+
 def test_a_type_error_the_input_had_is_not_blamed_on_the_rewrite():
     gd = _matmul_graph_def(extra=True)
     result = amp_rewrite.rewrite_graph_def(gd, **_FP16_GPU)
