@@ -165,6 +165,23 @@ def test_an_op_missing_from_the_registry_must_be_handed_the_type_it_had(monkeypa
         amp_rewrite.rewrite_graph_def(gd, **_FP16_GPU)
 
 
+@pytest.mark.type_check_failures
+def test_a_function_that_fails_the_check_is_rewritten_again_alone(monkeypatch, caplog):
+    gd = _call_graph_def()
+    options = dict(_FP16_GPU, fetches=["Identity"])
+    _no_casts(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
+        result = amp_rewrite.rewrite_graph_def(gd, **options)
+    (inner,) = [f for f in result.graph_def.library.function if "inner" in f.signature.name]
+    warnings = [r.getMessage() for r in caplog.records if "failed its type check" in r.getMessage()]
+    assert len(warnings) == 1 and f"function {inner.signature.name}" in warnings[0]
+    assert all(n.attr["T"].type == dt.FLOAT for n in inner.node_def if n.op == "MatMul")
+    reason = result.report["functions"][inner.signature.name]["nodes"]["MatMul"]["reason"]
+    assert reason.startswith("preserved: kept float32 after the rewrite that converted it failed")
+    check_valid(gd, result.graph_def, feeds={"x:0": np.eye(16, dtype=np.float32),
+                                             "w:0": np.ones((16, 16), np.float32)})
+
+
 def _gru_cell_graph_def() -> tf.compat.v1.GraphDef:
     """A fused GRU cell (``GRUBlockCell``, on TensorFlow's allow list, whose ``T`` takes only
     float32) read by an Identity."""
