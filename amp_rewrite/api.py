@@ -35,7 +35,7 @@ from .plan.lists import PLANNERS, ListContext, ListEdit, OpLists, edits_from_env
 from .graph.op_registry import OpRegistry, default_registry
 from .report.build import build_report
 from .rewrite import RewriteStats, apply_plan
-from .rewrite_check import rewrite_type_errors
+from .rewrite_check import TypeCheckFailed, check_rewritten
 from .step_check import checked_plan, device_costs
 from .graph.shapes import assign_function_shapes, check_variable_shapes, graph_shapes
 from .option_types import (check_bool, check_list_edits, check_names, check_optional_str, check_path,
@@ -411,7 +411,7 @@ def rewrite_graph_def(
         For input that is not a valid graph, unknown lists or ops, or a bad target.
     RewriteError
         Where a rewritten graph fails amp_rewrite's own type check (a bug of ours:
-        :mod:`amp_rewrite.rewrite_check`) even when made again with the nodes involved kept
+        :func:`amp_rewrite.rewrite_check.check_rewritten`) even when made again with the nodes involved kept
         float32.  A failure that keeping them avoids is a WARNING, and their report reasons say so.
     """
     kept: dict[str, dict[str, str]] = {}
@@ -425,7 +425,7 @@ def rewrite_graph_def(
                     planner=planner, variable_shapes=variable_shapes, compiled=compiled,
                     keep_float32=keep_float32, declined=declined, price_step=price_step, kept=kept,
                 )
-            except _TypeCheckFailed as exc:
+            except TypeCheckFailed as exc:
                 if retry == _TYPE_CHECK_RETRIES or not _keep_after_type_check(exc, kept):
                     if kept:
                         n = sum(map(len, kept.values()))
@@ -440,21 +440,7 @@ def rewrite_graph_def(
 _TYPE_CHECK_RETRIES = 2
 
 
-class _TypeCheckFailed(RewriteError):
-    """A rewritten graph failed its type check (:func:`_check_rewritten`): a bug of ours.
-    ``where`` names the graph, ``reasons`` the breaks, and ``keep`` the nodes of the graph as
-    given (per graph: ``""`` or a function's name) that kept float32 would not be retyped,
-    each with the reason the report gives them."""
-
-    def __init__(self, where: str, reasons: str, keep: dict[str, dict[str, str]], node: str) -> None:
-        super().__init__(f"the rewrite of {where} failed its type check, so nothing was written: {reasons}.  "
-                         "This is a bug in amp_rewrite; please report it with the graph", node=node)
-        self.where = where
-        self.reasons = reasons
-        self.keep = keep
-
-
-def _keep_after_type_check(exc: _TypeCheckFailed, kept: dict[str, dict[str, str]]) -> bool:
+def _keep_after_type_check(exc: TypeCheckFailed, kept: dict[str, dict[str, str]]) -> bool:
     """Add to ``kept`` (mutated) the nodes ``exc`` involves, with a WARNING that the rewrite is
     made again; ``False`` (and nothing done) where they are all kept already."""
     new = {graph: {n: r for n, r in nodes.items() if n not in kept.get(graph, {})}
@@ -858,41 +844,9 @@ class _Stage:
         t3 = time.perf_counter()
         self.timings["rewrite"] += t3 - t2
         if stats.converted or stats.casts:
-            _check_rewritten(g, plan, self.registry, parity=options.tensorflow_bugs)
+            check_rewritten(g, plan.types, self.registry, parity=options.tensorflow_bugs)
         self.timings["check"] += time.perf_counter() - t3
         return plan, stats
-
-
-def _check_rewritten(g: nx.MultiDiGraph, plan: Plan, registry: OpRegistry, *, parity: bool) -> None:
-    """Raise :class:`_TypeCheckFailed` where the rewrite of ``g`` (done, in place) made a graph
-    that TensorFlow would not build (:mod:`amp_rewrite.rewrite_check`); with TensorFlow's
-    bugs kept (``parity``), whose pass makes such graphs (KNOWN_DIFFERENCES.md), only warn.
-    Reads ``g``."""
-    errors = rewrite_type_errors(g, plan.types, registry, limit=_TYPE_BREAKS_KEPT)
-    if not errors:
-        return
-    function = g.graph["kind"] == "function"
-    where = f"function {g.graph['name']}" if function else "the main graph"
-    shown = errors[:_TYPE_BREAKS_SHOWN]
-    reasons = "; ".join(e.message for e in shown)
-    if len(errors) > len(shown):
-        reasons += f" (and {len(errors) - len(shown)}{'+' if len(errors) == _TYPE_BREAKS_KEPT else ''} more)"
-    if parity:
-        log.warning("amp_rewrite: the rewrite of %s will not run, as TensorFlow's own pass's would not "
-                    "(tensorflow_bugs=True): %s", where, reasons)
-        return
-    keep: dict[str, str] = {}
-    for e in errors:
-        for name in e.involves:
-            keep.setdefault(name, f"preserved: kept float32 after the rewrite that converted it failed amp_rewrite's "
-                                  f"type check ({e.message}; a bug in amp_rewrite); keeps its dtypes")
-    raise _TypeCheckFailed(where, reasons, {g.graph["name"] if function else "": keep}, errors[0].node)
-
-
-#: How many type errors one check collects (each one's nodes are kept float32 on the next
-#: try), and how many of them a message quotes.
-_TYPE_BREAKS_KEPT = 100
-_TYPE_BREAKS_SHOWN = 5
 
 
 def _still_kept(kept: Mapping[str, str], g: nx.MultiDiGraph, preserved: set[str]) -> dict[str, str]:

@@ -6,8 +6,9 @@ of their signatures, since each function is rewritten on its own and keeps its s
 Where the rewrite breaks either rule, TensorFlow rejects the graph only when it builds it:
 at the first training step, at ``tf.saved_model.load``, or in TF Serving ("passed bfloat16
 expected float", KD-6's symptom).  This check finds such a break when the graph is
-rewritten and names the nodes it involves; :mod:`amp_rewrite.api` then makes the rewrite again
-with those nodes kept float32 (with a WARNING), and raises
+rewritten and names the nodes it involves (:func:`check_rewritten` raises
+:class:`TypeCheckFailed`); :func:`amp_rewrite.api.rewrite_graph_def` then makes the rewrite
+again with those nodes kept float32 (with a WARNING), and raises the
 :class:`~amp_rewrite.errors.RewriteError` where that does not avoid it, before anything is
 written or run.
 
@@ -21,16 +22,25 @@ the plan's port analysis (:class:`~amp_rewrite.graph.type_attrs.NodeTypes`), not
 
 from __future__ import annotations
 
+import logging
 from typing import Iterable, Mapping, NamedTuple
 
 import networkx as nx
 
+from .errors import RewriteError
 from .graph import dtypes as dt
 from .graph.ir import node_entries
 from .graph.op_registry import ArgSpec, OpRegistry, OpSignature
 from .graph.type_attrs import NodeTypes, TypeAttr, get_dtype, node_types
 
-__all__ = ["CALL_TYPE_ATTRS", "TypeBreak", "rewrite_type_errors"]
+__all__ = ["CALL_TYPE_ATTRS", "TypeBreak", "TypeCheckFailed", "check_rewritten", "rewrite_type_errors"]
+
+log = logging.getLogger(__name__)
+
+#: How many type errors one check collects (each one's nodes are kept float32 on the next
+#: try), and how many of them a message quotes.
+TYPE_BREAKS_KEPT = 100
+TYPE_BREAKS_SHOWN = 5
 
 #: Ops that call functions through attributes: per op, the attributes naming its callees,
 #: the type attribute their arguments must equal, and the one their results must equal
@@ -51,6 +61,47 @@ class TypeBreak(NamedTuple):
     node: str
     message: str
     involves: tuple[str, ...] = ()
+
+
+class TypeCheckFailed(RewriteError):
+    """A rewritten graph failed its type check (:func:`check_rewritten`): a bug of ours.
+    ``where`` names the graph, ``reasons`` the breaks, and ``keep`` the nodes of the graph as
+    given (per graph: ``""`` or a function's name) that kept float32 would not be retyped,
+    each with the reason the report gives them."""
+
+    def __init__(self, where: str, reasons: str, keep: dict[str, dict[str, str]], node: str) -> None:
+        super().__init__(f"the rewrite of {where} failed its type check, so nothing was written: {reasons}.  "
+                         "This is a bug in amp_rewrite; please report it with the graph", node=node)
+        self.where = where
+        self.reasons = reasons
+        self.keep = keep
+
+
+def check_rewritten(g: nx.MultiDiGraph, types: Mapping[str, NodeTypes], registry: OpRegistry, *,
+                    parity: bool) -> None:
+    """Raise :class:`TypeCheckFailed` where the rewrite of ``g`` (done, in place; ``types``
+    the plan's port analysis of it as given) made a graph that TensorFlow would not build.
+    With TensorFlow's bugs kept (``parity``), whose pass makes such graphs
+    (KNOWN_DIFFERENCES.md), only warn.  Reads ``g``."""
+    errors = rewrite_type_errors(g, types, registry, limit=TYPE_BREAKS_KEPT)
+    if not errors:
+        return
+    function = g.graph["kind"] == "function"
+    where = f"function {g.graph['name']}" if function else "the main graph"
+    shown = errors[:TYPE_BREAKS_SHOWN]
+    reasons = "; ".join(e.message for e in shown)
+    if len(errors) > len(shown):
+        reasons += f" (and {len(errors) - len(shown)}{'+' if len(errors) == TYPE_BREAKS_KEPT else ''} more)"
+    if parity:
+        log.warning("amp_rewrite: the rewrite of %s will not run, as TensorFlow's own pass's would not "
+                    "(tensorflow_bugs=True): %s", where, reasons)
+        return
+    keep: dict[str, str] = {}
+    for e in errors:
+        for name in e.involves:
+            keep.setdefault(name, f"preserved: kept float32 after the rewrite that converted it failed amp_rewrite's "
+                                  f"type check ({e.message}; a bug in amp_rewrite); keeps its dtypes")
+    raise TypeCheckFailed(where, reasons, {g.graph["name"] if function else "": keep}, errors[0].node)
 
 
 def rewrite_type_errors(g: nx.MultiDiGraph, types: Mapping[str, NodeTypes], registry: OpRegistry, *,
