@@ -146,6 +146,39 @@ def test_materializing_is_independent_of_tensorflows_function_counters():
         assert again.SerializeToString(deterministic=True) == case.graph_def.SerializeToString(deterministic=True)
 
 
+def test_conditionals_are_functional_ifs_named_by_the_program():
+    """A drawn ``Cond`` is TF2's ``tf.cond``: a ``StatelessIf`` whose branches are functions
+    named after the step (not TensorFlow's process-wide counters), rewritten on their own:
+    their MatMuls run in float16 while the If keeps its branches' signatures."""
+    import numpy as np
+    import tensorflow as tf
+
+    import amp_rewrite
+    from amp_rewrite.testing.program import materialize
+
+    def converts_in_a_branch(case) -> bool:
+        if not any(s.op == "Cond" for s in case.program.steps):
+            return False
+        out = amp_rewrite.rewrite_graph_def(case.graph_def, target="gpu:8.0", precision="float16", use_env=False)
+        return any(n.attr["T"].type == tf.float16.as_datatype_enum for f in out.graph_def.library.function
+                   if f.signature.name.endswith("_then") for n in f.node_def if "T" in n.attr)
+
+    case = _first(graphs(functions=True, max_nodes=20), converts_in_a_branch, tries=3000)
+    (step,) = [s for s in case.program.steps if s.op == "Cond"][:1]
+    node = next(n for n in case.graph_def.node if n.name == step.name)
+    assert node.op == "StatelessIf"
+    assert (node.attr["then_branch"].func.name, node.attr["else_branch"].func.name) == (
+        f"{step.name}_then", f"{step.name}_else")
+    tf.function(lambda x: x + 1, autograph=False).get_concrete_function(tf.TensorSpec((), tf.float32))
+    again = materialize(case.program, case.seed).graph_def
+    assert again.SerializeToString(deterministic=True) == case.graph_def.SerializeToString(deterministic=True)
+    out = amp_rewrite.rewrite_graph_def(case.graph_def, target="gpu:8.0", precision="float16", use_env=False)
+    rewritten = next(n for n in out.graph_def.node if n.name == step.name)
+    assert list(rewritten.attr["Tin"].list.type) == list(node.attr["Tin"].list.type)
+    check_valid(case.graph_def, out.graph_def, feeds=case.feeds, outputs=case.outputs)
+    assert np.all(np.isfinite(case.run(outputs=case.outputs)[0]))
+
+
 def _names(program) -> list[str]:
     """Every step name of ``program`` and of its loop bodies (not function bodies, which are
     built in a graph of their own)."""

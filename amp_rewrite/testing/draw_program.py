@@ -1,6 +1,8 @@
 """The draw loop of the graph strategies and the structure it draws besides single ops:
-while loops (TF1 frames or TF2 functional loops) and function calls, each with a body drawn
-by a nested :class:`~.drawer._Drawer`, and the ``Identity`` output nodes of a finished graph.
+while loops (TF1 frames or TF2 functional loops), function calls and functional conditionals
+(TF2's ``tf.cond``: an ``If``/``StatelessIf`` whose branches are functions), each with a body
+drawn by a nested :class:`~.drawer._Drawer`, and the ``Identity`` output nodes of a finished
+graph.
 """
 
 from __future__ import annotations
@@ -94,7 +96,11 @@ def _call_emit(d: _Drawer) -> None:
     if d.chance(30):
         results.append(d.pick(results_pool))
     body = Program(_prune(sub.steps, [r.ref for r in results]), tuple(args), tuple(r.ref for r in results))
-    d.emit("Call", ins, {}, [(r.dtype, r.shape, (r.lo, r.hi), r.smooth) for r in results], body=body)
+    # A third of the calls are conditionals (TF2's ``tf.cond``): an If whose two branches,
+    # functions rewritten on their own, both run the body (the predicate, a constant, picks
+    # one); its type attributes must stay its branches' signatures, as a loop's do (KD-6).
+    op, params = ("Cond", {"then": d.chance(50)}) if d.chance(33) else ("Call", {})
+    d.emit(op, ins, params, [(r.dtype, r.shape, (r.lo, r.hi), r.smooth) for r in results], body=body)
 
 
 def _wrap_outputs(d: _Drawer) -> None:

@@ -39,6 +39,8 @@ def _low_depth(before: Any, after: Any, low: int) -> dict[str, int]:
     def weight(scope: Scope, node: Any, fdepth: Mapping[str, int]) -> int:
         if node.op in ("PartitionedCall", "StatefulPartitionedCall"):
             return fdepth.get(node.attr["f"].func.name, 0)
+        if node.op in ("If", "StatelessIf"):  # whichever branch runs
+            return max(fdepth.get(node.attr[b].func.name, 0) for b in ("then_branch", "else_branch"))
         return 1 if low in type_values(node).values() else 0
 
     def longest(scope: Scope, fdepth: Mapping[str, int]) -> dict[str, int]:

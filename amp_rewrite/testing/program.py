@@ -1,7 +1,8 @@
 """Drawn graphs as small readable programs, and their materialization into GraphDefs.
 
 A :class:`Program` is a list of :class:`Step` s in data-flow order; each step is one node
-(or, for ``While`` / ``Call``, a loop or a function call with a body program of its own).
+(or, for ``While`` / ``Call`` / ``Cond``, a loop, a function call or a conditional with a body
+program of its own).
 The strategies in :mod:`amp_rewrite.testing.strategies` draw programs; :func:`materialize`
 builds the GraphDef with TensorFlow's own op constructors, so every node carries the full
 attribute set TensorFlow gives it and shape inference checks the program on the way.
@@ -266,6 +267,8 @@ class _Builder:
                     outs = self._while(step, ins, env)
                 elif step.op == "Call":
                     outs = self._call(step, ins)
+                elif step.op == "Cond":
+                    outs = self._cond(step, ins)
                 else:
                     outs = _build_step(tf, step, ins, self.seed)
             for i, t in enumerate(outs):
@@ -321,6 +324,36 @@ class _Builder:
         self.renames[call_node] = step.name
         self.function_renames[concrete.function_def.signature.name] = f"{step.name}_body"
         return outs
+
+    def _cond(self, step: Step, ins: list[Any]) -> list[Any]:
+        """TF2's ``tf.cond`` on a constant predicate, each branch running ``step.body``: a
+        functional ``If``/``StatelessIf`` named ``step.name``, its branches named
+        ``<step>_then`` and ``<step>_else`` (TensorFlow numbers them process-wide)."""
+        tf = self.tf
+        body = step.body
+        assert body is not None
+
+        def branch() -> list[Any]:
+            local: dict[str, Any] = {}
+            for arg, v in zip(body.args, ins):
+                local[arg.ref] = tf.identity(v, name=arg.ref)
+            self.build(body, local)
+            return [local[r] for r in body.results]
+
+        with _control_flow(v2=True):
+            pred = tf.constant(bool(step.param("then")), name=f"{step.name}_pred")
+            outs = tf.cond(pred, branch, branch, name=step.name)
+        then_fn, else_fn = _cond_branches(tf.compat.v1.get_default_graph(), step.name)
+        self.function_renames[then_fn] = f"{step.name}_then"
+        self.function_renames[else_fn] = f"{step.name}_else"
+        return list(outs) if isinstance(outs, (list, tuple)) else [outs]
+
+
+def _cond_branches(graph: Any, name: str) -> tuple[str, str]:
+    """The ``then_branch`` and ``else_branch`` functions of the ``If``/``StatelessIf`` that
+    ``tf.cond`` built under the name scope ``name``."""
+    node = graph.get_operation_by_name(name)
+    return node.get_attr("then_branch").name, node.get_attr("else_branch").name
 
 
 def _rename(graph_def: Any, renames: Mapping[str, str], function_renames: Mapping[str, str]) -> None:

@@ -4,8 +4,8 @@
 the small program it was built from (shown when a test fails, so a shrunk counterexample
 reads like code).  Graphs are DAGs of real ops from all four lists (allow, infer, deny,
 clear) and ops on no list, with consistent shapes and dtypes; optionally with control edges,
-several outputs, nodes on several devices, TF1 (control flow v1) while loops and function
-calls (``PartitionedCall`` into a ``FunctionDef``).
+several outputs, nodes on several devices, while loops (TF1 frames and TF2 functional loops),
+function calls (``PartitionedCall`` into a ``FunctionDef``) and TF2 conditionals (``If``).
 
 Values stay well inside the float16 range: each tensor carries bounds, and an op is only
 drawn where its result stays within :data:`LIMIT` and away from singular points (Log of
@@ -164,8 +164,9 @@ def graphs(
     while_loops, functions
         Also draw while loops, TF1's (``Enter/Merge/Switch/NextIteration/Exit``) and TF2's
         functional ones (``While``/``StatelessWhile`` with ``cond`` and ``body`` functions), and
-        calls (``PartitionedCall``) into a FunctionDef; each has a body of up to ``body_nodes``
-        drawn ops.
+        calls (``PartitionedCall``) into a FunctionDef, a third of them TF2 conditionals
+        (``tf.cond``: a ``StatelessIf`` whose ``then_branch`` and ``else_branch`` functions
+        both run the drawn body); each has a body of up to ``body_nodes`` drawn ops.
     output_identities
         Whether unused values get an ``Identity`` output node (``None``: drawn per graph).
         Without them the last op of a chain is itself an output and is preserved.
