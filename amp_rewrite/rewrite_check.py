@@ -42,6 +42,10 @@ log = logging.getLogger(__name__)
 TYPE_BREAKS_KEPT = 100
 TYPE_BREAKS_SHOWN = 5
 
+#: The rewrite inserts at most one Cast between two nodes of the graph as given (a chain of
+#: them is folded); more in a row means the graph is not what the check expects.
+_MOST_INSERTED_IN_A_ROW = 2
+
 #: Ops that call functions through attributes: per op, the attributes naming its callees,
 #: the type attribute their arguments must equal, and the one their results must equal
 #: (``None`` for a callee whose results are not the call's: a loop's ``cond`` returns a bool).
@@ -208,10 +212,22 @@ class _Analysis:
         node it reads.  In order, without repeats."""
         out: dict[str, None] = {}
         for name in names:
-            if name not in self.types:
-                name = next((u for u, keyed in self.g._pred[name].items() if any(q >= 0 for q in keyed)), name)
-            out.setdefault(name, None)
+            source = self.given_source(name, 0)
+            out.setdefault(name if source is None else source[0], None)
         return tuple(out)
+
+    def given_source(self, u: str, p: int) -> tuple[str, int] | None:
+        """The node of the graph as given, and its output, whose tensor ``u:p`` carries:
+        ``(u, p)`` itself, or through the Casts the rewrite inserted back to what they read;
+        ``None`` where an inserted node does not read exactly one tensor."""
+        for _ in range(_MOST_INSERTED_IN_A_ROW + 1):
+            if u in self.types:
+                return u, p
+            ins = [(w, d["src_port"]) for w, keyed in self.g._pred[u].items() for k, d in keyed.items() if k >= 0]
+            if len(ins) != 1:
+                return None
+            (u, p), = ins
+        return None
 
     def bad_inputs(self, v: str, data_v: Mapping, nt_v: NodeTypes,
                    preds: Mapping[str, Mapping[int, Mapping]]) -> list[TypeBreak]:
@@ -292,15 +308,12 @@ class _Analysis:
         Casts the rewrite inserted, back to the node that makes it) already had a type other
         than input ``q`` of ``v`` read: TensorFlow's error to report, not the rewrite's.
         ``False`` where ``v`` is an inserted node (it reads what it is made to read)."""
-        given_v = self.types.get(v)
-        seen = 0
-        while u not in self.types and seen < 64:  # an inserted Cast: to what it reads
-            ins = [(w, d["src_port"]) for w, keyed in self.g._pred[u].items() for k, d in keyed.items() if k >= 0]
-            if len(ins) != 1:
-                return False
-            (u, p), seen = ins[0], seen + 1
-        given_u = self.types.get(u)
-        if given_u is None or given_v is None or p >= len(given_u.outputs) or q >= len(given_v.inputs):
+        given_v, source = self.types.get(v), self.given_source(u, p)
+        if given_v is None or source is None:
+            return False
+        u, p = source
+        given_u = self.types[u]
+        if given_u is None or p >= len(given_u.outputs) or q >= len(given_v.inputs):
             return False
         was, read = get_dtype(given_u.dtypes, given_u.outputs[p]), get_dtype(given_v.dtypes, given_v.inputs[q])
         return was != read and dt.INVALID not in (was, read)
