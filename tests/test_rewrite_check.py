@@ -17,13 +17,15 @@ import logging
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import HealthCheck, Phase, find, given, settings
 
 import amp_rewrite
 import amp_rewrite.api
 from amp_rewrite.graph import dtypes as dt
 from amp_rewrite.plan.painting import PaintingState
 from amp_rewrite.rewrite import _Rewriter
-from amp_rewrite.testing import check_valid
+from amp_rewrite.testing import InvariantError, check_valid, graphs
+from conftest import examples
 from test_known_differences import _loop_then_matmul_graph_def
 
 _BF16_CPU = dict(target="cpu", precision="bfloat16", lists="tensorflow", fetches=["Identity"], use_env=False)
@@ -252,3 +254,64 @@ def test_a_missing_cast_inside_a_function_names_the_function(monkeypatch):
     with pytest.raises(amp_rewrite.RewriteError, match=rf"the rewrite of function {inner.signature.name} "
                        r"failed its type check.*MatMul node 'MatMul' reads float32 from output 0 of _Arg"):
         amp_rewrite.rewrite_graph_def(gd, **options)
+
+
+class _Warnings(logging.Handler):
+    """The WARNING messages amp_rewrite logs while it is attached."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+#: Drawn graphs with many loops and MatMuls between clear ops: where TensorFlow's bfloat16
+#: painting (kept with its bugs) meets a functional loop, about one graph in fifteen.
+_LOOPS_AND_MATMULS = graphs(while_loops=True, functions=True, min_nodes=3,
+                            ops={"MatMul": 3, "Tanh": 1, "AddV2": 1, "Identity": 1, "Relu": 1})
+
+
+def _rewrite_with_tensorflows_bugs(case) -> tuple[amp_rewrite.RewriteResult, bool]:
+    """The bfloat16 rewrite of ``case`` with TensorFlow's lists and bugs, and whether the
+    check warned that it will not run."""
+    handler = _Warnings()
+    logger = logging.getLogger("amp_rewrite")
+    logger.addHandler(handler)
+    try:
+        out = amp_rewrite.rewrite_graph_def(case.graph_def, target="cpu", precision="bfloat16", lists="tensorflow",
+                                            tensorflow_bugs=True, fetches=list(case.fetches), use_env=False)
+    finally:
+        logger.removeHandler(handler)
+    return out, any("will not run" in m for m in handler.messages)
+
+
+def _invalid(case, out) -> InvariantError | None:
+    try:
+        check_valid(case.graph_def, out.graph_def, run=False)
+    except InvariantError as exc:
+        return exc
+    return None
+
+
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=list(HealthCheck))
+@given(_LOOPS_AND_MATMULS)
+def test_the_check_agrees_with_tensorflows_registries(case):
+    """A differential test of the check: with TensorFlow's bugs kept, the bfloat16 painting
+    makes graphs TensorFlow will not build (KD-6's functional loops).  The check must warn on
+    exactly those that the testing kit's ``valid`` invariant, which reads TensorFlow's own op
+    registry and the exported GraphDef, finds mistyped."""
+    out, warned = _rewrite_with_tensorflows_bugs(case)
+    invalid = _invalid(case, out)
+    assert warned == (invalid is not None), invalid
+
+
+@pytest.mark.skipif(not _LISTS_CLEAR_LOOPS, reason="TensorFlow's bfloat16 lists put While on a list from 2.17")
+def test_the_check_finds_a_drawn_graph_tensorflows_painting_breaks():
+    # The other direction of the test above, made sure of: a drawn graph that it warns on.
+    case = find(_LOOPS_AND_MATMULS, lambda c: _rewrite_with_tensorflows_bugs(c)[1], settings=settings(
+        max_examples=500, phases=[Phase.generate], database=None, derandomize=True,
+        suppress_health_check=list(HealthCheck)))
+    out, _ = _rewrite_with_tensorflows_bugs(case)
+    assert "does not match the signature" in str(_invalid(case, out))
