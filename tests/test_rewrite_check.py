@@ -72,7 +72,7 @@ def _no_casts(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.skipif(not _LISTS_CLEAR_LOOPS, reason="TensorFlow's bfloat16 lists put While on a list from 2.17")
 def test_a_call_retyped_against_its_functions_fails_the_check(monkeypatch):
     gd = _loop_then_matmul_graph_def()
-    given = gd.SerializeToString(deterministic=True)
+    as_given = gd.SerializeToString(deterministic=True)
     assert amp_rewrite.rewrite_graph_def(gd, **_BF16_CPU).report["converted_nodes"] == 1  # the MatMul
     _unbind_calls(monkeypatch)
     _no_retries(monkeypatch)
@@ -84,7 +84,7 @@ def test_a_call_retyped_against_its_functions_fails_the_check(monkeypatch):
     assert "passes arguments T that do not match its body 'while_body" in str(err)
     assert "element 3 is bfloat16" in str(err) and "declares float32" in str(err)
     assert "This is a bug in amp_rewrite" in str(err)
-    assert gd.SerializeToString(deterministic=True) == given
+    assert gd.SerializeToString(deterministic=True) == as_given
 
 
 @pytest.mark.type_check_failures
