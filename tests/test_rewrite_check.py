@@ -315,3 +315,27 @@ def test_the_check_finds_a_drawn_graph_tensorflows_painting_breaks():
         suppress_health_check=list(HealthCheck)))
     out, _ = _rewrite_with_tensorflows_bugs(case)
     assert "does not match the signature" in str(_invalid(case, out))
+
+
+@pytest.mark.type_check_failures
+def test_the_command_line_writes_nothing_when_the_check_fails(tmp_path, monkeypatch, capsys):
+    from amp_rewrite.cli import main
+
+    source = tmp_path / "in.pb"
+    source.write_bytes(_matmul_graph_def().SerializeToString())
+    given_bytes = source.read_bytes()
+    out = tmp_path / "out.pb"
+    _no_casts(monkeypatch)
+    _no_retries(monkeypatch)
+    assert main(["rewrite", str(source), str(out), "--target", "gpu:8.0", "--lists", "tensorflow"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("amp-rewrite: error:") and "failed its type check" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not out.exists() and not list(tmp_path.glob("out*"))  # nothing staged is left either
+    assert source.read_bytes() == given_bytes
+    # With its retries, the same command writes a graph that runs, the MatMul kept float32.
+    monkeypatch.setattr(amp_rewrite.api, "_TYPE_CHECK_RETRIES", 2)
+    assert main(["rewrite", str(source), str(out), "--target", "gpu:8.0", "--lists", "tensorflow"]) == 0
+    written = tf.compat.v1.GraphDef.FromString(out.read_bytes())
+    assert next(n for n in written.node if n.name == "mm").attr["T"].type == dt.FLOAT
+    check_valid(_matmul_graph_def(), written, run=False)
