@@ -223,3 +223,19 @@ def test_hostile_saved_model_layouts_are_refused_or_copied_safely(entries):
                             assert f.read() != _SECRET, p
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+@settings(max_examples=5, deadline=None)
+@given(st.data())
+def test_a_cycle_through_a_producer_an_earlier_mutation_removed_is_a_self_loop(data):
+    """Regression (deep run, 2026-11-27): mutations apply one after another, and closing a
+    cycle looked up the producer a consumer names, which an earlier mutation may have renamed
+    away; the drawing itself then failed.  The node closes a self loop instead."""
+    from amp_rewrite.testing.mutations import _close_cycle, _Site
+
+    gd = tf.compat.v1.GraphDef()
+    gd.node.add(name="a", op="Placeholder").attr["dtype"].type = tf.float32.as_datatype_enum
+    gd.node.add(name="b", op="Identity", input=["gone"]).attr["T"].type = tf.float32.as_datatype_enum
+    must_fail, culprits, _ = _close_cycle(_Site(data.draw, gd, gd.node[0], ["a", "b"]), self_loop=False)
+    assert must_fail and culprits == ("a",)
+    assert list(gd.node[0].input) == ["^a"] and list(gd.node[1].input) == ["gone"]

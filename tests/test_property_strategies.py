@@ -146,6 +146,24 @@ def test_materializing_is_independent_of_tensorflows_function_counters():
         assert again.SerializeToString(deterministic=True) == case.graph_def.SerializeToString(deterministic=True)
 
 
+def test_functional_loops_are_named_by_the_program():
+    """Regression (deep run, 2026-11-27): a functional loop's ``cond`` and ``body`` carried
+    TensorFlow's process-wide counters in their names (and the cond's unread arguments in
+    theirs), so the same program materialized to other bytes once anything else was traced."""
+    import tensorflow as tf
+
+    from amp_rewrite.testing.program import materialize
+
+    case = _first(graphs(while_loops=True, max_nodes=6),
+                  lambda c: any(s.op == "While" and s.param("functional") for s in c.program.steps), tries=2000)
+    (step,) = [s for s in case.program.steps if s.op == "While"][:1]
+    loop = next(n for n in case.graph_def.node if n.name == step.name)
+    assert (loop.attr["cond"].func.name, loop.attr["body"].func.name) == (f"{step.name}_cond", f"{step.name}_body")
+    tf.function(lambda x: x + 1, autograph=False).get_concrete_function(tf.TensorSpec((), tf.float32))
+    again = materialize(case.program, case.seed).graph_def
+    assert again.SerializeToString(deterministic=True) == case.graph_def.SerializeToString(deterministic=True)
+
+
 def test_conditionals_are_functional_ifs_named_by_the_program():
     """A drawn ``Cond`` is TF2's ``tf.cond``: a ``StatelessIf`` whose branches are functions
     named after the step (not TensorFlow's process-wide counters), rewritten on their own:

@@ -127,11 +127,15 @@ def _close_cycle(s: _Site, self_loop: bool) -> _Outcome:
     else:
         consumer = gd.node[j]
         producer = parse_input(next(t for t in consumer.input if not t.startswith("^")))[0]
-        p = next(n for n in gd.node if n.name == producer)
-        p.input.append("^" + consumer.name)
-        culprits = (producer, consumer.name)
-        if p.op == "NextIteration":
-            culprits = ()
+        p = next((n for n in gd.node if n.name == producer), None)
+        if p is None:  # an earlier mutation renamed or removed it: the node closes a self loop
+            node.input.append("^" + node.name)
+            culprits = (node.name,) if node.op != "NextIteration" else ()
+        else:
+            p.input.append("^" + consumer.name)
+            culprits = (producer, consumer.name)
+            if p.op == "NextIteration":
+                culprits = ()
     return bool(culprits), culprits, ""
 
 

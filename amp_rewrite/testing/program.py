@@ -297,10 +297,17 @@ class _Builder:
             self.build(body, local)
             return [i + 1] + [local[r] for r in body.results]
 
-        with _control_flow(v2=bool(step.param("functional", False))):
+        functional = bool(step.param("functional", False))
+        with _control_flow(v2=functional):
             i0 = tf.constant(0, name=f"{step.name}_i0")
             outs = tf.compat.v1.while_loop(cond, loop_body, [i0, *ins], name=step.name,
                                            back_prop=False)
+        if functional:
+            # TensorFlow numbers a functional loop's functions process-wide: name them after
+            # the step, so the same program gives the same bytes.
+            loop = tf.compat.v1.get_default_graph().get_operation_by_name(step.name)
+            self.function_renames[loop.get_attr("cond").name] = f"{step.name}_cond"
+            self.function_renames[loop.get_attr("body").name] = f"{step.name}_body"
         return list(outs[1:])
 
     def _call(self, step: Step, ins: list[Any]) -> list[Any]:
@@ -356,6 +363,29 @@ def _cond_branches(graph: Any, name: str) -> tuple[str, str]:
     return node.get_attr("then_branch").name, node.get_attr("else_branch").name
 
 
+def _rename_function(f: Any, new: str) -> None:
+    """Give FunctionDef ``f`` the name ``new``, and its arguments that TensorFlow named after
+    its old name (a loop's ``cond`` takes the loop variables it does not read as
+    ``<function>___redundant_placeholder<k>``) names after the new one.  Mutates ``f``."""
+    old = f.signature.name
+    f.signature.name = new
+    args = {a.name: new + a.name[len(old):] for a in f.signature.input_arg if a.name.startswith(old)}
+    if not args:
+        return
+    for a in f.signature.input_arg:
+        a.name = args.get(a.name, a.name)
+
+    def fix(text: str) -> str:
+        ctrl = "^" if text.startswith("^") else ""
+        name, sep, rest = text[len(ctrl):].partition(":")
+        return ctrl + args.get(name, name) + sep + rest
+
+    for node in f.node_def:
+        node.input[:] = [fix(t) for t in node.input]
+    for key in list(f.ret):
+        f.ret[key] = fix(f.ret[key])
+
+
 def _rename(graph_def: Any, renames: Mapping[str, str], function_renames: Mapping[str, str]) -> None:
     """Give call nodes and their functions the program's names.  Mutates ``graph_def``."""
     if not renames and not function_renames:
@@ -376,7 +406,7 @@ def _rename(graph_def: Any, renames: Mapping[str, str], function_renames: Mappin
                 value.func.name = function_renames[value.func.name]
     for f in graph_def.library.function:
         if f.signature.name in function_renames:
-            f.signature.name = function_renames[f.signature.name]
+            _rename_function(f, function_renames[f.signature.name])
     # TensorFlow orders the library by its own function names, which carry process-wide
     # counters; order it by the program's calls instead, so the bytes are reproducible.
     rank = {name: i for i, name in enumerate(function_renames.values())}
