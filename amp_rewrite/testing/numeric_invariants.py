@@ -31,8 +31,14 @@ NUMERIC_TOLERANCE = {"float16": 4 * 2.0 ** -11, "bfloat16": 4 * 2.0 ** -8}
 # ----------------------------------------------------------------------------- numerics
 
 
+#: Loop iterations the numerics tolerance counts (the strategies draw loops of 1 to 3).
+LOOP_ITERATIONS_COUNTED = 3
+
+
 def _low_depth(before: Any, after: Any, low: int) -> dict[str, int]:
-    """Per main-graph node of ``after``: the most low-precision ops on a path into it."""
+    """Per main-graph node of ``after``: the most low-precision ops on a path into it, a
+    loop's body counted :data:`LOOP_ITERATIONS_COUNTED` times (a TF1 frame's through its
+    back edges, a functional loop's as its body function's depth)."""
     a_scopes = scopes(after)
     library = library_of(after)
 
@@ -41,13 +47,17 @@ def _low_depth(before: Any, after: Any, low: int) -> dict[str, int]:
             return fdepth.get(node.attr["f"].func.name, 0)
         if node.op in ("If", "StatelessIf"):  # whichever branch runs
             return max(fdepth.get(node.attr[b].func.name, 0) for b in ("then_branch", "else_branch"))
-        return 1 if low in type_values(node).values() else 0
+        own = 1 if low in type_values(node).values() else 0
+        if node.op in ("While", "StatelessWhile"):
+            return own + LOOP_ITERATIONS_COUNTED * fdepth.get(node.attr["body"].func.name, 0)
+        return own
 
-    def longest(scope: Scope, fdepth: Mapping[str, int]) -> dict[str, int]:
+    def longest(scope: Scope, fdepth: Mapping[str, int], floor: Mapping[str, int]) -> dict[str, int]:
         depth: dict[str, int] = {}
         order = list(scope.nodes)
         pending = set(order)
-        # Iterate to a fixed point over the DAG (loop back edges from NextIteration ignored).
+        # Iterate to a fixed point over the DAG (loop back edges from NextIteration ignored;
+        # ``floor`` carries what they bring from the iteration before).
         for _ in range(len(order) + 1):
             progress = False
             for name in order:
@@ -58,7 +68,8 @@ def _low_depth(before: Any, after: Any, low: int) -> dict[str, int]:
                 srcs = [s for s in srcs if s in scope.nodes and scope.nodes[s].op != "NextIteration"]
                 if any(s in pending for s in srcs):
                     continue
-                depth[name] = max([depth[s] for s in srcs], default=0) + weight(scope, node, fdepth)
+                depth[name] = max(max([depth[s] for s in srcs], default=0) + weight(scope, node, fdepth),
+                                  floor.get(name, 0))
                 pending.discard(name)
                 progress = True
             if not progress:
@@ -67,12 +78,24 @@ def _low_depth(before: Any, after: Any, low: int) -> dict[str, int]:
             depth[name] = len(order)
         return depth
 
+    def with_loops(scope: Scope, fdepth: Mapping[str, int]) -> dict[str, int]:
+        """:func:`longest`, a TF1 frame's Merge raised each pass to what its NextIteration
+        brings from the pass before."""
+        back = {name: [parse_input(t)[0] for t in node.input if parse_input(t)[0] in scope.nodes
+                       and scope.nodes[parse_input(t)[0]].op == "NextIteration"]
+                for name, node in scope.nodes.items() if node.op in ("Merge", "RefMerge")}
+        back = {name: srcs for name, srcs in back.items() if srcs}
+        depth = longest(scope, fdepth, {})
+        for _ in range(LOOP_ITERATIONS_COUNTED - 1 if back else 0):
+            depth = longest(scope, fdepth, {m: max(depth[n] for n in srcs) for m, srcs in back.items()})
+        return depth
+
     fdepth: dict[str, int] = {}
     for fname, scope in a_scopes.items():
         if fname:
-            fdepth[fname] = max(longest(scope, {}).values(), default=0)
+            fdepth[fname] = max(longest(scope, {}, {}).values(), default=0)
     del library
-    return longest(a_scopes[""], fdepth)
+    return with_loops(a_scopes[""], fdepth)
 
 
 def check_numerics(before: Any, after: Any, report: Any = None, *,
