@@ -81,10 +81,13 @@ def _low_depth(before: Any, after: Any, low: int) -> dict[str, int]:
     def with_loops(scope: Scope, fdepth: Mapping[str, int]) -> dict[str, int]:
         """:func:`longest`, a TF1 frame's Merge raised each pass to what its NextIteration
         brings from the pass before."""
-        back = {name: [parse_input(t)[0] for t in node.input if parse_input(t)[0] in scope.nodes
-                       and scope.nodes[parse_input(t)[0]].op == "NextIteration"]
-                for name, node in scope.nodes.items() if node.op in ("Merge", "RefMerge")}
-        back = {name: srcs for name, srcs in back.items() if srcs}
+        back: dict[str, list[str]] = {}
+        for name, node in scope.nodes.items():
+            if node.op in ("Merge", "RefMerge"):
+                srcs = [src for src in (parse_input(t)[0] for t in node.input)
+                        if src in scope.nodes and scope.nodes[src].op == "NextIteration"]
+                if srcs:
+                    back[name] = srcs
         depth = longest(scope, fdepth, {})
         for _ in range(LOOP_ITERATIONS_COUNTED - 1 if back else 0):
             depth = longest(scope, fdepth, {m: max(depth[n] for n in srcs) for m, srcs in back.items()})
