@@ -522,12 +522,14 @@ def _rewrite_graph_def(
                        True if optimal else (lambda graphs: _profile_reads_shapes(op_lists, graphs)),
                        variable_shapes)
     ir_graphs = [imported.graph, *imported.functions.values()]  # to free at the end
+    g = imported.graph
+    preserve = preserved_nodes(g, fetches)
+    if fetches is not None:
+        g.graph["fetches"] = frozenset(preserve)  # what runs, for the cost model's step estimates
     t_price = clock()
     pricing = _StepPricing(imported, tgt, precision, registry, compiled) if price_step else None
     if pricing is not None:
         timings["price"] = clock() - t_price
-    g = imported.graph
-    preserve = preserved_nodes(g, fetches)
     preserve |= scope_keep & set(g.nodes)
     excluded = excluded_nodes(g.nodes, excluder, preserve, excluded_counts)
     excluded.update(_still_kept(kept.get("", {}), g, preserve))
@@ -583,7 +585,7 @@ class _StepPricing:
         self._compiled = compiled
         self._given: dict[str, StepEstimate] | None = None
         try:
-            self._counts = call_counts(imported.graph, imported.functions)
+            self._counts = call_counts(imported.graph, imported.functions, registry)
             self._given = estimate_parts(imported.graph, imported.functions, *self._args, compiled=compiled,
                                          counts=self._counts)
         except Exception as exc:  # noqa: BLE001  (pricing is an extra: the rewrite goes on)
@@ -757,6 +759,7 @@ def estimate_step_time(
     variable_shapes: Mapping[str, Sequence[int | None] | None] | None = None,
     registry: OpRegistry | None = None,
     costs: DeviceCosts | None = None,
+    fetches: Sequence[str] | None = None,
 ) -> StepEstimate:
     """The cost model's estimate of one run of ``graph_def`` (and the functions it calls, a loop's
     body once per iteration) on ``target``, every node priced in the type it has
@@ -766,27 +769,35 @@ def estimate_step_time(
     under XLA.  Without XLA a GPU's step takes the longer of its device time and the
     executor's host time per kernel (``StepEstimate.total_ns``).  ``costs`` prices every device with that class instead of the target's (what-if
     estimates, and calibration against a device whose rates differ from its family's: an
-    H200 moves 4.3 TB/s where the Hopper class, an H100's, moves 3.0).  Reads ``graph_def``,
-    changes nothing; never runs it.
+    H200 moves 4.3 TB/s where the Hopper class, an H100's, moves 3.0).  Only what runs is
+    priced: a function's body without what neither its results nor its stateful ops need (as
+    TensorFlow prunes it), and the main graph without what neither ``fetches`` (node or tensor
+    names: a traced step's outputs) nor its stateful ops need; without ``fetches`` every node
+    of the main graph counts.  Reads ``graph_def``, changes nothing; never runs it.
 
-    Raises :class:`AmpRewriteError` for input that is not a valid graph or a bad target.
+    Raises :class:`AmpRewriteError` for input that is not a valid graph, a bad target, or a
+    fetch the graph does not have.
     """
     imported, costs_of, registry = _import_to_price(graph_def, target, precision, compiled, variable_shapes,
-                                                    registry, costs)
+                                                    registry, costs, fetches)
     return estimate_graphs(imported.graph, imported.functions, costs_of, registry, compiled=compiled)
 
 
 def _import_to_price(graph_def: Any, target: str | Target, precision: Precision | str, compiled: bool,
                      variable_shapes: Mapping[str, Sequence[int | None] | None] | None,
-                     registry: OpRegistry | None, costs: DeviceCosts | None) -> tuple[Any, Any, OpRegistry]:
-    """The checked ``graph_def`` imported with shapes, the device classes to price it with and
-    the registry: what :func:`estimate_step_time` and :func:`estimate_node_times` share.
-    Raises :class:`AmpRewriteError`; reads ``graph_def`` only."""
-    graph_def, _ = _checked_arguments(graph_def, compiled, False, False, "reachable", None, None, registry)
+                     registry: OpRegistry | None, costs: DeviceCosts | None,
+                     fetches: Sequence[str] | None) -> tuple[Any, Any, OpRegistry]:
+    """The checked ``graph_def`` imported with shapes (and its main graph's ``fetches``), the
+    device classes to price it with and the registry: what :func:`estimate_step_time` and
+    :func:`estimate_node_times` share.  Raises :class:`AmpRewriteError`; reads ``graph_def``
+    only."""
+    graph_def, fetches = _checked_arguments(graph_def, compiled, False, False, "reachable", None, fetches, registry)
     registry = registry or default_registry()
     tgt = resolve_target(target)
     resolved, _ = resolve_precision(precision, tgt)
     imported = _import(graph_def, registry, "reachable", True, variable_shapes)
+    if fetches is not None:
+        imported.graph.graph["fetches"] = frozenset(preserved_nodes(imported.graph, fetches))
     return imported, device_costs(tgt, resolved, costs), registry
 
 
@@ -799,15 +810,17 @@ def estimate_node_times(
     variable_shapes: Mapping[str, Sequence[int | None] | None] | None = None,
     registry: OpRegistry | None = None,
     costs: DeviceCosts | None = None,
+    fetches: Sequence[str] | None = None,
 ) -> dict[str, dict[str, NodeTime]]:
     """:func:`estimate_step_time`, node by node: per graph (``""`` for the main graph, else a
     function's name) every priced node's :class:`~amp_rewrite.plan.step_cost.NodeTime` (op,
     kind, precision, estimated ns and the per-kernel fixed ns apart, output elements), per
     run of the step (a loop body's nodes times its iterations).  What a per-node calibration
-    sets measured times against (``bench/calibrate_gpu_in_place.py``).  Same arguments and errors; reads ``graph_def``,
-    changes nothing; never runs it."""
+    sets measured times against (``bench/calibrate_gpu_in_place.py``); a node that does not
+    run is not priced.  Same arguments and errors; reads ``graph_def``, changes nothing; never
+    runs it."""
     imported, costs_of, registry = _import_to_price(graph_def, target, precision, compiled, variable_shapes,
-                                                    registry, costs)
+                                                    registry, costs, fetches)
     per_node: dict[str, dict[str, NodeTime]] = {}
     estimate_graphs(imported.graph, imported.functions, costs_of, registry, compiled=compiled, per_node=per_node)
     return per_node

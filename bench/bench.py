@@ -549,10 +549,12 @@ def fp16_rewrites(item) -> dict[str, Any]:
 
 def estimated_step_ns(item, graph_def) -> float:
     """The cost model's time (ns) of one step of ``graph_def``, a graph of ``item``, priced for
-    this CPU's class in bfloat16 with the item's variable shapes.  Raises
-    :class:`amp_rewrite.AmpRewriteError` where it cannot be priced; reads its inputs only."""
+    this CPU's class in bfloat16 with the item's variable shapes, running what its fetches
+    need.  Raises :class:`amp_rewrite.AmpRewriteError` where it cannot be priced; reads its
+    inputs only."""
     return amp_rewrite.estimate_step_time(graph_def, target=this_cpu_target(), precision="bfloat16",
-                                          variable_shapes=variable_shapes(item)).total_ns
+                                          variable_shapes=variable_shapes(item),
+                                          fetches=list(item.fetches)).total_ns
 
 
 def estimated_ratios(item, graphs: dict[str, Any]) -> dict[str, float | None]:

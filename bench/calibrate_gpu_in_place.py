@@ -88,13 +88,14 @@ def strip_prefix(name: str) -> str:
     return name
 
 
-def dense_flops(graph_def: Any, shapes: Any, target: str, precision: str) -> dict[str, float]:
-    """Multiply-add flops of every dense node of the main graph (for the size bands)."""
+def dense_flops(graph_def: Any, shapes: Any, target: str, precision: str,
+                fetches: Any = None) -> dict[str, float]:
+    """Multiply-add flops of every dense node of the main graph that runs (for the size bands)."""
     import amp_rewrite
     from amp_rewrite.plan.cost_model import DENSE_OPS
 
     per = amp_rewrite.estimate_node_times(graph_def, target=target, precision=precision,
-                                          variable_shapes=shapes, costs=_flop_counter())
+                                          variable_shapes=shapes, costs=_flop_counter(), fetches=fetches)
     # The counter class prices a dense op at exactly its flops (1 flop/ns, nothing else); a
     # function's node counts once per run of it, as its measured time does.
     out: dict[str, float] = {}
@@ -213,13 +214,14 @@ def calibrate(profile: dict[str, Any], *, target: str, precision: str,
         for variant, rec in recs.items():
             if "nodes" not in rec or rec.get("xla"):
                 continue
-            gd, shapes, compiled = gpu_bench.variant_graph_def(workload, variant, target=target, precision=precision)
+            gd, shapes, compiled, fetches = gpu_bench.variant_graph_def(workload, variant, target=target,
+                                                                        precision=precision)
             if compiled:
                 continue
             tgt, costs = gpu_bench.variant_target_and_costs(variant, target, precision)
             priced = amp_rewrite.estimate_node_times(gd, target=tgt, precision=precision, variable_shapes=shapes,
-                                                     costs=costs)
-            flops = dense_flops(gd, shapes, target, precision)
+                                                     costs=costs, fetches=fetches)
+            flops = dense_flops(gd, shapes, target, precision, fetches)
             matched, unmatched = match(rec["nodes"], priced, variant, flops)
             rows[variant] = matched
             coverage[variant] = {

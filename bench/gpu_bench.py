@@ -91,7 +91,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # TensorFlow's bfloat16 pass (the tf_amp variant of --reduced) exists only while oneDNN is on,
@@ -679,18 +679,36 @@ def workload_named(name: str) -> Workload:
     return next(w for w in FULL_WORKLOADS + REDUCED_WORKLOADS if w.name == name)
 
 
+def _output_nodes(graph: Any) -> tuple[str, ...]:
+    """The nodes of a traced function's (``tf.Graph``'s) outputs, sorted.  Pure."""
+    return tuple(sorted({t.op.name for t in graph.outputs}))
+
+
 def _rewritten(graph: Any, shapes: Any, *, target: str, precision: str, lists: str, compiled: bool) -> Any:
     """Our rewrite of a traced step (``tf.Graph``) with ``lists``, fetching its outputs: the
     GraphDef.  Reads ``graph``."""
     import amp_rewrite
 
     return amp_rewrite.rewrite_graph_def(
-        graph.as_graph_def(), fetches=sorted({t.op.name for t in graph.outputs}), variable_shapes=shapes,
+        graph.as_graph_def(), fetches=list(_output_nodes(graph)), variable_shapes=shapes,
         target=target, precision=precision, lists=lists, compiled=compiled, use_env=False).graph_def
 
 
-def variant_graph_def(workload: str, variant: str, *, target: str, precision: str) -> tuple[Any, Any, bool]:
-    """``(GraphDef, variable shapes, compiled)`` of ``variant``'s step on ``workload`` as this
+class TracedStep(NamedTuple):
+    """A variant's step as traced here (:func:`variant_graph_def`)."""
+
+    graph_def: Any
+    #: The captured variables' shapes, by resource placeholder (``variable_shapes=``).
+    variable_shapes: Any
+    #: Whether the step runs under XLA on a GPU.
+    compiled: bool
+    #: The traced function's outputs' nodes: with its stateful ops, what the step runs
+    #: (``estimate_step_time(fetches=)``).
+    fetches: tuple[str, ...]
+
+
+def variant_graph_def(workload: str, variant: str, *, target: str, precision: str) -> TracedStep:
+    """``(GraphDef, variable shapes, compiled, fetches)`` of ``variant``'s step on ``workload`` as this
     module's run builds it on a GPU, traced here (no step runs, no GPU needed; Keras's
     GPU-only paths are taken, :func:`keras_as_on_a_gpu`): the float32 model's Keras step for
     the float32 variants, the ``mixed_<precision>`` model's for Keras's, our traced step
@@ -719,10 +737,11 @@ def variant_graph_def(workload: str, variant: str, *, target: str, precision: st
                                                loss_scaled=spec.tf_amp and precision == "float16")
         xla = spec.jit_compile is not False and supports_xla
         shapes = captured_variable_shapes(graph)
+        fetches = _output_nodes(graph)
         if not spec.tf_amp:
-            return graph.as_graph_def(), shapes, xla
-        return _rewritten(graph, shapes, target=target, precision=precision, lists="tensorflow",
-                          compiled=False), shapes, False
+            return TracedStep(graph.as_graph_def(), shapes, xla, fetches)
+        return TracedStep(_rewritten(graph, shapes, target=target, precision=precision, lists="tensorflow",
+                                     compiled=False), shapes, False, fetches)
     finally:
         keras.backend.clear_session()
 
@@ -768,10 +787,11 @@ def estimated_step_ns(workload: str, variant: str, *, target: str, precision: st
     import amp_rewrite
     from amp_rewrite.plan.cost_model import costs_for
 
-    gd, shapes, compiled = variant_graph_def(workload, variant, target=target, precision=precision)
+    step = variant_graph_def(workload, variant, target=target, precision=precision)
     tgt, costs = variant_target_and_costs(variant, target, precision, costs)
-    return amp_rewrite.estimate_step_time(gd, target=tgt, precision=precision, compiled=compiled,
-                                          variable_shapes=shapes, costs=costs).total_ns
+    return amp_rewrite.estimate_step_time(step.graph_def, target=tgt, precision=precision, compiled=step.compiled,
+                                          variable_shapes=step.variable_shapes, costs=costs,
+                                          fetches=step.fetches).total_ns
 
 
 def variant_target_and_costs(variant: str, target: str, precision: str, costs: Any = None) -> tuple[Any, Any]:
@@ -879,8 +899,8 @@ def trace_step(workload: str, *, lists: str, target: str, precision: str,
 
 
 def ours_step(workload: str, *, lists: str, target: str, precision: str,
-              jit_compile: bool | str, options_json: str = "") -> tuple[Any, Any, bool]:
-    """``(GraphDef, variable shapes, compiled)`` of the step our rewritten Keras step would run
+              jit_compile: bool | str, options_json: str = "") -> TracedStep:
+    """:class:`TracedStep` of the step our rewritten Keras step would run
     on a GPU (:func:`keras_as_on_a_gpu`), built as its first call builds it, without running
     it: the traced step rewritten with the optimizer's options, or, where that converts
     nothing, the step traced again without loss scaling (what ``fit`` then runs).  No GPU
@@ -893,7 +913,8 @@ def ours_step(workload: str, *, lists: str, target: str, precision: str,
                                                           options_json=options_json)
         runner = function._runner(function.get_concrete_function(*args))  # noqa: SLF001  (the first call's)
     xla = jit_compile is not False and supports_xla
-    return runner.result.graph_def, captured_variable_shapes(runner.concrete.graph), xla
+    graph = runner.concrete.graph
+    return TracedStep(runner.result.graph_def, captured_variable_shapes(graph), xla, _output_nodes(graph))
 
 
 def placement_estimates(report: dict[str, Any]) -> dict[str, float] | None:

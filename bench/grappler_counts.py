@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"capability": args.capability, "counts": {}}
     for w in args.workloads.split(","):
         for v in args.variants.split(","):
-            gd, _, compiled = gpu_bench.variant_graph_def(w, v, target=f"gpu:{args.capability}", precision="float16")
+            gd, _, compiled, _ = gpu_bench.variant_graph_def(w, v, target=f"gpu:{args.capability}",
+                                                             precision="float16")
             if compiled:
                 raise SystemExit(f"{v} runs under XLA: its kernels are XLA's, not Grappler's nodes")
             c = counts(grappler_optimized(gd, args.capability))

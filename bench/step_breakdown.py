@@ -71,10 +71,11 @@ def measured_by_op(graph_def, item, rounds: int) -> dict[str, float]:
     return {op: statistics.median(v) for op, v in per.items()}
 
 
-def estimated_by_op(graph_def, shapes) -> dict[str, float]:
-    """The cost model's time per op (ms) for this CPU's class, every graph of the step."""
+def estimated_by_op(graph_def, shapes, fetches) -> dict[str, float]:
+    """The cost model's time per op (ms) for this CPU's class, every graph of the step (what
+    ``fetches`` need)."""
     nodes = amp_rewrite.estimate_node_times(graph_def, target=bench.this_cpu_target(), precision="bfloat16",
-                                           variable_shapes=shapes)
+                                           variable_shapes=shapes, fetches=fetches)
     acc: dict[str, float] = collections.defaultdict(float)
     for graph in nodes.values():
         for node in graph.values():
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         rewritten = bench.optimal_bf16_for_this_cpu(item).graph_def
     f, o = measured_by_op(gd, item, args.rounds), measured_by_op(rewritten, item, args.rounds)
-    ef, eo = estimated_by_op(gd, shapes), estimated_by_op(rewritten, shapes)
+    ef, eo = estimated_by_op(gd, shapes, fetches), estimated_by_op(rewritten, shapes, fetches)
     ops = sorted(set(f) | set(o) | set(ef) | set(eo),
                  key=lambda k: -(abs(o.get(k, 0) - f.get(k, 0)) + abs(eo.get(k, 0) - ef.get(k, 0))))
     print(f"{args.item} batch {args.batch}, float32 against {args.rewrite} (ms per step; kernel sums, medians of "

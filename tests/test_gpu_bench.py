@@ -300,11 +300,11 @@ def test_gpu_predict_prices_every_measured_variant_against_its_float32_here(tmp_
 
     est = {}
     for name in ("float32_xla", "keras_mixed_xla", "ours_default_xla", "ours_optimal_xla"):
-        gd, shapes, compiled = gpu_bench.variant_graph_def("small_cnn-train-b8", name, target="gpu:9.0",
-                                                           precision="float16")
+        gd, shapes, compiled, fetches = gpu_bench.variant_graph_def("small_cnn-train-b8", name, target="gpu:9.0",
+                                                                    precision="float16")
         assert compiled is True
         est[name] = amp_rewrite.estimate_step_time(gd, target="gpu:9.0", compiled=True, variable_shapes=shapes,
-                                                   costs=costs)
+                                                   costs=costs, fetches=fetches)
     assert est["float32_xla"].low_nodes == 0 and est["float32_xla"].casts == 0
     for name in ("keras_mixed_xla", "ours_default_xla"):
         assert est[name].low_nodes > 0 and est[name].casts > 0
@@ -330,15 +330,15 @@ def test_predictions_trace_keras_as_on_a_gpu():
         return {n.op for n in gd.node} | {n.op for f in gd.library.function for n in f.node_def}
 
     for name in ("ours_user", "float32_xla"):
-        gd, _, compiled = gpu_bench.variant_graph_def("tiny_lstm-train-b4", name, target="gpu:9.0",
-                                                      precision="float16")
+        gd, _, compiled, _ = gpu_bench.variant_graph_def("tiny_lstm-train-b4", name, target="gpu:9.0",
+                                                         precision="float16")
         assert compiled is False, name
         assert {"CudnnRNNV3", "CudnnRNNBackpropV3"} <= ops_of(gd), name
         assert not {"While", "StatelessWhile"} & ops_of(gd)
     rnn = [n for n in gd.node if n.op == "CudnnRNNV3"]
     assert rnn and all(n.attr["T"].type == tf.float32.as_datatype_enum for n in rnn)  # float32's graph
-    ours, _, _ = gpu_bench.variant_graph_def("tiny_lstm-train-b4", "ours_user", target="gpu:9.0",
-                                             precision="float16")
+    ours = gpu_bench.variant_graph_def("tiny_lstm-train-b4", "ours_user", target="gpu:9.0",
+                                       precision="float16").graph_def
     rnn = [n for n in ours.node if n.op == "CudnnRNNV3"]
     assert rnn and all(n.attr["T"].type == tf.float16.as_datatype_enum for n in rnn)
     # Outside the predictions, Keras on this CPU builds the loop, and the check is restored.
@@ -618,7 +618,8 @@ def test_grappler_counts_what_a_step_without_xla_launches():
 
     got = {}
     for variant in ("float32", "ours_default"):
-        gd, _, _ = gpu_bench.variant_graph_def("small_cnn-train-b8", variant, target="gpu:9.0", precision="float16")
+        gd = gpu_bench.variant_graph_def("small_cnn-train-b8", variant, target="gpu:9.0",
+                                         precision="float16").graph_def
         got[variant] = grappler_counts.counts(grappler_counts.grappler_optimized(gd, "9.0"))
     assert got["float32"]["transposes"] > 0 and got["ours_default"]["transposes"] == 0
     assert got["ours_default"]["casts"] > got["float32"]["casts"]

@@ -615,3 +615,101 @@ def test_the_shapes_of_a_graph_inferred_before_are_reused():
             shapes_module.function_shapes(fdef)
         assert inferred.count("graph") == 4 and inferred.count("function") == 3
     shapes_module.clear_shape_memo()
+
+
+def test_only_what_runs_is_priced():
+    """TensorFlow prunes what nothing needs before it runs a graph (a traced training step
+    computes and drops the gradients of constants): the estimate prices a function's body
+    without what neither its results nor its stateful ops need, and a main graph without what
+    its ``fetches`` and stateful ops do not need.  Without fetches any node of the main graph
+    may be fetched, so every node counts."""
+    M = 1024
+    one = node_cost("MatMul", [(M, M), (M, M)], [(M, M)], 2, DEVICE_COSTS["gpu-hopper"]).high
+    v = tf.Variable(tf.zeros((M, M)))
+
+    @tf.function
+    def inner(x, w):
+        tf.nn.relu(tf.matmul(x, w * 3.0), name="dropped")  # read by nothing
+        v.assign(tf.matmul(w, x))  # read by nothing, but a stateful op needs it
+        return tf.matmul(x, w)
+
+    spec = tf.TensorSpec((M, M))
+    concrete = inner.get_concrete_function(spec, spec)
+    fetches = [t.op.name for t in concrete.outputs]
+    gd = concrete.graph.as_graph_def()
+    every = amp_rewrite.estimate_step_time(gd, target=TARGET)
+    run = amp_rewrite.estimate_step_time(gd, target=TARGET, fetches=fetches)
+    assert every.dense_ns == pytest.approx(3 * one) and run.dense_ns == pytest.approx(2 * one)
+    assert run.elementwise_ns < every.elementwise_ns and run.kernels < every.kernels
+    nodes = amp_rewrite.estimate_node_times(gd, target=TARGET, fetches=fetches)[""]
+    assert "dropped" not in nodes and sum(t.op == "MatMul" for t in nodes.values()) == 2
+    assert "dropped" in amp_rewrite.estimate_node_times(gd, target=TARGET)[""]
+
+    # A function's body always runs only what its results and stateful ops need.
+    @tf.function
+    def outer(x, w):
+        return inner(x, w) + 1.0
+
+    gd = outer.get_concrete_function(spec, spec).graph.as_graph_def()
+    assert any(len(f.node_def) > 5 for f in gd.library.function)
+    assert amp_rewrite.estimate_step_time(gd, target=TARGET).dense_ns == pytest.approx(2 * one)
+
+    with pytest.raises(amp_rewrite.AmpRewriteError, match="does not exist"):
+        amp_rewrite.estimate_step_time(concrete.graph.as_graph_def(), target=TARGET, fetches=["no_such_node"])
+
+
+def test_under_xla_an_op_that_only_forwards_a_tensor_stands_for_its_readers():
+    """XLA compiles ``Identity``/``IdentityN``/``Reshape`` to nothing (or a bitcast) and needs no
+    value for a ``Shape``: a ReLU fused into the Mul that reads it stays in registers though an
+    ``IdentityN`` also reads it, when nothing that runs reads that output of the ``IdentityN``
+    (as TensorFlow's ``silu`` hands its input to its gradient).  Where a later stage reads the
+    forwarded tensor, it is in memory; without fetches the unread output may be fetched, so
+    the ReLU is written as a result."""
+
+    def block(forward: str) -> tf.compat.v1.GraphDef:
+        def build() -> None:
+            x = v1.placeholder(tf.float32, [N, N], name="x")
+            r = tf.nn.relu(x, name="r")
+            m = tf.multiply(r, 2.0, name="m")
+            y = tf.matmul(m, tf.constant(np.full((N, N), 0.01, np.float32)), name="y")
+            if forward != "none":
+                y, forwarded = tf.identity_n([y, r], name="idn")
+                if forward == "read later":
+                    tf.add(forwarded, y, name="later")
+            tf.shape(r, name="shape")
+            tf.identity(y, name="out")
+
+        return graph_def(build)
+
+    def elementwise(forward: str, **kw) -> float:
+        return amp_rewrite.estimate_step_time(block(forward), target=TARGET, compiled=True, **kw).elementwise_ns
+
+    tensor = N * N * 4 / DEVICE_COSTS["gpu-hopper"].bandwidth
+    alone = elementwise("none", fetches=["out"])
+    assert alone == pytest.approx(tensor, rel=1e-3)  # the Mul, written for the MatMul
+    assert elementwise("unread", fetches=["out"]) == pytest.approx(alone)
+    assert elementwise("unread") == pytest.approx(alone + tensor, rel=1e-3)  # idn:1 may be fetched
+    # The ReLU written and read back after the MatMul, and the Add written as a result.
+    assert elementwise("read later", fetches=["out", "later"]) == pytest.approx(alone + 3 * tensor, rel=1e-3)
+
+
+def test_the_optimal_planner_gives_what_never_runs_no_time():
+    """A node nothing needs costs no time (TensorFlow prunes it), so the optimal planner does
+    not convert it to gain some -- nor adds Casts for it -- and says why; the MatMul that
+    runs converts.  Without fetches every node of the main graph may run, and both convert."""
+    M = 2048
+
+    @tf.function
+    def step(x, w):
+        tf.nn.relu(tf.matmul(x, w * 3.0, name="dropped"))
+        return tf.nn.relu(tf.matmul(x, w, name="kept"))
+
+    spec = tf.TensorSpec((M, M))
+    concrete = step.get_concrete_function(spec, spec)
+    fetches = [t.op.name for t in concrete.outputs]
+    kw = dict(target=TARGET, precision="float16", lists="optimal", use_env=False)
+    run = amp_rewrite.rewrite_graph_def(concrete.graph.as_graph_def(), fetches=fetches, **kw).report["nodes"]
+    assert run["kept"]["dtype"] == "float16"
+    assert run["dropped"]["dtype"] == "float32" and "never runs" in run["dropped"]["reason"]
+    every = amp_rewrite.rewrite_graph_def(concrete.graph.as_graph_def(), **kw).report["nodes"]
+    assert every["kept"]["dtype"] == every["dropped"]["dtype"] == "float16"

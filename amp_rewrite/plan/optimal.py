@@ -7,7 +7,9 @@ vertices -- allow-list attributes (they may stay float32 where converting does n
 the infer/clear attributes connected to them that TensorFlow could also have painted -- are
 coloured to minimize the estimated time of the graph (:mod:`amp_rewrite.plan.cost_model`): node
 costs in each precision plus one Cast per (tensor, direction), solved exactly as a minimum
-cut (:mod:`amp_rewrite.plan.mincut`).
+cut (:mod:`amp_rewrite.plan.mincut`).  Only what runs costs time
+(:mod:`amp_rewrite.graph.liveness`): a node that nothing its graph's results, fetches or
+stateful ops need is pruned by TensorFlow, and so is a Cast that only it would read.
 
 Vertices whose colour TensorFlow ties to others (TensorList clusters, loop back edges) are
 decided together, as one unit, where the greedy passes put the whole group in low precision
@@ -36,6 +38,7 @@ from typing import Any, Literal
 import networkx as nx
 
 from ..graph import ir
+from ..graph.liveness import live_nodes
 from .cost_model import DENSE_OPS, DeviceCosts, cast_cost, constant_nodes, costs_for, elements, node_cost
 from . import grappler_folds
 from .normalization import upstream_of_fragile
@@ -287,10 +290,12 @@ def _fixed_colours(p: PaintingState, freedom: _Freedom, greedy: set[int], min_ca
 
 
 def _unary_costs(p: PaintingState, free: list[bool], pricing: _Pricing, shape_aware: bool,
-                 compiled: bool) -> tuple[list[float], list[float], dict[str, tuple[int, ...]], frozenset[str]]:
+                 compiled: bool, live: frozenset[str] | None
+                 ) -> tuple[list[float], list[float], dict[str, tuple[int, ...]], frozenset[str]]:
     """``(cost_high, cost_low, misaligned, consts)``: each node's time goes on its first free
-    vertex, in each precision; the allow-list nodes whose dimensions miss the device's
-    multiple; the constant nodes (:func:`_constant_nodes`).  Reads ``p`` only."""
+    vertex, in each precision, where it runs (``live``, :func:`~amp_rewrite.graph.liveness.live_nodes`;
+    ``None``: every node); the allow-list nodes whose dimensions miss the device's multiple;
+    the constant nodes (:func:`_constant_nodes`).  Reads ``p`` only."""
     tg = p.tg
     n = len(tg)
     cat = p.v_cat
@@ -313,9 +318,10 @@ def _unary_costs(p: PaintingState, free: list[bool], pricing: _Pricing, shape_aw
         ins = [pricing.out_shape(src, port) for src, port in p.inputs[name]]
         outs = list(pricing.shapes.get(name, ()))
         op = p.ops[name]
-        # Nothing runs for a constant (folded when the graph is loaded), an op folded into a
-        # frozen dense op, or a swish's Mul (priced with its Sigmoid).
-        if (name in consts or name in swish_muls
+        # Nothing runs for a node nothing that runs needs (TensorFlow prunes it), a constant
+        # (folded when the graph is loaded), an op folded into a frozen dense op, or a swish's
+        # Mul (priced with its Sigmoid).
+        if ((live is not None and name not in live) or name in consts or name in swish_muls
                 or (op not in DENSE_OPS and grappler_folds.is_folded(p.g, p.ops, p.inputs, name, consts, folded))):
             continue
         weights = p.inputs[name][1][0] if op in DENSE_OPS and len(p.inputs[name]) > 1 else None
@@ -365,19 +371,34 @@ def _tensor_members(p: PaintingState) -> dict[tuple[str, int], list[int]]:
 
 
 def _tensors(p: PaintingState, freedom: _Freedom, pricing: _Pricing, consts: frozenset[str] | None,
-             min_casts: bool, compiled: bool) -> tuple[list[tuple[tuple[int, ...], float]], list[float]]:
+             min_casts: bool, compiled: bool,
+             live: frozenset[str] | None) -> tuple[list[tuple[tuple[int, ...], float]], list[float]]:
     """``(tensors, cast_bytes)``: the cut's hyperedges (members, cost of a Cast), one per float
     tensor with a free member, then one uncuttable edge per free tied group; and per
     hyperedge the bytes a Cast of it moves (read + write; 0 for a group), for the guard.
-    ``consts`` is unused (``None``) under min-casts.  Pure."""
+    Where some consumers do not run (not in ``live``, where given), they get a hyperedge of
+    their own, with the producer, that costs only a token (:func:`_token_cost`): TensorFlow
+    prunes a Cast that only they read, but among equally fast colourings the cut should still
+    prefer the one with fewer Cast nodes.  ``consts`` is unused (``None``) under min-casts.
+    Pure."""
     free = freedom.free
+    node_of = p.tg.node
     tensors = []
     cast_bytes = []
-    for (src, sp), ms in _tensor_members(p).items():
-        if len(ms) < 2 or not any(free[m] for m in ms):
+    for (src, sp), members in _tensor_members(p).items():
+        if len(members) < 2 or not any(free[m] for m in members):
             continue
         c = pricing.costs_of(src)
         nbytes = 6.0 * elements(pricing.out_shape(src, sp))
+        ms, dead = members, []
+        if live is not None:
+            ms = [members[0], *(m for m in members[1:] if node_of[m] in live)]
+            dead = [m for m in members[1:] if node_of[m] not in live]
+        if dead and (free[members[0]] or any(free[m] for m in dead)):
+            tensors.append(((members[0], *dead), _token_cost(c)))
+            cast_bytes.append(0.0)
+        if len(ms) < 2 or not any(free[m] for m in ms):
+            continue
         cast_bytes.append(nbytes)
         if min_casts:
             # Bytes, plus one per Cast so that fewer Casts win a tie.
@@ -385,9 +406,7 @@ def _tensors(p: PaintingState, freedom: _Freedom, pricing: _Pricing, consts: fro
         elif src in consts:  # type: ignore[operator]
             # A Cast of a constant is folded by Grappler when the graph is loaded: it costs
             # nothing per step (weights of frozen graphs; variables are read every step).
-            # It still costs a little, so that among equally fast colourings the cut prefers
-            # the one with fewer Cast nodes.
-            cost = 0.01 * c.op_overhead
+            cost = _token_cost(c)
         else:
             cost = cast_cost(pricing.out_shape(src, sp), 2, c, compiled=compiled)
             if compiled and _cast_is_a_kernel(p, src, ms):
@@ -398,6 +417,13 @@ def _tensors(p: PaintingState, freedom: _Freedom, pricing: _Pricing, consts: fro
             tensors.append((tuple(g), math.inf))
             cast_bytes.append(0.0)
     return tensors, cast_bytes
+
+
+def _token_cost(costs: DeviceCosts) -> float:
+    """The price of a Cast that costs no time per step (of a constant, folded when the graph
+    is loaded; or read only by nodes that never run, pruned with them): a token, so that among
+    equally fast colourings the cut prefers the one with fewer Cast nodes.  Pure."""
+    return 0.01 * costs.op_overhead
 
 
 def _cast_is_a_kernel(p: PaintingState, src: str, members: list[int]) -> bool:
@@ -429,11 +455,12 @@ def _below_margin(problem: PlacementProblem, low: list[bool]) -> bool:
 
 def _apply(p: PaintingState, low: list[bool], greedy: set[int], fixed: list[int], freedom: _Freedom,
            below_margin: bool, costs: tuple[list[float], list[float]], pricing: _Pricing,
-           declined: str | None = None) -> tuple[int, int]:
+           declined: str | None = None, live: frozenset[str] | None = None) -> tuple[int, int]:
     """Make ``low`` the paint of ``p``: the cut decides float vertices; vertices already in
     low precision stay.  Records the reason of every vertex that changed colour or was held
-    float32 (``declined``: the whole plan was declined, and why).  Mutates ``p.allow``
-    (replaced) and ``p.reason``.  Returns ``(to_low, to_high)``."""
+    float32 (``declined``: the whole plan was declined, and why; ``live``: the nodes that run,
+    where known).  Mutates ``p.allow`` (replaced) and ``p.reason``.  Returns ``(to_low,
+    to_high)``."""
     tg = p.tg
     cat = p.v_cat
     held = freedom.held
@@ -461,6 +488,10 @@ def _apply(p: PaintingState, low: list[bool], greedy: set[int], fixed: list[int]
             to_high += 1
             if declined is not None:
                 p.reason[v] = f"{cat[v]} op kept float32: {declined}"
+            elif live is not None and tg.node[v] not in live:
+                p.reason[v] = (
+                    f"{cat[v]} op kept float32: it never runs (nothing the graph's results, fetches or "
+                    "stateful ops need reads it, so TensorFlow prunes it), and converting it would only add Casts")
             elif below_margin:
                 p.reason[v] = (
                     f"{cat[v]} op kept float32: the plan's estimated gain on "
@@ -495,6 +526,8 @@ class _Prepared:
     cast_bytes: Any
     problem: PlacementProblem
     before: list[bool]
+    #: The nodes that run (:func:`~amp_rewrite.graph.liveness.live_nodes`); ``None``: all.
+    live: frozenset[str] | None = None
 
 
 def _prepare(p: PaintingState, clusters: list[list[str]], shape_aware: bool, goal: str,
@@ -506,15 +539,18 @@ def _prepare(p: PaintingState, clusters: list[list[str]], shape_aware: bool, goa
     freedom = _find_freedom(p, clusters, greedy, min_casts)
     fixed = _fixed_colours(p, freedom, greedy, min_casts)
     pricing = _Pricing(p)
+    # Time is spent only on what runs; min-casts counts the Casts of the graph as written.
+    live = None if min_casts else live_nodes(p.g, p.registry, p.g.graph.get("fetches"))
     if min_casts:
         # Only Cast bytes count: no node is priced.
         cost_high, cost_low, misaligned, consts = [0.0] * n, [0.0] * n, {}, None
     else:
-        cost_high, cost_low, misaligned, consts = _unary_costs(p, freedom.free, pricing, shape_aware, compiled)
-    tensors, cast_bytes = _tensors(p, freedom, pricing, consts, min_casts, compiled)
+        cost_high, cost_low, misaligned, consts = _unary_costs(p, freedom.free, pricing, shape_aware, compiled,
+                                                               live)
+    tensors, cast_bytes = _tensors(p, freedom, pricing, consts, min_casts, compiled, live)
     problem = PlacementProblem(fixed, cost_high, cost_low, tensors)
     return _Prepared(goal, frozenset(greedy), freedom, fixed, pricing, (cost_high, cost_low), misaligned,
-                     cast_bytes, problem, [v in greedy for v in range(n)])
+                     cast_bytes, problem, [v in greedy for v in range(n)], live)
 
 
 def _colour(p: PaintingState, prep: _Prepared, declined: str | None,
@@ -545,7 +581,7 @@ def _colour(p: PaintingState, prep: _Prepared, declined: str | None,
         low = [False] * n
     summary_costs = (objective(problem, [False] * n), objective(problem, prep.before), objective(problem, low))
     to_low, to_high = _apply(p, low, greedy, fixed, prep.freedom, below_margin, prep.unary, prep.pricing,
-                             declined)
+                             declined, prep.live)
     freedom = prep.freedom
     summary = PlacementSummary(
         summary_costs[0] / 1e3, summary_costs[1] / 1e3, summary_costs[2] / 1e3,

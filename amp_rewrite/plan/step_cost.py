@@ -17,6 +17,10 @@ precision (Keras's ``mixed_float16``) alike, with the same per-node rules
   the planner knows it (:mod:`~amp_rewrite.plan.grappler_folds`: an inference batch norm's
   affine ops folded into a frozen convolution, and, on a CPU, a swish's Muls, its Sigmoid
   priced as the fused kernel); a dense op with constant weights pays no weight re-layout;
+* only what runs counts (:mod:`amp_rewrite.graph.liveness`): TensorFlow prunes what neither a
+  function's results nor its stateful ops need, such as the gradients of constants a traced
+  training step computes and discards, and the main graph's nodes its fetches do not need
+  where the caller named them (``g.graph["fetches"]``);
 * a function's body counts once per call, and a loop's (``While``) once per iteration: as
   many as the rows of the tensor its ``TensorList`` was made from (an RNN's sequence), else
   :data:`~amp_rewrite.plan.cost_model.UNKNOWN_DIM` (:func:`call_counts`);
@@ -32,7 +36,10 @@ precision (Keras's ``mixed_float16``) alike, with the same per-node rules
   an element-wise op of its own stage stays in registers and costs only the arithmetic
   beyond its memory-bound time; any other (read by a dense op, in a later stage -- an
   activation saved for the backward pass --, or a result of the step) is written once and
-  read back once per later stage, and ends one kernel.
+  read back once per later stage, and ends one kernel.  Readers are those that run; an op
+  that only forwards a tensor (``Identity``, ``IdentityN``, ``Reshape``...) stands for the
+  readers of what it forwards, and one that reads only a shape reads nothing
+  (:func:`_forwarded_readers`).
 
 This is deliberately coarser than XLA's fusion passes (multi-output and sibling fusions merge
 kernels it counts apart); the whole-step ratios it gives were checked against an H200's
@@ -50,6 +57,7 @@ import networkx as nx
 
 from ..graph import dtypes as dt
 from ..graph.ir import data_inputs, ordered_nodes
+from ..graph.liveness import live_nodes
 from ..graph.tensor_names import CONTROL
 from ..graph.op_registry import OpRegistry
 from ..graph.shapes import Shape
@@ -255,17 +263,60 @@ def _stages(g: nx.MultiDiGraph, order: list[str]) -> dict[str, int]:
     return stage
 
 
+def _forwarded_readers(g: nx.MultiDiGraph, name: str, live: frozenset[str] | None,
+                       results: frozenset[str]) -> tuple[list[str], bool]:
+    """``(readers, is a result)`` of ``name``'s outputs as XLA sees them: the nodes that run
+    (``live``; ``None``: all) and read one of them as data, where an op that only forwards a
+    tensor (:data:`~amp_rewrite.plan.cost_model.ALIAS_OPS`: compiled to nothing, or a bitcast)
+    stands for the readers of what it forwards, and an op that reads only a shape
+    (:data:`~amp_rewrite.plan.cost_model.METADATA_OPS`: static under XLA) reads nothing.  Such
+    an op with no reader that runs is a result of the step where ``results`` (the fetches)
+    names it, or where ``live`` is ``None`` (nothing read it: it may be fetched); so is
+    ``name`` itself where ``results`` names it.  Pure."""
+    readers: dict[str, None] = {}
+    result = name in results
+    seen: set[tuple[str, int]] = set()
+    todo: list[tuple[str, int | None]] = [(name, None)]
+    while todo:
+        x, port = todo.pop()
+        forwarded = False
+        for v, keyed in g._succ[x].items():  # noqa: SLF001  (the IR's adjacency)
+            if live is not None and v not in live:
+                continue
+            op = g.nodes[v]["op"]
+            for d in keyed.values():
+                q = d["dst_port"]
+                if q == CONTROL or (port is not None and d["src_port"] != port):
+                    continue
+                forwarded = True
+                if op in METADATA_OPS:
+                    continue
+                if op in ALIAS_OPS and (op == "IdentityN" or q == 0):
+                    # IdentityN forwards input i to output i; the others their input 0.
+                    if (v, q) not in seen:
+                        seen.add((v, q))
+                        todo.append((v, q if op == "IdentityN" else 0))
+                else:
+                    readers[v] = None
+        if x != name and not forwarded and (live is None or x in results):
+            result = True
+    return list(readers), result
+
+
 def _memory_reads(g: nx.MultiDiGraph, name: str, stage: Mapping[str, int], signatures: Mapping[str, object],
-                  folded: frozenset[str]) -> int | None:
+                  folded: frozenset[str], live: frozenset[str] | None, results: frozenset[str]) -> int | None:
     """Under XLA: ``None`` when the output of the element-wise node ``name`` stays in registers
     (every reader is an element-wise op of its own stage, fused with it); else how many kernels
     of element-wise readers read it back from memory (one per later stage; dense readers
-    price their own reads).  Pure."""
+    price their own reads).  Readers as :func:`_forwarded_readers` finds them (``live``,
+    ``results`` as there).  Pure."""
     # A reduction's result is a kernel's output: always in memory.
     boundary = g.nodes[name]["op"] in KERNEL_BOUNDARY_OPS
-    readers = [v for v, keyed in g._succ[name].items() if any(d["dst_port"] != CONTROL for d in keyed.values())]
+    readers, result = _forwarded_readers(g, name, live, results)
     later: set[int] = set()
-    in_memory = boundary or not readers  # no reader: a result of the step
+    # No reader that runs: a result of the step (a node that runs but nothing reads is a
+    # result or a stateful op's input).
+    in_memory = boundary or result or not readers
     for v in readers:
         op = g.nodes[v]["op"]
         if op in DENSE_OPS or not _priced(op, v, signatures, folded):
@@ -276,7 +327,8 @@ def _memory_reads(g: nx.MultiDiGraph, name: str, stage: Mapping[str, int], signa
 
 
 def _fused_ns(g: nx.MultiDiGraph, name: str, op: str, outs: list[Shape], out_bytes: int, costs: DeviceCosts,
-              stage: Mapping[str, int], signatures: Mapping[str, object], folded: frozenset[str]) -> tuple[float, bool]:
+              stage: Mapping[str, int], signatures: Mapping[str, object], folded: frozenset[str],
+              live: frozenset[str] | None, results: frozenset[str]) -> tuple[float, bool]:
     """Under XLA, ``(time, ends a kernel)`` of the element-wise node ``name`` (a Cast included),
     priced as ``op``:
     the arithmetic beyond its memory-bound time, and, where its output must be in memory
@@ -284,7 +336,7 @@ def _fused_ns(g: nx.MultiDiGraph, name: str, op: str, outs: list[Shape], out_byt
     n = sum(elements(s) for s in outs)
     compute, _ = costs.elementwise.get(op, (1.0, costs.low_elementwise))
     t = (compute - 1.0) * n * 4 / costs.bandwidth
-    reads = _memory_reads(g, name, stage, signatures, folded)
+    reads = _memory_reads(g, name, stage, signatures, folded, live, results)
     if reads is None:
         return t, False
     return t + n * out_bytes * (1 + reads) / costs.bandwidth, True
@@ -296,19 +348,26 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
     node's device string to its class; ``registry`` says which ops are stateful (never folded).
     Needs ``g.graph["shapes"]`` (unknown shapes count as the cost model's defaults); function
     calls are priced as free here -- their bodies are separate graphs (:func:`estimate_graphs`).
-    ``per_node``, when given, receives every priced node's :class:`NodeTime` (to set against
-    measured per-node times: ``bench/calibrate_gpu_in_place.py``); the only thing mutated."""
+    Only nodes that run are priced (:func:`~amp_rewrite.graph.liveness.live_nodes`: in a
+    function what its results, control outputs and stateful ops need; in a main graph whose
+    ``g.graph["fetches"]`` names its fetches, what they and its stateful ops need; else every
+    node).  ``per_node``, when given, receives every priced node's :class:`NodeTime` (to set
+    against measured per-node times: ``bench/calibrate_gpu_in_place.py``); the only thing
+    mutated."""
     order = ordered_nodes(g)
     shapes = _with_inserted_casts(g, order, g.graph.get("shapes") or {})
     signatures = g.graph.get("signatures") or {}
     consts, folded, swishes = _folded(g, order, registry, costs_of, compiled)
     stage = _stages(g, order) if compiled else {}
+    fetches = g.graph.get("fetches")
+    live = live_nodes(g, registry, fetches)
+    results = frozenset(fetches or ())
     ns = {"dense": 0.0, "elementwise": 0.0, "cast": 0.0, "overhead": 0.0, "host": 0.0}
     kernels = low_nodes = casts = 0
     for name in order:
         node = g.nodes[name]
         op = node["op"]
-        if not _priced(op, name, signatures, folded):
+        if (live is not None and name not in live) or not _priced(op, name, signatures, folded):
             continue
         types = node.get("dtypes") or {}
         is_cast = op == "Cast" and _is_low_cast(types)
@@ -340,7 +399,7 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
         else:
             low_out = types.get("DstT") != dt.FLOAT if kind == "cast" else precision == "low"
             t, launches = _fused_ns(g, name, priced_op, outs, 2 if low_out else 4, costs, stage, signatures,
-                                    folded)
+                                    folded, live, results)
         ns[kind] += t
         if launches:
             ns["overhead"] += costs.kernel_overhead
@@ -412,17 +471,24 @@ def loop_trips(g: nx.MultiDiGraph, name: str) -> int:
     return trips or UNKNOWN_DIM
 
 
-def call_counts(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph]) -> dict[str, int]:
+def call_counts(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph],
+                registry: OpRegistry | None = None) -> dict[str, int]:
     """How many times each function of ``functions`` runs per run of ``main``: once per call,
     :func:`loop_trips` times per call from a loop (its body and condition), multiplied down
     nested calls; both branches of a conditional count (an upper bound).  A function nothing
     reachable from ``main`` calls runs 0 times (a library function nothing calls calls nothing
-    either).  Assumes the call graph has no cycle (checked on import).  Pure."""
+    either).  With ``registry``, a call that does not run
+    (:func:`~amp_rewrite.graph.liveness.live_nodes`, as :func:`estimate_graph` prices) calls
+    nothing; without it, every call counts.  Assumes the call graph has no cycle (checked on
+    import).  Pure."""
     calls: dict[str, list[tuple[str, int]]] = {}  # caller ("" = main) -> [(callee, times)]
     for key, g in [("", main), *sorted(functions.items())]:
         signatures = g.graph.get("signatures") or {}
         out = calls.setdefault(key, [])
+        live = live_nodes(g, registry, g.graph.get("fetches")) if registry is not None else None
         for n in ordered_nodes(g):
+            if live is not None and n not in live:
+                continue
             node = g.nodes[n]
             called = set(node.get("funcs") or ())
             if node["op"] in signatures:
@@ -465,7 +531,7 @@ def estimate_parts(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGrap
     functions missing from ``functions`` (those are left out).  ``per_node``, when given,
     receives per graph its nodes' :class:`NodeTime`, per run of ``main`` (a loop body's times
     its iterations); the only thing mutated."""
-    counts = call_counts(main, functions) if counts is None else counts
+    counts = call_counts(main, functions, registry) if counts is None else counts
     nodes: dict[str, NodeTime] | None = {} if per_node is not None else None
     parts = {"": estimate_graph(main, costs_of, registry, compiled=compiled, per_node=nodes)}
     if per_node is not None and nodes is not None:
