@@ -657,6 +657,7 @@ def test_an_optimal_step_that_loss_scaling_makes_slower_runs_the_float32_step(ca
     # What the planner alone does with the loss-scaled trace: it converts.
     ((traced, _),) = step._calls.values()  # noqa: SLF001
     alone = amp_rewrite.rewrite_graph_def(traced.graph.as_graph_def(), use_env=False, price_step=True,
+                                          fetches=sorted({t.op.name for t in traced.graph.outputs}),
                                           variable_shapes=captured_variable_shapes(traced.graph), **gpu)
     assert alone.report["converted_nodes"] > 0
     # The mixed step the WARNING prices is that rewrite's whole step, as rewritten.

@@ -194,8 +194,11 @@ def _whole_step_estimates(result: Any, mixed_graph: Any, float32_graph: Any,
 
     def priced(graph_def: Any, graph: Any) -> float:
         shapes = {**captured_variable_shapes(graph), **given}
+        # What the step runs: what its outputs and stateful ops need (as the rewrite prices it).
+        outputs = sorted({t.op.name for t in graph.outputs})
         return estimate_step_time(graph_def, target=target, precision=precision, compiled=False,
-                                  variable_shapes=shapes, registry=options.get("registry")).total_ns
+                                  variable_shapes=shapes, registry=options.get("registry"),
+                                  fetches=outputs).total_ns
 
     mixed = (result.step_estimates.rewritten.total_ns if result.step_estimates is not None
              else priced(result.graph_def, mixed_graph))
