@@ -491,7 +491,7 @@ def _apply(p: PaintingState, low: list[bool], greedy: set[int], fixed: list[int]
             elif live is not None and tg.node[v] not in live:
                 p.reason[v] = (
                     f"{cat[v]} op kept float32: it never runs (nothing the graph's results, fetches or "
-                    "stateful ops need reads it, so TensorFlow prunes it), and converting it would only add Casts")
+                    "stateful ops need reads it, so TensorFlow prunes it): converting it gains no time")
             elif below_margin:
                 p.reason[v] = (
                     f"{cat[v]} op kept float32: the plan's estimated gain on "
