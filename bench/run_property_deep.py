@@ -166,8 +166,8 @@ def _report(profile: str, log_path: str, junit: str, wall: float, code: int | No
         f"finished {finished:%Y-%m-%d %H:%M} UTC.",
         "",
         f"* command: `{command}`",
-        f"* machine: {platform.machine()}, {os.cpu_count()} CPU cores, no GPU (shared with other "
-        f"jobs during the run); Python {platform.python_version()}, TensorFlow {tf.__version__}, "
+        f"* machine: {platform.machine()}, {os.cpu_count()} CPU cores, no GPU; "
+        f"Python {platform.python_version()}, TensorFlow {tf.__version__}, "
         f"Hypothesis {hypothesis.__version__}",
         f"* wall time: {wall / 60:.1f} minutes; pytest: `{summary.strip('= ')}`"
         + (f" (exit status {code})" if code is not None else ""),
