@@ -56,9 +56,8 @@ from typing import Callable, Mapping
 import networkx as nx
 
 from ..graph import dtypes as dt
-from ..graph.ir import data_inputs, ordered_nodes
+from ..graph.ir import consumers_by_port, data_inputs, ordered_nodes
 from ..graph.liveness import live_nodes
-from ..graph.tensor_names import CONTROL
 from ..graph.op_registry import OpRegistry
 from ..graph.shapes import Shape
 from . import grappler_folds
@@ -279,25 +278,23 @@ def _forwarded_readers(g: nx.MultiDiGraph, name: str, live: frozenset[str] | Non
     todo: list[tuple[str, int | None]] = [(name, None)]
     while todo:
         x, port = todo.pop()
+        by_port = consumers_by_port(g, x)
+        edges = [e for es in by_port.values() for e in es] if port is None else by_port.get(port, [])
         forwarded = False
-        for v, keyed in g._succ[x].items():  # noqa: SLF001  (the IR's adjacency)
+        for v, q, _ in edges:
             if live is not None and v not in live:
                 continue
+            forwarded = True
             op = g.nodes[v]["op"]
-            for d in keyed.values():
-                q = d["dst_port"]
-                if q == CONTROL or (port is not None and d["src_port"] != port):
-                    continue
-                forwarded = True
-                if op in METADATA_OPS:
-                    continue
-                if op in ALIAS_OPS and (op == "IdentityN" or q == 0):
-                    # IdentityN forwards input i to output i; the others their input 0.
-                    if (v, q) not in seen:
-                        seen.add((v, q))
-                        todo.append((v, q if op == "IdentityN" else 0))
-                else:
-                    readers[v] = None
+            if op in METADATA_OPS:
+                continue
+            if op in ALIAS_OPS and (op == "IdentityN" or q == 0):
+                # IdentityN forwards input i to output i; the others their input 0.
+                if (v, q) not in seen:
+                    seen.add((v, q))
+                    todo.append((v, q if op == "IdentityN" else 0))
+            else:
+                readers[v] = None
         if x != name and not forwarded and (live is None or x in results):
             result = True
     return list(readers), result
