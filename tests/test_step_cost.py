@@ -669,7 +669,9 @@ def test_under_xla_an_op_that_only_forwards_a_tensor_stands_for_its_readers():
     def block(forward: str) -> tf.compat.v1.GraphDef:
         def build() -> None:
             x = v1.placeholder(tf.float32, [N, N], name="x")
-            r = tf.nn.relu(x, name="r")
+            # After a MatMul: a ReLU of the input alone would be recomputed by a later reader.
+            h = tf.matmul(x, tf.constant(np.full((N, N), 0.02, np.float32)), name="h")
+            r = tf.nn.relu(h, name="r")
             m = tf.multiply(r, 2.0, name="m")
             y = tf.matmul(m, tf.constant(np.full((N, N), 0.01, np.float32)), name="y")
             if forward != "none":
@@ -691,6 +693,41 @@ def test_under_xla_an_op_that_only_forwards_a_tensor_stands_for_its_readers():
     assert elementwise("unread") == pytest.approx(alone + tensor, rel=1e-3)  # idn:1 may be fetched
     # The ReLU written and read back after the MatMul, and the Add written as a result.
     assert elementwise("read later", fetches=["out", "later"]) == pytest.approx(alone + 3 * tensor, rel=1e-3)
+
+
+def test_under_xla_an_op_of_inputs_alone_is_recomputed_by_a_later_reader():
+    """An element-wise op with no dense op or reduction upstream (an optimizer's
+    ``momentum * m``, a weight's Cast) is fused by XLA into a reader after a MatMul, which reads
+    its input instead of its output: no kernel and no write of its own, one read.  The same op
+    after a MatMul must be written for the later reader and read back; so must an expensive one
+    (a ``Tanh``), which XLA's GPU fusion does not repeat in its readers."""
+
+    def block(kind: str) -> tf.compat.v1.GraphDef:
+        def build() -> None:
+            x = v1.placeholder(tf.float32, [N, N], name="x")
+            w = tf.constant(np.full((N, N), 0.01, np.float32))
+            source = tf.matmul(x, w, name="first") if kind == "after a MatMul" else x
+            s = tf.math.tanh(source, name="s") if kind == "expensive" else tf.multiply(source, 0.9, name="s")
+            y = tf.matmul(source, w, name="y")
+            tf.identity(tf.add(s, y, name="add"), name="out")
+
+        return graph_def(build)
+
+    def estimate(kind: str):
+        return amp_rewrite.estimate_step_time(block(kind), target=TARGET, compiled=True, fetches=["out"])
+
+    tensor = N * N * 4 / DEVICE_COSTS["gpu-hopper"].bandwidth
+    recomputed = estimate("cheap")
+    # The Add written as the result, and ``s``'s input read by the Add's kernel.
+    assert recomputed.elementwise_ns == pytest.approx(2 * tensor, rel=1e-3)
+    assert recomputed.kernels == 2  # the MatMul and the Add's fusion
+    # ``s`` written and read back, the Add written.
+    written = estimate("after a MatMul")
+    assert written.elementwise_ns == pytest.approx(3 * tensor, rel=1e-3)
+    assert written.kernels == 4  # two MatMuls, ``s``'s fusion and the Add's
+    expensive = estimate("expensive")
+    assert expensive.kernels == 3  # the MatMul, ``s``'s fusion and the Add's
+    assert expensive.elementwise_ns > 3 * tensor * 0.999  # written and read back, and its arithmetic
 
 
 def test_the_optimal_planner_gives_what_never_runs_no_time():

@@ -245,6 +245,27 @@ KERNEL_BOUNDARY_OPS = frozenset({
 })
 
 
+#: Element-wise ops XLA's GPU fusion counts as expensive (``IsExpensive``): it does not fuse such
+#: a producer into a reader that would repeat it per element, so one computed from inputs alone
+#: is not recomputed by its readers (:func:`_memory_reads`).  A division, square root, inverse
+#: square root or exponential of float32 or float16 is cheap on a GPU; of bfloat16 it is not
+#: (:data:`_CHEAP_UNLESS_BFLOAT16`).
+XLA_EXPENSIVE_OPS = frozenset({
+    "Log", "Log1p", "Tanh", "Sigmoid", "Pow", "Erf", "Erfc", "Sin", "Cos", "Tan", "Atan", "Atan2",
+    "Asin", "Acos", "Sinh", "Cosh", "Expm1", "Lgamma", "Digamma", "FloorMod", "Mod", "TruncateMod",
+})
+_CHEAP_UNLESS_BFLOAT16 = frozenset({"Exp", "Sqrt", "Rsqrt", "RealDiv", "Div", "DivNoNan"})
+
+
+def _expensive_for_xla(g: nx.MultiDiGraph, name: str) -> bool:
+    """Whether XLA's GPU fusion counts node ``name`` expensive (:data:`XLA_EXPENSIVE_OPS`).  Pure."""
+    op = g.nodes[name]["op"]
+    if op in XLA_EXPENSIVE_OPS:
+        return True
+    return op in _CHEAP_UNLESS_BFLOAT16 and any(dt.BFLOAT16 in _types(v)
+                                               for v in (g.nodes[name].get("dtypes") or {}).values())
+
+
 def _stages(g: nx.MultiDiGraph, order: list[str]) -> dict[str, int]:
     """Under XLA, which kernel "stage" each node falls in: the most dense ops and kernel
     boundaries (:data:`KERNEL_BOUNDARY_OPS`) on a path to it.  Element-wise ops of one stage can
@@ -301,12 +322,19 @@ def _forwarded_readers(g: nx.MultiDiGraph, name: str, live: frozenset[str] | Non
 
 
 def _memory_reads(g: nx.MultiDiGraph, name: str, stage: Mapping[str, int], signatures: Mapping[str, object],
-                  folded: frozenset[str], live: frozenset[str] | None, results: frozenset[str]) -> int | None:
-    """Under XLA: ``None`` when the output of the element-wise node ``name`` stays in registers
-    (every reader is an element-wise op of its own stage, fused with it); else how many kernels
-    of element-wise readers read it back from memory (one per later stage; dense readers
-    price their own reads).  Readers as :func:`_forwarded_readers` finds them (``live``,
-    ``results`` as there).  Pure."""
+                  folded: frozenset[str], live: frozenset[str] | None,
+                  results: frozenset[str]) -> tuple[bool, int]:
+    """Under XLA, how the output of the element-wise node ``name`` meets its readers:
+    ``(written, reads)``, whether it is written to memory (ending a kernel) and how many
+    kernels of element-wise readers read it (or, recomputing it, its inputs) from memory: one
+    per later stage.  Dense readers price their own reads.  A reader of its own stage fuses
+    with it (no write, no read).  So does one of a later stage where ``name`` is of stage 0 (no
+    dense op or reduction upstream: it computes from variables, constants and the step's inputs
+    alone, such as an optimizer's ``momentum * m`` or a weight's Cast): XLA fuses such a cheap
+    producer into each reader's kernel, which reads its inputs instead of its output; nothing
+    waits on it, so it is not written for them.  Not an expensive one
+    (:func:`_expensive_for_xla`), which XLA keeps apart rather than repeat.  Readers as
+    :func:`_forwarded_readers` finds them (``live``, ``results`` as there).  Pure."""
     # A reduction's result is a kernel's output: always in memory.
     boundary = g.nodes[name]["op"] in KERNEL_BOUNDARY_OPS
     readers, result = _forwarded_readers(g, name, live, results)
@@ -320,23 +348,22 @@ def _memory_reads(g: nx.MultiDiGraph, name: str, stage: Mapping[str, int], signa
             in_memory = True
         elif boundary or stage[v] != stage[name]:
             later.add(stage[v])
-    return len(later) if in_memory or later else None
+    recomputed = not boundary and stage[name] == 0 and not _expensive_for_xla(g, name)
+    return in_memory or (bool(later) and not recomputed), len(later)
 
 
 def _fused_ns(g: nx.MultiDiGraph, name: str, op: str, outs: list[Shape], out_bytes: int, costs: DeviceCosts,
               stage: Mapping[str, int], signatures: Mapping[str, object], folded: frozenset[str],
               live: frozenset[str] | None, results: frozenset[str]) -> tuple[float, bool]:
     """Under XLA, ``(time, ends a kernel)`` of the element-wise node ``name`` (a Cast included),
-    priced as ``op``:
-    the arithmetic beyond its memory-bound time, and, where its output must be in memory
-    (:func:`_memory_reads`), writing it once and reading it back once per later stage.  Pure."""
+    priced as ``op``: the arithmetic beyond its memory-bound time, and (:func:`_memory_reads`)
+    writing its output where it must be in memory, and reading it back (or its inputs, where
+    a later reader recomputes it) once per later stage.  Pure."""
     n = sum(elements(s) for s in outs)
     compute, _ = costs.elementwise.get(op, (1.0, costs.low_elementwise))
     t = (compute - 1.0) * n * 4 / costs.bandwidth
-    reads = _memory_reads(g, name, stage, signatures, folded, live, results)
-    if reads is None:
-        return t, False
-    return t + n * out_bytes * (1 + reads) / costs.bandwidth, True
+    written, reads = _memory_reads(g, name, stage, signatures, folded, live, results)
+    return t + n * out_bytes * (written + reads) / costs.bandwidth, written
 
 
 def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], registry: OpRegistry, *,
