@@ -48,6 +48,7 @@ _TRAINING = (
     "rewrite_graph_with_result",
     "rewrite_training_meta_graph",
     "DynamicLossScale",
+    "AutoLossScale",
     "FixedLossScale",
 )
 

@@ -255,10 +255,12 @@ def test_nested_rewrite_traces_each_keep_their_options() -> None:
     from amp_rewrite.training._common import note_rewrite_options, rewrite_trace
 
     with rewrite_trace() as outer:
-        with rewrite_trace() as inner:  # an equal (empty) list: removal must be by identity
+        with rewrite_trace() as inner:  # an equal (empty) record: removal must be by identity
             pass
-        note_rewrite_options({"target": "cpu"})
-    assert inner == [] and outer == [{"target": "cpu"}]
+        note_rewrite_options({"target": "cpu"}, scaled=False)
+        note_rewrite_options({"target": "cpu"}, scaled=True)
+    assert inner.options == [] and not inner.scaled
+    assert outer.options == [{"target": "cpu"}] and outer.scaled
 
 
 def test_v1_wrapper_checkpoints_its_slots_once_and_its_loss_scale() -> None:
@@ -294,8 +296,9 @@ def test_v1_wrapper_train_op_collection_under_v1_control_flow(monkeypatch: pytes
         var = tf.Variable([1.0, 2.0])
         earlier = tf.no_op(name="earlier")
         tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.TRAIN_OP, earlier)
+        # "dynamic": the default ("auto") does not scale in bfloat16, the CPU's precision.
         opt = amp_rewrite.enable_mixed_precision_graph_rewrite(
-            tf.compat.v1.train.MomentumOptimizer(0.1, 0.9), target="cpu")
+            tf.compat.v1.train.MomentumOptimizer(0.1, 0.9), loss_scale="dynamic", target="cpu")
         train = opt.minimize(tf.reduce_sum(var * var))
         assert any(op.type == "Switch" for op in graph.get_operations())  # v1 cond indeed
         assert graph.get_collection(tf.compat.v1.GraphKeys.TRAIN_OP) == [earlier, train]

@@ -36,6 +36,7 @@ __all__ = [
     "rewrite_keras_train_step",
     "LossScale",
     "DynamicLossScale",
+    "AutoLossScale",
     "FixedLossScale",
     "LossScaleOptimizerV1",
 ]
@@ -55,6 +56,7 @@ _WHERE = {
     "rewrite_keras_train_step": "keras_optimizer",
     "LossScale": "loss_scale",
     "DynamicLossScale": "loss_scale",
+    "AutoLossScale": "loss_scale",
     "FixedLossScale": "loss_scale",
 }
 

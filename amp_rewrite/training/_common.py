@@ -21,7 +21,10 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_TARGET",
     "LossScaleSettings",
+    "TracedOptimizers",
     "check_rewrite_options",
+    "rewrite_precision",
+    "multi_worker",
     "rewrite_trace",
     "in_rewrite_trace",
     "unscaled",
@@ -47,7 +50,8 @@ DEFAULT_TARGET = "auto"
 _RESERVED = {"graph_def", "declined", "price_step"}
 
 class LossScaleSettings:
-    """The read-only settings both loss-scaled optimizers (Keras 3 and TF1) expose.
+    """The read-only settings both loss-scaled optimizers (Keras 3 and TF1) expose, and whether
+    they scale the loss of the step being traced.
 
     The class using it sets ``_amp_loss_scale`` and ``_amp_rewrite_options`` in ``__init__``
     (attribute names the wrapped optimizers do not use, so forwarding never shadows them).
@@ -66,12 +70,101 @@ class LossScaleSettings:
         """The options the train step is rewritten with (a copy)."""
         return dict(self._amp_rewrite_options)
 
+    @property
+    def scales_loss(self) -> bool:
+        """Whether this optimizer scales the loss of the steps it trains: ``False`` for the
+        default ``loss_scale="auto"`` where the rewrite runs bfloat16
+        (:func:`amp_rewrite.training.loss_scale.applies`), which does not need it; else ``True``.
+        Under a multi-worker strategy with a machine-dependent precision (``target`` and
+        ``precision`` left ``"auto"``) it stays ``True``: workers on different machines could
+        choose differently, and every worker must run the same collectives (the overflow
+        flags are reduced across them).  Reads TensorFlow's device list once, at first use."""
+        from .loss_scale import AutoLossScale, applies
+
+        if not isinstance(self._amp_loss_scale, AutoLossScale):
+            return True
+        # In __dict__ directly: Keras's attribute tracking has no business with it.
+        precision = self.__dict__.get("_amp_precision")
+        if precision is None:
+            precision = self.__dict__["_amp_precision"] = rewrite_precision(self._amp_rewrite_options)
+        if applies(self._amp_loss_scale, precision):
+            return True
+        return _precision_per_machine(self._amp_rewrite_options) and _multi_worker_strategy()
+
+    def _loss_scaling_off(self) -> bool:
+        """Whether the step being traced leaves the loss unscaled: it is traced again without
+        loss scaling (:func:`unscaled`), or this optimizer does not scale (:attr:`scales_loss`,
+        decided in the trace: a strategy's scope is part of it).  Remembers the latter for
+        :meth:`_scaled_its_steps`."""
+        if in_unscaled_trace():
+            return True
+        scales = self.__dict__["_amp_scaled_steps"] = self.scales_loss
+        return not scales
+
+    def _scaled_its_steps(self) -> bool:
+        """Whether the steps traced so far scale the loss (:attr:`scales_loss` before any):
+        what ``current_loss_scale`` reports, read outside the strategy scope a trace had."""
+        scaled = self.__dict__.get("_amp_scaled_steps")
+        return self.scales_loss if scaled is None else scaled
+
+
+def rewrite_precision(options: Mapping[str, Any]) -> str:
+    """The low-precision type :func:`amp_rewrite.rewrite_graph_def` uses with the rewrite
+    ``options`` (``precision`` as given, or, left ``"auto"``, the one its ``target`` calls for).
+    Reads TensorFlow's device list where the target is ``"auto"``."""
+    from ..api import resolve_target
+    from ..plan.targets import resolve_precision
+
+    target = resolve_target(options.get("target", DEFAULT_TARGET))
+    return resolve_precision(options.get("precision", "auto"), target)[0]
+
+
+def _precision_per_machine(options: Mapping[str, Any]) -> bool:
+    """Whether ``options`` leave the precision to the machine: ``target`` and ``precision``
+    both ``"auto"``.  Pure."""
+    def is_auto(value: Any) -> bool:
+        return isinstance(value, str) and value.strip().lower() == "auto"
+
+    return is_auto(options.get("target", DEFAULT_TARGET)) and is_auto(options.get("precision", "auto"))
+
+
+def _multi_worker_strategy() -> bool:
+    """Whether the current ``tf.distribute`` strategy spans workers (:func:`multi_worker`)."""
+    import tensorflow as tf
+
+    return tf.distribute.has_strategy() and multi_worker(tf.distribute.get_strategy())
+
+
+def multi_worker(strategy: Any) -> bool:
+    """Whether ``strategy`` is a ``MultiWorkerMirroredStrategy`` in multi-worker mode (one
+    worker alone reduces nothing across machines).  Reads the strategy."""
+    import tensorflow as tf
+
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return False
+    in_multi_worker_mode = getattr(strategy.extended, "_in_multi_worker_mode", None)
+    return bool(in_multi_worker_mode()) if callable(in_multi_worker_mode) else True
+
+
+class TracedOptimizers:
+    """What the loss-scaled optimizers traced into one :func:`rewrite_trace` noted
+    (:func:`note_rewrite_options`): their rewrite options, each once, and whether any of them
+    scaled the loss."""
+
+    def __init__(self) -> None:
+        self.options: list[dict[str, Any]] = []
+        self.scaled = False
+
+    def __bool__(self) -> bool:
+        return bool(self.options)
+
 
 _trace_lock = threading.Lock()
 _trace_depth = 0
-# One list per active rewrite_trace(): the rewrite options of the loss-scaled optimizers that
-# were traced into it, so a step decorated without options uses its optimizer's.
-_collectors: list[list[dict[str, Any]]] = []
+# One record per active rewrite_trace(): the rewrite options of the loss-scaled optimizers that
+# were traced into it (so a step decorated without options uses its optimizer's), and whether
+# one of them scaled the loss.
+_collectors: list[TracedOptimizers] = []
 # owner -> keys already warned about; weak, so a new object reusing an id is warned again.
 _warned: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
 # Callbacks told of every training rewrite (the launcher prints one line per function).
@@ -109,11 +202,11 @@ def check_rewrite_options(options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def rewrite_trace() -> Iterator[list[dict[str, Any]]]:
+def rewrite_trace() -> Iterator[TracedOptimizers]:
     """Mark that amp_rewrite is tracing a function whose graph it will rewrite.
 
-    Yields a list that collects the rewrite options noted (:func:`note_rewrite_options`) by
-    the loss-scaled optimizers traced meanwhile.
+    Yields a :class:`TracedOptimizers` that collects what the loss-scaled optimizers traced
+    meanwhile note (:func:`note_rewrite_options`).
 
     Process-wide rather than thread-local on purpose: MirroredStrategy traces each replica in a
     thread of its own, and those replicas belong to the same rewritten trace.  The flag only
@@ -121,7 +214,7 @@ def rewrite_trace() -> Iterator[list[dict[str, Any]]]:
     in unrelated threads is harmless.
     """
     global _trace_depth
-    seen: list[dict[str, Any]] = []
+    seen = TracedOptimizers()
     with _trace_lock:
         _trace_depth += 1
         _collectors.append(seen)
@@ -130,20 +223,21 @@ def rewrite_trace() -> Iterator[list[dict[str, Any]]]:
     finally:
         with _trace_lock:
             _trace_depth -= 1
-            # By identity: list.remove compares by equality, and a nested or concurrent trace
-            # that saw the same options (or none) holds an equal list.
+            # By identity: a nested or concurrent trace has a record of its own.
             for i, other in enumerate(_collectors):
                 if other is seen:
                     del _collectors[i]
                     break
 
 
-def note_rewrite_options(options: Mapping[str, Any]) -> None:
-    """Record, for every active :func:`rewrite_trace`, the options of an optimizer traced in it."""
+def note_rewrite_options(options: Mapping[str, Any], *, scaled: bool) -> None:
+    """Record, for every active :func:`rewrite_trace`, the options of an optimizer traced in it,
+    and whether it ``scaled`` the loss there."""
     with _trace_lock:
         for seen in _collectors:
-            if dict(options) not in seen:
-                seen.append(dict(options))
+            if dict(options) not in seen.options:
+                seen.options.append(dict(options))
+            seen.scaled = seen.scaled or scaled
 
 
 def in_rewrite_trace() -> bool:
@@ -251,13 +345,14 @@ def add_rewrite_listener(listener: Callable[[str, Mapping[str, Any]], None]) -> 
 
 
 def report_rewrite(owner: object, label: str, report: Mapping[str, Any], seconds: float, *,
-                   unscaled: bool = False) -> str:
+                   unscaled: bool = False, scale_not_needed: bool = False) -> str:
     """Log the outcome of rewriting one training function; returns the summary line.
 
     ``label`` names the function ("Keras train step of model 'm'"), ``report`` is its
     :func:`~amp_rewrite.rewrite_graph_def` report and ``seconds`` how long the rewrite took;
     ``unscaled``: the step, which converted nothing, runs without loss scaling
-    (:func:`unscaled`).
+    (:func:`unscaled`); ``scale_not_needed``: its optimizer left the loss unscaled because the
+    rewrite runs bfloat16 (:attr:`LossScaleSettings.scales_loss`).
     A function that converted something gets one INFO line; one that converted nothing (or was
     skipped) gets one WARNING with the report's reason, because a training run that silently
     stays float32 is the failure users of TensorFlow's rewrite could not see.  Each kind is
@@ -274,6 +369,7 @@ def report_rewrite(owner: object, label: str, report: Mapping[str, Any], seconds
             f"{report['total_nodes']} ops to {precision}, {report['casts_to_low']} cast(s) to "
             f"{precision} and {report['casts_to_high']} to float32 (target {report.get('target')}; "
             f"rewritten in {seconds:.2f} s)"
+            f"{'; no loss scaling: bfloat16 has the range of float32' if scale_not_needed else ''}"
         )
         key, level = "rewrite-info", logging.INFO
     else:

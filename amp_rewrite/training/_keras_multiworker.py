@@ -27,16 +27,9 @@ from __future__ import annotations
 import types
 from typing import Any
 
+from ._common import multi_worker as _multi_worker
+
 __all__ = ["install", "reduce_per_replica"]
-
-
-def _multi_worker(strategy: Any) -> bool:
-    import tensorflow as tf
-
-    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        return False
-    in_multi_worker_mode = getattr(strategy.extended, "_in_multi_worker_mode", None)
-    return bool(in_multi_worker_mode()) if callable(in_multi_worker_mode) else True
 
 
 def _maybe_symbolic_build(model: Any, iterator: Any = None, data_batch: Any = None) -> Any:

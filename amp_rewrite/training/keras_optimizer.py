@@ -49,7 +49,6 @@ from ._common import (
     compiled_for_gpu,
     building_unrewritten_function,
     check_rewrite_options,
-    in_unscaled_trace,
     note_rewrite_options,
     warn_once,
 )
@@ -86,7 +85,7 @@ class LossScaleOptimizer(LossScaleSettings, keras.optimizers.LossScaleOptimizer)
     def __init__(
         self,
         inner_optimizer: Any,
-        loss_scale: Any = "dynamic",
+        loss_scale: Any = "auto",
         rewrite_options: Mapping[str, Any] | None = None,
         name: str | None = None,
         **kwargs: Any,
@@ -136,7 +135,11 @@ class LossScaleOptimizer(LossScaleSettings, keras.optimizers.LossScaleOptimizer)
 
     @property
     def current_loss_scale(self) -> Any:
-        """The current loss scale as a float32 tensor (``float(opt.current_loss_scale)``)."""
+        """The current loss scale as a float32 tensor (``float(opt.current_loss_scale)``): 1.0
+        where this optimizer does not scale (:attr:`scales_loss`: ``loss_scale="auto"`` in
+        bfloat16)."""
+        if not self._scaled_its_steps():
+            return tf.constant(1.0, tf.float32)
         if not self.built:
             return tf.constant(self._amp_loss_scale.initial_scale, tf.float32)
         return tf.convert_to_tensor(self.dynamic_scale)
@@ -150,10 +153,11 @@ class LossScaleOptimizer(LossScaleSettings, keras.optimizers.LossScaleOptimizer)
 
     # -- the update -------------------------------------------------------------------------
     def scale_loss(self, loss: Any) -> Any:
-        """``loss`` times the current loss scale, or ``loss`` itself in a step traced again
-        because its rewrite converted nothing (:func:`._common.unscaled`)."""
+        """``loss`` times the current loss scale, or ``loss`` itself where the step is not
+        loss-scaled: traced again because its rewrite converted nothing
+        (:func:`._common.unscaled`), or rewritten to bfloat16 with ``loss_scale="auto"``."""
         self._warn_if_not_rewritten()
-        if in_unscaled_trace():
+        if self._loss_scaling_off():
             return loss
         return super().scale_loss(loss)
 
@@ -161,9 +165,9 @@ class LossScaleOptimizer(LossScaleSettings, keras.optimizers.LossScaleOptimizer)
         """Unscale, and apply with the inner optimizer unless a gradient is not finite.
 
         Must be called in a replica context (as Keras's ``apply`` is); mutates the model's
-        variables, the inner optimizer's variables and the loss-scale state.  In a step traced
-        again because its rewrite converted nothing (:func:`._common.unscaled`) the
-        inner optimizer applies ``grads`` as they are, and the loss-scale state is untouched.
+        variables, the inner optimizer's variables and the loss-scale state.  Where the step
+        is not loss-scaled (:meth:`scale_loss`) the inner optimizer applies ``grads`` as they
+        are, and the loss-scale state is untouched.
         """
         if not self.built:
             with keras.name_scope(self.name, caller=self):
@@ -175,10 +179,10 @@ class LossScaleOptimizer(LossScaleSettings, keras.optimizers.LossScaleOptimizer)
             trainable_variables = list(trainable_variables)
         if tf.distribute.in_cross_replica_context():
             raise ValueError("apply() must be called in a replica context.")
-        if in_unscaled_trace():
-            # The step runs float32 whole (its rewrite converted nothing): the gradients were
-            # not scaled, and the inner optimizer applies them as it would without us.  The
-            # loss-scale state is left as it is.
+        if self._loss_scaling_off():
+            # The step runs float32 whole (its rewrite converted nothing), or in bfloat16, which
+            # needs no scaling: the gradients were not scaled, and the inner optimizer applies
+            # them as it would without us.  The loss-scale state is left as it is.
             self.inner_optimizer.apply(grads, trainable_variables=trainable_variables)
             return
         if tf.distribute.has_strategy():
@@ -244,11 +248,12 @@ class LossScaleOptimizer(LossScaleSettings, keras.optimizers.LossScaleOptimizer)
         self.skipped_steps_counter.assign(new_skipped)
 
     def _warn_if_not_rewritten(self) -> None:
-        note_rewrite_options(self._amp_rewrite_options)
+        note_rewrite_options(self._amp_rewrite_options, scaled=not self._loss_scaling_off())
         if building_unrewritten_function():
             warn_once(self, "unrewritten", (
                 f"amp_rewrite: optimizer {self.name!r} is being traced into a tf.function that "
-                "amp_rewrite does not rewrite, so that step runs in float32 (with loss scaling). "
+                "amp_rewrite does not rewrite, so that step runs in float32"
+                f"{' (with loss scaling)' if self.scales_loss else ''}. "
                 "Compile the Keras model with this optimizer, call "
                 "amp_rewrite.training.rewrite_keras_train_step(model), or decorate a custom "
                 "training step with @amp_rewrite.function."
@@ -288,8 +293,8 @@ def _config_value(key: str, value: Any) -> Any:
 
 
 def _loss_scale_config(scale: loss_scale_module.LossScale) -> dict[str, Any]:
-    if isinstance(scale, loss_scale_module.DynamicLossScale):
-        return {"class_name": "DynamicLossScale", "initial_loss_scale": scale.initial_loss_scale,
+    if isinstance(scale, loss_scale_module.DynamicLossScale):  # AutoLossScale included
+        return {"class_name": type(scale).__name__, "initial_loss_scale": scale.initial_loss_scale,
                 "increment_period": scale.increment_period, "multiplier": scale.multiplier,
                 "min_scale": scale.min_scale}
     return {"class_name": "FixedLossScale", "value": scale.initial_scale}
@@ -297,6 +302,8 @@ def _loss_scale_config(scale: loss_scale_module.LossScale) -> dict[str, Any]:
 
 def _loss_scale_from_config(config: Mapping[str, Any]) -> loss_scale_module.LossScale:
     fields = {k: v for k, v in config.items() if k != "class_name"}
+    if config.get("class_name") == "AutoLossScale":
+        return loss_scale_module.AutoLossScale(**fields)
     if config.get("class_name") == "DynamicLossScale":
         return loss_scale_module.DynamicLossScale(**fields)
     return loss_scale_module.FixedLossScale(**fields)

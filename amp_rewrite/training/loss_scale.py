@@ -17,6 +17,10 @@ multiply the scale by ``multiplier`` (only if the result is finite) and restart 
 non-finite step, divide the scale by ``multiplier`` (never below ``min_scale``), restart the
 count, and skip the update.  We also count skipped steps, because users could not tell expected
 calibration skips from real divergence (user_issues.md, Theme 3).
+
+:class:`AutoLossScale` (``"auto"``, the training wrappers' default) is the dynamic rule where
+the rewrite runs float16 and no loss scaling where it runs bfloat16 (:func:`applies`), as Keras's
+``mixed_float16`` and ``mixed_bfloat16`` policies do.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ __all__ = [
     "LossScale",
     "FixedLossScale",
     "DynamicLossScale",
+    "AutoLossScale",
     "get",
+    "applies",
     "all_finite",
     "unscale",
     "next_state",
@@ -114,9 +120,30 @@ class DynamicLossScale(LossScale):
         return float(self.initial_loss_scale)
 
 
+@dataclass(frozen=True)
+class AutoLossScale(DynamicLossScale):
+    """Loss scaling where the low precision needs it: :class:`DynamicLossScale` (these fields)
+    where the rewrite runs float16, none where it runs bfloat16 (:func:`applies`).
+
+    Loss scaling keeps float16 gradients, whose smallest normal value is 6.1e-5, from flushing
+    to zero.  bfloat16 has float32's exponent range (down to 1.2e-38), so a gradient float32
+    holds does not flush; scaling would only cost time: a scan of every gradient for overflow,
+    the division, and a conditional around the update (which XLA runs as a host round trip on
+    a GPU).  Keras's ``mixed_bfloat16`` policy does not scale either; ``mixed_float16`` does.
+    """
+
+
+def applies(loss_scale: LossScale, precision: str) -> bool:
+    """Whether ``loss_scale`` scales the loss of a step rewritten to ``precision``
+    (``"float16"`` or ``"bfloat16"``): always, but for :class:`AutoLossScale` in bfloat16.
+    Pure."""
+    return not (isinstance(loss_scale, AutoLossScale) and precision == "bfloat16")
+
+
 def get(identifier: Any) -> LossScale:
     """Interpret a loss-scale argument.
 
+    ``"auto"`` gives :class:`AutoLossScale` (dynamic in float16, none in bfloat16);
     ``"dynamic"`` gives :class:`DynamicLossScale` with TensorFlow's defaults; an int or float
     (or its text, such as ``"128"``) gives :class:`FixedLossScale`; a :class:`LossScale` is
     returned as is.  TensorFlow's own
@@ -131,13 +158,15 @@ def get(identifier: Any) -> LossScale:
     if isinstance(identifier, LossScale):
         return identifier
     if isinstance(identifier, str):
+        if identifier == "auto":
+            return AutoLossScale()
         if identifier == "dynamic":
             return DynamicLossScale()
         try:  # a number given as text, as on a command line
             return FixedLossScale(float(identifier))
         except ValueError:
             raise ValueError(
-                f"unknown loss scale {identifier!r}; expected 'dynamic' or a number >= 1"
+                f"unknown loss scale {identifier!r}; expected 'auto', 'dynamic' or a number >= 1"
             ) from None
     if isinstance(identifier, (int, float)) and not isinstance(identifier, bool):
         return FixedLossScale(identifier)
@@ -151,7 +180,7 @@ def get(identifier: Any) -> LossScale:
     if cls_name == "FixedLossScale" and hasattr(identifier, "_loss_scale_value"):
         return FixedLossScale(float(identifier._loss_scale_value))
     raise ValueError(
-        f"could not interpret loss scale {identifier!r}: expected 'dynamic', a number >= 1, "
+        f"could not interpret loss scale {identifier!r}: expected 'auto', 'dynamic', a number >= 1, "
         "or an amp_rewrite.training.loss_scale.LossScale"
     )
 

@@ -239,11 +239,17 @@ def _saver_with_loss_scale(graph: Any, saver_def: Any, loss_scale_variables: Seq
 
 def _loss_scale_config(loss_scale: Any) -> Any:
     """The loss-scale configuration ``loss_scale`` names; :class:`AmpRewriteError` for one
-    that is not a loss scale (one error type for the CLI to report).  Pure."""
+    that is not a loss scale (one error type for the CLI to report), and for ``"auto"``: asking
+    for loss scaling offline is explicit, and an update that may or may not be scaled depending
+    on the precision chosen would leave the user guessing which.  Pure."""
     try:
-        return loss_scale_module.get(loss_scale)
+        config = loss_scale_module.get(loss_scale)
     except (TypeError, ValueError) as exc:  # one error type for the CLI to report
         raise AmpRewriteError(str(exc)) from None
+    if isinstance(config, loss_scale_module.AutoLossScale):
+        raise AmpRewriteError("an offline training rewrite takes loss scaling 'dynamic' or a number >= 1, not "
+                              "'auto' (which scales float16 only): leave it out where no loss scaling is wanted")
+    return config
 
 
 def _update_ops(train: Any, train_name: str) -> list[tuple[Any, int]]:

@@ -92,7 +92,7 @@ def _refuse_keras_mixed_policy() -> None:
 
 
 def enable_mixed_precision_graph_rewrite(
-    opt: Any, loss_scale: Any = "dynamic", **rewrite_options: Any
+    opt: Any, loss_scale: Any = "auto", **rewrite_options: Any
 ) -> Any:
     """Return a loss-scaled ``opt`` whose training graphs are rewritten to mixed precision.
 
@@ -103,8 +103,11 @@ def enable_mixed_precision_graph_rewrite(
         (``keras.optimizers.*``).  Not modified, except that Keras's loss-scale wrapper sets the
         inner optimizer's ``loss_scale_factor`` to None (so gradients are not unscaled twice).
     loss_scale
-        ``"dynamic"`` (TensorFlow's defaults: 2**15, doubled after 2000 finite steps, halved
-        and the step skipped on Inf/NaN), a number (fixed scale, never skips), or a
+        ``"auto"`` (the default): ``"dynamic"`` where the rewrite runs float16, no loss scaling
+        where it runs bfloat16, whose range is float32's (as Keras's ``mixed_bfloat16``;
+        :class:`~amp_rewrite.training.loss_scale.AutoLossScale`).  ``"dynamic"`` (TensorFlow's
+        defaults: 2**15, doubled after 2000 finite steps, halved and the step skipped on
+        Inf/NaN) in either precision, a number (fixed scale, never skips), or a
         :class:`~amp_rewrite.training.loss_scale.LossScale` such as
         ``DynamicLossScale(initial_loss_scale=2**10, increment_period=100)``.
     rewrite_options
@@ -217,7 +220,7 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
     records this optimizer's rewrite options on the graph, for :class:`amp_rewrite.Session`.
     """
 
-    def __init__(self, opt: Any, loss_scale: Any = "dynamic",
+    def __init__(self, opt: Any, loss_scale: Any = "auto",
                  rewrite_options: Mapping[str, Any] | None = None) -> None:
         if not isinstance(opt, tf.compat.v1.train.Optimizer):
             raise TypeError(
@@ -281,8 +284,10 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
                         synchronization=tf.VariableSynchronization.ON_WRITE,
                         aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
                     )
+                # 1.0 where nothing is scaled: the scale the loss is multiplied by.
+                initial = self._amp_loss_scale.initial_scale if self.scales_loss else 1.0
                 state = _ScaleState(
-                    var(self._amp_loss_scale.initial_scale, tf.float32, "current_loss_scale"),
+                    var(initial, tf.float32, "current_loss_scale"),
                     var(0, tf.int64, "good_steps"),
                     var(0, tf.int64, "skipped_steps"),
                 )
@@ -312,7 +317,9 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
 
     @property
     def current_loss_scale(self) -> Any:
-        """The loss-scale variable (``sess.run`` it in a graph, ``float()`` it eagerly)."""
+        """The loss-scale variable (``sess.run`` it in a graph, ``float()`` it eagerly).  Where
+        this optimizer does not scale (:attr:`scales_loss`: ``loss_scale="auto"`` in bfloat16)
+        it starts at 1.0 and stays there."""
         return self._visible_state().scale
 
     @property
@@ -323,10 +330,19 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
     # -- gradients ----------------------------------------------------------------------
     def compute_gradients(self, loss: Any, var_list: Any = None, *args: Any, **kwargs: Any) -> Any:
         """Gradients of ``loss * scale``, divided by ``scale`` (TensorFlow's contract); the
-        inner optimizer's own in a step traced again because its rewrite converted nothing
-        (:func:`._common.unscaled`)."""
-        note_rewrite_options(self._amp_rewrite_options)
-        if in_unscaled_trace():
+        inner optimizer's own where the step is not loss-scaled: traced again because its
+        rewrite converted nothing (:func:`._common.unscaled`), or rewritten to bfloat16 with
+        ``loss_scale="auto"`` (:attr:`scales_loss`; the loss-scale variables are created all
+        the same, so a checkpoint has the same variables whatever the machine chose)."""
+        off = self._loss_scaling_off()
+        note_rewrite_options(self._amp_rewrite_options, scaled=not off)
+        graph = tf.compat.v1.get_default_graph()
+        if not tf.executing_eagerly() and not getattr(graph, "building_function", False):
+            _graph_options[graph] = dict(self._amp_rewrite_options)
+            self._warn_if_graph_not_rewritten(graph)
+        if off:
+            if not in_unscaled_trace():
+                self._state()
             return self._optimizer.compute_gradients(loss, var_list, *args, **kwargs)
         scale = tf.convert_to_tensor(self._state().scale)
         if callable(loss):
@@ -335,10 +351,6 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
                 return value * tf.cast(scale, value.dtype)
         else:
             scaled_loss = loss * tf.cast(scale, loss.dtype)
-        graph = tf.compat.v1.get_default_graph()
-        if not tf.executing_eagerly() and not getattr(graph, "building_function", False):
-            _graph_options[graph] = dict(self._amp_rewrite_options)
-            self._warn_if_graph_not_rewritten(graph)
         grads_and_vars = self._optimizer.compute_gradients(scaled_loss, var_list, *args, **kwargs)
         return [(loss_scale_module.unscale(g, scale), v) for g, v in grads_and_vars]
 
@@ -358,7 +370,8 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
             "runs rewritten only through amp_rewrite.Session(graph=...), "
             "amp_rewrite.training.MonitoredTrainingSession (or MixedPrecisionSessionCreator) or "
             "amp_rewrite.rewrite_graph(graph); a plain tf.compat.v1.Session runs it in float32 "
-            "(with loss scaling). `amp-rewrite run script.py` does this for an unmodified script"
+            f"{'(with loss scaling)' if self.scales_loss else '(without loss scaling: bfloat16 needs none)'}. "
+            "`amp-rewrite run script.py` does this for an unmodified script"
         ))
 
     def apply_gradients(self, grads_and_vars: Any, global_step: Any = None,
@@ -367,14 +380,14 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
 
         Must be called in a replica context.  A skipped step neither updates the variables
         nor increments ``global_step`` (as in TensorFlow).  Under ``tf.distribute`` the
-        replicas' finite flags are summed in the cross-replica context before deciding.  In a
-        step traced again because its rewrite converted nothing
-        (:func:`._common.unscaled`) the inner optimizer applies the gradients as they
-        are.
+        replicas' finite flags are summed in the cross-replica context before deciding.  Where
+        the step is not loss-scaled (:meth:`compute_gradients`) the inner optimizer applies the
+        gradients as they are.
         """
         if tf.distribute.in_cross_replica_context():
             raise ValueError("apply_gradients() must be called in a replica context.")
-        note_rewrite_options(self._amp_rewrite_options)
+        off = self._loss_scaling_off()
+        note_rewrite_options(self._amp_rewrite_options, scaled=not off)
         if building_unrewritten_function():
             warn_once(self, "unrewritten", (
                 f"amp_rewrite: optimizer {self.get_name()!r} is being traced into a "
@@ -383,7 +396,7 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
             ))
         grads_and_vars = tuple(grads_and_vars)
         name = name or self.get_name()
-        if not self._amp_loss_scale.dynamic or in_unscaled_trace():
+        if not self._amp_loss_scale.dynamic or off:
             return self._optimizer.apply_gradients(grads_and_vars, global_step, name)
         if tf.distribute.has_strategy():
             return tf.distribute.get_replica_context().merge_call(

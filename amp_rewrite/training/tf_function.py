@@ -525,6 +525,9 @@ class Function:
         self._explicit = dict(rewrite_options or {})
         self._options = check_rewrite_options(self._explicit)
         self._traced_options: dict[str, list[dict[str, Any]]] = {}
+        #: The traced signatures (concrete functions' names) whose loss a traced optimizer
+        #: scaled (not one that leaves bfloat16 unscaled: ``loss_scale="auto"``).
+        self._loss_scaled: set[str] = set()
         self._jit_compile = jit_compile
         # Traced with jit_compile too: tf.function then traces in XLA's context, where control
         # flow (while loops, TensorArrays) is built the way XLA needs it.  This function is
@@ -597,7 +600,9 @@ class Function:
             concrete = self._tf_function.get_concrete_function(*args, **kwargs)
         if seen:
             with self._lock:
-                self._traced_options[concrete.name] = seen
+                self._traced_options[concrete.name] = seen.options
+                if seen.scaled:
+                    self._loss_scaled.add(concrete.name)
         return concrete
 
     def _options_for(self, concrete: Any) -> dict[str, Any]:
@@ -642,7 +647,9 @@ class Function:
                 self._build_seconds[concrete.name] = time.perf_counter() - start
                 # Built at the first call of each signature, so this is the first step's line.
                 report_rewrite(self, self._description, runner.result.report, self._build_seconds[concrete.name],
-                               unscaled=unscaled_runner is not None)
+                               unscaled=unscaled_runner is not None,
+                               scale_not_needed=(concrete.name in self._traced_options
+                                                 and concrete.name not in self._loss_scaled))
             return runner
 
     def _unscaled(self, concrete: Any, runner: _Runner, options: Mapping[str, Any]) -> _Runner | None:
@@ -661,7 +668,7 @@ class Function:
         loss scale's ops only, so it should not).  Without loss scaling the step is the
         user's own float32 step: the same update, the loss-scale state left as it is.
         """
-        if runner.result.report.get("converted_nodes") or not self._traced_options.get(concrete.name):
+        if runner.result.report.get("converted_nodes") or concrete.name not in self._loss_scaled:
             return None
         why = _why_loss_scaling_stays(runner.result.graph_def)
         if why is not None:
@@ -715,7 +722,7 @@ class Function:
         of their own.  Not worth a second trace and a step estimate (BERT-base: 13-18 s more
         before the first step, here).  (A step whose XLA compile fails later runs without XLA
         and is not checked.)"""
-        return (bool(self._traced_options.get(concrete.name)) and not options.get("compiled")
+        return (concrete.name in self._loss_scaled and not options.get("compiled")
                 and self._jit_compile is not True)
 
     def _may_check_step(self, concrete: Any, options: Mapping[str, Any]) -> bool:
