@@ -178,8 +178,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu", default="NVIDIA H200", help="the GPU forecast for (its device name)")
     p.add_argument("--precision", choices=("float16", "bfloat16"), default="float16",
                    help="the low precision to forecast (measured runs use their own)")
+    p.add_argument("--extra-variant", action="append", default=[], metavar="NAME=BASE[:JSON]",
+                   help="with --forecast: one of our variants with more options, as gpu_bench.py "
+                        "defines it (e.g. 'ours_default_xla_scaled=ours_default_xla:{\"loss_scale\": \"dynamic\"}')")
     p.add_argument("--out", help="markdown table (default: stdout)")
     args = p.parse_args(argv)
+    import gpu_bench
+
+    for text in args.extra_variant:
+        gpu_bench.define_extra_variant(text)
     wanted = set(args.variants.split(",")) if args.variants else None
     if args.forecast == bool(args.results) or (args.forecast and not (args.workloads and args.variants)):
         p.error("give gpu_bench JSON files, or --forecast with --workloads and --variants")

@@ -24,9 +24,11 @@
 #             mixed_float16 and ours as enabled.  Expect one or two workloads a call.
 #   bf16      bfloat16 on the GPU (never measured): Keras's mixed_bfloat16 + XLA against ours
 #             with the default profile, which fences norms and clears reductions over no
-#             element in bfloat16 on GPUs since 2026-11-27 (forecast
-#             gpu_runs/forecast-2026-11-27-h200-bf16.md), and with TensorFlow's lists painted
-#             TensorFlow's way (ours_tensorflow_xla); BERT, then ResNet50.
+#             element in bfloat16 on GPUs since 2026-11-27, and since 2026-11-28 trains
+#             bfloat16 without loss scaling, as Keras's policy does (the default
+#             loss_scale="auto"; forecast gpu_runs/forecast-2026-11-28-h200-bf16.md), and with
+#             TensorFlow's lists painted TensorFlow's way (ours_tensorflow_xla); BERT, then
+#             ResNet50.
 #   train     The optimal profile's no-XLA training decision (float32 without loss scaling,
 #             forecast-2026-11-26g-h100.md) against float32 and its A/A gap, on ResNet50 and
 #             BERT; then the LSTM (no XLA for cuDNN's layer in Keras), whose optimal step is
