@@ -143,3 +143,20 @@ def test_tf1_bfloat16_graph_has_no_loss_scaling_but_keeps_its_variables() -> Non
         assert float(sess.run(opt.current_loss_scale)) == 1.0
         report = sess.rewrite_result.report
     assert report["precision"] == "bfloat16" and report["converted_nodes"] > 0
+
+
+def test_a_multi_worker_step_keeps_scaling_where_each_machine_picks_its_precision(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers on different machines could resolve ``target="auto"`` to different precisions,
+    and all must run the same collectives (the overflow flags are reduced across them): under a
+    multi-worker strategy the loss stays scaled unless the precision is fixed by the options."""
+    import keras
+
+    monkeypatch.setattr(_common, "_multi_worker_strategy", lambda: True)
+    per_machine = amp_rewrite.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1))
+    assert _common.rewrite_precision(per_machine.rewrite_options) == "bfloat16"  # any CPU without a GPU
+    assert per_machine.scales_loss
+    fixed = amp_rewrite.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.1), **BF16)
+    assert not fixed.scales_loss
+    monkeypatch.setattr(_common, "_multi_worker_strategy", lambda: False)
+    assert not per_machine.scales_loss
