@@ -815,14 +815,23 @@ def test_edits_from_environ_levels_and_empty_values(caplog):
 
 def test_bounded_entries_are_validated_inherited_and_can_be_turned_off(tmp_path):
     """``[float16.bounded]``: a deny-list op inferred where its input is proven at most
-    ``input_max`` (amp_rewrite.plan.ranges).  The default profile has Exp and Expm1 in float16
-    only; TensorFlow's own lists have none; only ops left on the deny list keep an entry."""
+    ``input_max`` (amp_rewrite.plan.ranges).  The default profile has Exp and Expm1 in float16,
+    and in bfloat16 on a GPU (``backends``); TensorFlow's own lists have none; only ops left on
+    the deny list keep an entry."""
     default = load_lists("default", context=CUDA)
     assert set(default.bounded) == {"Exp", "Expm1"} and default.bounded["Exp"][0] == 0.0
     assert "Exp" in default.deny  # not an op move: unproven Exps stay denied
     assert load_lists("optimal", context=CUDA).bounded == default.bounded
     assert not load_lists("tensorflow", context=CUDA).bounded
-    assert not load_lists("default", context=BF16).bounded
+    assert not load_lists("default", context=BF16).bounded  # bfloat16 on a CPU: oneDNN
+    gpu_bf16 = load_lists("default", context=ListContext("bfloat16", "cuda"))
+    assert set(gpu_bf16.bounded) == {"Exp", "Expm1"} and "rounding error" in gpu_bf16.bounded["Exp"][1]
+    # A later layer's entry for another backend overrides the parent's, as identity entries do.
+    cpu_only = tmp_path / "cpu_only.toml"
+    cpu_only.write_text('schema_version = 1\n[bfloat16.bounded]\n'
+                        'Exp = { input_max = 0.0, reason = "oneDNN only", backends = ["onednn"] }\n')
+    assert set(load_lists("default", context=ListContext("bfloat16", "cuda"), user_file=cpu_only).bounded) == {"Expm1"}
+    assert load_lists("default", context=BF16, user_file=cpu_only).bounded["Exp"] == (0.0, "oneDNN only")
     assert not load_lists("default", context=CUDA, level="TREAT_INFER_AS_DENY").bounded
     assert "Exp" not in load_lists("default", context=CUDA, edits=[ListEdit("remove", "deny", "Exp")]).bounded
     _assert_refused(tmp_path, [
@@ -834,6 +843,7 @@ def test_bounded_entries_are_validated_inherited_and_can_be_turned_off(tmp_path)
         ('[float16.bounded]\nExp = { input_max = nan, reason = "r" }\n', r"input_max: expected a number"),
         ('[float16.bounded]\nExp = { input_max = 1.0 }\n', r"reason must be a non-empty string"),
         ('[float16.bounded]\nExp = { input_max = 1.0, reason = "r", when = "gpu" }\n', r"when"),
+        ('[float16.bounded]\nExp = { input_max = 1.0, reason = "r", backends = ["tpu"] }\n', r"backends"),
         ('[float16.bounded]\n"Exp!" = { input_max = 1.0, reason = "r" }\n', r"not a valid op name"),
         ('[float16.bounded]\nNoSuchOpAnywhere = { input_max = 1.0, reason = "r" }\n', r"unknown op name"),
         ('tf_version = "2.21"\n[versions."2.20".float16.bounded]\nExp = { input_max = 1.0, reason = "r" }\n',

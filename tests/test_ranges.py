@@ -213,11 +213,21 @@ def test_a_proven_exp_runs_in_float16_and_says_why():
 
 
 @pytest.mark.parametrize("options", [dict(lists="tensorflow"), dict(lists="default", level="TREAT_INFER_AS_DENY"),
-                                     dict(lists="default", precision="bfloat16")])
-def test_the_exemption_is_the_default_profiles_float16_only(options):
+                                     dict(lists="default", precision="bfloat16", target="cpu")])
+def test_the_exemption_is_the_default_profiles_in_float16_and_in_bfloat16_on_a_gpu_only(options):
     result = _rewrite(_softmax_by_hand(), **options)
     assert _node(result.graph_def, "Exp").attr["T"].type == tf.float32.as_datatype_enum
     assert "bounded" not in result.report
+
+
+def test_a_proven_exp_runs_in_bfloat16_on_a_gpu():
+    """``[bfloat16.bounded]`` (backend cuda): TensorFlow denies ``Exp`` in bfloat16 for
+    precision; an input proven at most 0 bounds the output's error by the input's rounding
+    error, absolute, and Keras's ``mixed_bfloat16`` computes it in bfloat16."""
+    result = _rewrite(_softmax_by_hand(), lists="default", precision="bfloat16")
+    exp = _node(result.graph_def, "Exp")
+    assert exp.attr["T"].type == tf.bfloat16.as_datatype_enum
+    assert "at most 0" in result.report["bounded"][exp.name]
 
 
 def test_an_unproven_exp_stays_denied():

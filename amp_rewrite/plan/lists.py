@@ -47,7 +47,8 @@ Profile schema (version 1)
     Exp = { input_max = 0.0, reason = "..." }    # is proven at most input_max
                                        # (amp_rewrite.plan.ranges); -inf turns an entry off,
                                        # and so does a later layer or an edit naming the op;
-                                       # not versioned; kept for ops left on deny only
+                                       # not versioned; kept for ops left on deny only;
+                                       # backends = ["cuda"] as for identity entries
 
     [float16.identity]                 # optional: a deny-list reduction (Sum, Mean, Prod, Max,
     Sum = "one-line reason"            # Min) cleared where static shapes show it reduces no

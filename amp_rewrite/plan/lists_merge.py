@@ -133,8 +133,8 @@ def _op_lists(
 ) -> OpLists:
     """The immutable :class:`OpLists` of the final ``lists``; the planner and the
     normalization policy (for ``context``'s precision and backend) are those of the last layer
-    that sets each (``"greedy"`` and ``"float32"`` when none does).  An ``identity`` entry
-    counts for the backends it names only.  A ``bounded`` or ``identity`` entry is
+    that sets each (``"greedy"`` and ``"float32"`` when none does).  An ``identity`` or
+    ``bounded`` entry counts for the backends it names only.  A ``bounded`` or ``identity`` entry is
     the last layer's for its op, and is dropped where a later statement about the op overrides
     it: a later layer listing or removing the op (a user file that puts ``Exp`` on deny means
     it), an edit naming it (``edited``), an ``input_max`` of ``-inf``, the op not being on the
@@ -152,7 +152,12 @@ def _op_lists(
             for op in (*layer.entries[precision], *layer.removes[precision]):
                 bounded.pop(op, None)
                 identity.pop(op, None)
-            bounded.update(layer.bounded.get(precision, {}))
+            for op, bound in layer.bounded.get(precision, {}).items():
+                # As identity entries: a later layer's entry for another backend overrides too.
+                if context.backend in bound.backends:
+                    bounded[op] = (bound.input_max, bound.reason)
+                else:
+                    bounded.pop(op, None)
             for op, entry in layer.identity.get(precision, {}).items():
                 # A later layer's entry for another backend still overrides an earlier one.
                 if context.backend in entry.backends:

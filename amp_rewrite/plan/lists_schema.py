@@ -34,7 +34,7 @@ _TF_VERSION = re.compile(r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)")
 # What tf.__version__ may look like: "2.16.2", "2.21.0-rc1", "2.22.0-dev20260101", "2.16".
 _TF_VERSION_PREFIX = re.compile(r"\s*(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[-+.a-zA-Z][-+.a-zA-Z0-9]*)?\s*")
 _SECTION_KEYS = frozenset({*CATEGORIES, "remove", "bounded", "identity"})
-_BOUNDED_KEYS = frozenset({"input_max", "reason"})
+_BOUNDED_KEYS = frozenset({"input_max", "reason", "backends"})
 _ENTRY_KEYS = frozenset({"reason", "min_cuda", "min_cudnn", "backends", "registered"})
 _IDENTITY_KEYS = frozenset({"reason", "backends"})
 
@@ -84,6 +84,16 @@ class _Normalization:
 
 
 @dataclass(frozen=True)
+class _Bounded:
+    """One ``[<precision>.bounded]`` entry: the limit an input must be proven at most, why the
+    op is safe then, and the backends it is for."""
+
+    input_max: float
+    reason: str
+    backends: frozenset[str] = frozenset(BACKENDS)
+
+
+@dataclass(frozen=True)
 class _Identity:
     """One ``[<precision>.identity]`` entry: why the reduction is a copy when it reduces no
     element, and the backends it is for."""
@@ -106,8 +116,8 @@ class _Layer:
     planner: str | None = None
     # [normalization], or None.
     normalization: _Normalization | None = None
-    # [<precision>.bounded]: precision -> op -> (input_max, reason).
-    bounded: dict[str, dict[str, tuple[float, str]]] = field(default_factory=dict)
+    # [<precision>.bounded]: precision -> op -> entry.
+    bounded: dict[str, dict[str, _Bounded]] = field(default_factory=dict)
     # [<precision>.identity]: precision -> op -> entry.
     identity: dict[str, dict[str, _Identity]] = field(default_factory=dict)
     tf_version: str | None = None  # the release the tables above are; None: unversioned
@@ -319,11 +329,11 @@ def _table_entries(table: Any, name: str, location: str) -> Iterator[tuple[str, 
         yield op, value, where
 
 
-def _parse_bounded(data: Mapping[str, Any], location: str) -> dict[str, dict[str, tuple[float, str]]]:
-    """The ``[float16.bounded]`` and ``[bfloat16.bounded]`` tables: per precision, op ->
-    ``(input_max, reason)``, each entry ``Op = { input_max = 11.0, reason = "..." }`` with a
-    number (``-inf`` turns a parent's entry off) and a non-empty reason.  Pure."""
-    bounded: dict[str, dict[str, tuple[float, str]]] = {p: {} for p in PRECISIONS}
+def _parse_bounded(data: Mapping[str, Any], location: str) -> dict[str, dict[str, _Bounded]]:
+    """The ``[float16.bounded]`` and ``[bfloat16.bounded]`` tables: per precision, op -> entry,
+    each ``Op = { input_max = 11.0, reason = "..." }`` with a number (``-inf`` turns a parent's
+    entry off), a non-empty reason and, optionally, ``backends = ["cuda"]``.  Pure."""
+    bounded: dict[str, dict[str, _Bounded]] = {p: {} for p in PRECISIONS}
     for precision in PRECISIONS:
         section = data.get(precision, {})
         table = section.get("bounded", {}) if isinstance(section, dict) else {}
@@ -337,7 +347,10 @@ def _parse_bounded(data: Mapping[str, Any], location: str) -> dict[str, dict[str
             if isinstance(limit, bool) or not isinstance(limit, (int, float)) or math.isnan(limit) or limit == math.inf:
                 raise ListError(f"{entry_where}.input_max: expected a number (or -inf: off), got {limit!r}"
                                 + (" (missing)" if "input_max" not in value else ""), path=location, op=op)
-            bounded[precision][op] = (float(limit), _reason(value.get("reason"), f"{entry_where}.reason", location))
+            backends = (_parse_backends(value["backends"], f"{entry_where}.backends", location)
+                        if "backends" in value else frozenset(BACKENDS))
+            bounded[precision][op] = _Bounded(float(limit), _reason(value.get("reason"), f"{entry_where}.reason",
+                                                                   location), backends)
     return bounded
 
 
