@@ -12,6 +12,7 @@ import functools
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 from types import MappingProxyType
 
 from ..errors import ListError
@@ -122,6 +123,18 @@ def _deny_infer(lists: dict[Category, dict[str, tuple[str, str]]]) -> None:
     lists["infer"].clear()
 
 
+def _take_for_backend(entries: Mapping[str, Any], backend: str, into: dict[str, Any],
+                      value: Callable[[Any], Any]) -> None:
+    """Merge one layer's ``bounded`` or ``identity`` ``entries`` into ``into`` (mutated): an
+    entry for ``backend`` sets its op's ``value(entry)``; one for other backends only drops what
+    an earlier layer said about the op (a later layer's statement about an op overrides)."""
+    for op, entry in entries.items():
+        if backend in entry.backends:
+            into[op] = value(entry)
+        else:
+            into.pop(op, None)
+
+
 def _op_lists(
     lists: Mapping[Category, Mapping[str, tuple[str, str]]],
     profile_label: str,
@@ -152,18 +165,10 @@ def _op_lists(
             for op in (*layer.entries[precision], *layer.removes[precision]):
                 bounded.pop(op, None)
                 identity.pop(op, None)
-            for op, bound in layer.bounded.get(precision, {}).items():
-                # As identity entries: a later layer's entry for another backend overrides too.
-                if context.backend in bound.backends:
-                    bounded[op] = (bound.input_max, bound.reason)
-                else:
-                    bounded.pop(op, None)
-            for op, entry in layer.identity.get(precision, {}).items():
-                # A later layer's entry for another backend still overrides an earlier one.
-                if context.backend in entry.backends:
-                    identity[op] = entry.reason
-                else:
-                    identity.pop(op, None)
+            _take_for_backend(layer.bounded.get(precision, {}), context.backend, bounded,
+                              lambda bound: (bound.input_max, bound.reason))
+            _take_for_backend(layer.identity.get(precision, {}), context.backend, identity,
+                              lambda entry: entry.reason)
     bounded = {op: bounded[op] for op in sorted(bounded)
                if op in lists["deny"] and op not in edited and bounded[op][0] > -math.inf}
     identity = {op: identity[op] for op in sorted(identity) if op in lists["deny"] and op not in edited}
