@@ -17,6 +17,8 @@ from tensorflow.core.framework import attr_value_pb2, function_pb2, graph_pb2, t
 import amp_rewrite
 from amp_rewrite.errors import AmpRewriteError, GraphFormatError, InvalidGraphError, ListError
 from amp_rewrite.graph.io import MAX_CALL_DEPTH
+from amp_rewrite.graph.node_checks import MAX_GRAPH_PORTS
+from amp_rewrite.graph.tensor_names import MAX_PORTS
 from amp_rewrite.graph.shapes import function_shapes, graph_shapes
 
 F32 = types_pb2.DT_FLOAT
@@ -477,3 +479,154 @@ def test_ignore_performance_variable_with_a_bad_value_is_our_error(monkeypatch):
         amp_rewrite.rewrite_graph_def(_recursive_free_graph(), target="gpu:6.1")
     # use_env=False ignores it, as every TF_AUTO_MIXED_PRECISION_* variable.
     amp_rewrite.rewrite_graph_def(_recursive_free_graph(), target="gpu:6.1", use_env=False)
+
+
+# ------------------------------------------------- counts and constants TensorFlow cannot take
+#
+# Found by the fuzzer (a deep run aborted in TensorFlow's import; an exhaustive byte-flip run
+# then reproduced it): a count attribute or an input's port of two billion made TensorFlow's
+# import, and this package's, allocate per-port lists until the process was killed; a Const
+# whose value is a tensor of another type than its dtype attribute made a shape function fail
+# a CHECK and abort the process.
+
+
+def _unpacked(num, count=1):
+    """``count`` Unpacks of ``x`` (4x4) with ``num`` outputs each; a MatMul reads the first."""
+    gd = graph_pb2.GraphDef()
+    gd.versions.producer = 1700
+    _placeholder(gd.node, "x", (4, 4))
+    for k in range(count):
+        _node(gd.node, f"u{k}", "Unpack", ["x"], T=F32, num=attr_value_pb2.AttrValue(i=num),
+              axis=attr_value_pb2.AttrValue(i=0))
+    _node(gd.node, "row", "Reshape", ["u0", "shape"], T=F32, Tshape=types_pb2.DT_INT32)
+    _const(gd.node, "shape", [2, 2], dtype=tf.int32)
+    _node(gd.node, "mm", "MatMul", ["row", "row"], T=F32)
+    _node(gd.node, "out", "Identity", ["mm"], T=F32)
+    return gd
+
+
+def _added(n):
+    gd = _recursive_free_graph()
+    _node(gd.node, "sum", "AddN", ["mm", "mm"], T=F32, N=attr_value_pb2.AttrValue(i=n))
+    return gd
+
+
+@pytest.mark.parametrize("build", [lambda n: _unpacked(n), _added], ids=["Unpack num", "AddN N"])
+@pytest.mark.parametrize("count", [MAX_PORTS + 1, 2 ** 31 - 1, 2 ** 40, -1])
+def test_a_count_past_the_limit_is_refused_before_anything_expands_it(build, count):
+    gd = build(count)
+    before = gd.SerializeToString()
+    with pytest.raises(InvalidGraphError, match=f"= {count}; amp_rewrite reads counts from 0 to {MAX_PORTS}"):
+        amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", lists="optimal", use_env=False)
+    assert gd.SerializeToString() == before
+
+
+def test_a_count_at_the_limit_is_read():
+    """The limit is the first count refused: ``MAX_PORTS`` outputs are imported (only the
+    type analysis is asked: TensorFlow's import of a million ports takes a while)."""
+    from amp_rewrite.graph.io import import_graph_def
+    from amp_rewrite.graph.op_registry import default_registry
+    from amp_rewrite.graph.type_attrs import output_dtypes
+
+    imported = import_graph_def(_unpacked(MAX_PORTS), default_registry())
+    data = imported.graph.nodes["u0"]
+    sig = default_registry().op("Unpack")
+    assert len(output_dtypes(sig, data["dtypes"], data["ints"])) == MAX_PORTS
+
+
+def test_counted_ports_are_bounded_for_the_whole_graph():
+    count = MAX_GRAPH_PORTS // MAX_PORTS + 1
+    with pytest.raises(InvalidGraphError, match=f"the graph declares {count * MAX_PORTS} output ports"):
+        amp_rewrite.rewrite_graph_def(_unpacked(MAX_PORTS, count), target="gpu:8.0", use_env=False)
+
+
+@pytest.mark.parametrize("port", [MAX_PORTS, 2 ** 31 - 1, 2 ** 64])
+def test_an_input_past_the_port_limit_is_refused(port):
+    """An op nobody knows has as many outputs as the highest port read from it: a consumer
+    reading port 2**31 - 1 made the painter list two billion outputs."""
+    gd = _recursive_free_graph()
+    _node(gd.node, "custom", "SomeCustomOp", ["mm"])
+    _node(gd.node, "reader", "Identity", [f"custom:{port}"], T=F32)
+    with pytest.raises(InvalidGraphError, match=f"'reader'.*reads output port {port}; amp_rewrite reads nodes "
+                                                f"of at most {MAX_PORTS} outputs"):
+        amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", use_env=False)
+
+
+def test_unknown_ops_ports_are_bounded_for_the_whole_graph():
+    gd = _recursive_free_graph()
+    count = MAX_GRAPH_PORTS // MAX_PORTS + 1
+    for k in range(count):
+        _node(gd.node, f"custom{k}", "SomeCustomOp", ["mm"])
+        _node(gd.node, f"reader{k}", "Identity", [f"custom{k}:{MAX_PORTS - 1}"], T=F32)
+    with pytest.raises(InvalidGraphError, match=f"declares {count * MAX_PORTS} output ports"):
+        amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", use_env=False)
+
+
+def _retyped_axis_graph(in_function):
+    """``ReverseV2(MatMul(x, x), axis)`` then a Sum, with ``axis`` a Const that declares int32
+    but holds a quint16 tensor: TensorFlow's shape function read it as int32 and aborted."""
+    gd = graph_pb2.GraphDef()
+    gd.versions.producer = 1700
+    nodes = gd.node
+    if in_function:
+        fdef = gd.library.function.add()
+        fdef.signature.name = "reverse"
+        arg = fdef.signature.input_arg.add()
+        arg.name, arg.type = "x", F32
+        out = fdef.signature.output_arg.add()
+        out.name, out.type = "y", F32
+        nodes = fdef.node_def
+    axis = _const(nodes, "axis", [1], dtype=tf.int32)
+    axis.attr["value"].tensor.dtype = types_pb2.DT_QUINT16
+    reversed_input = "x" if in_function else "mm"
+    _node(nodes, "rev", "ReverseV2", [reversed_input, "axis" if not in_function else "axis:output:0"], T=F32,
+          Tidx=types_pb2.DT_INT32)
+    _placeholder(gd.node, "x", (4, 4))
+    _node(gd.node, "mm", "MatMul", ["x", "x"], T=F32)
+    if in_function:
+        fdef.ret["y"] = "rev:output:0"
+        call = _node(gd.node, "rev", "PartitionedCall", ["mm"])
+        call.attr["Tin"].CopyFrom(_types(F32))
+        call.attr["Tout"].CopyFrom(_types(F32))
+        call.attr["f"].CopyFrom(_func_attr("reverse"))
+    _const(gd.node, "axes", [0, 1], dtype=tf.int32)
+    _node(gd.node, "sum", "Sum", ["rev", "axes"], T=F32, Tidx=types_pb2.DT_INT32,
+          keep_dims=attr_value_pb2.AttrValue(b=False))
+    return gd
+
+
+_RETYPED_CASES = r"""
+import json, logging, sys
+sys.path.insert(0, {tests!r})
+import amp_rewrite
+from amp_rewrite.errors import InvalidGraphError
+from test_hostile_graphs import _retyped_axis_graph
+
+logging.disable(logging.WARNING)
+results = []
+for in_function in (False, True):
+    for lists in ("default", "optimal"):
+        try:
+            result = amp_rewrite.rewrite_graph_def(_retyped_axis_graph(in_function), target="gpu:8.0",
+                                                   lists=lists, use_env=False)
+            results.append(["skipped", result.report["skipped_functions"]])
+        except InvalidGraphError as exc:
+            results.append(["refused", str(exc)])
+print(json.dumps(results))
+"""
+
+
+def test_a_constant_whose_value_has_another_type_is_refused_without_crashing(tmp_path):
+    """In a child process, as the crash took pytest down with it: refused in the main graph;
+    a function holding one is left unchanged (TensorFlow never imports its body)."""
+    script = tmp_path / "retyped.py"
+    script.write_text(_RETYPED_CASES.format(tests=os.path.dirname(__file__)))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    message = "Const node 'axis' declares dtype int32 but its value is a quint16 tensor"
+    assert [kind for kind, _ in results] == ["refused", "refused", "skipped", "skipped"], results
+    assert all(message in detail for _, detail in results[:2]), results
+    for _, skipped in results[2:]:
+        assert list(skipped) == ["reverse"] and message in skipped["reverse"], skipped

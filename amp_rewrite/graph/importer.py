@@ -17,6 +17,7 @@ import networkx as nx
 from . import ir
 from ..errors import InvalidGraphError
 from .call_graph import check_call_graph
+from .node_checks import check_nodes
 from .op_registry import OpRegistry, OpSignature, signature_from_opdef
 from .tensor_names import CONTROL, parse_function_input, parse_graph_input
 from .type_attrs import output_arg_ranges
@@ -236,6 +237,8 @@ def _import_function(
         if node_def.name in g:
             raise ValueError(f"node name {node_def.name!r} is used twice (or as an argument)")
         _add_proto_node(g, node_def, i)
+    # Before any edge: resolving one expands its producer's counts into ports.
+    check_nodes(g, registry, signatures, f"function {sig_def.name}")
     body_count = len(fdef.node_def)
     ret_nodes = []
     for i, out in enumerate(sig_def.output_arg):
@@ -287,14 +290,16 @@ def _import_function(
             raise ValueError(f"output {g._node[name]['ret_key']!r} has no ret entry")
         src, src_port = resolve(text)
         ir.add_data_edge(g, src, src_port, name, 0, text)
+    check_nodes(g, registry, signatures, f"function {sig_def.name}")  # again, with the unknown ops' ports read
     return g
 
 
 def import_graph_def(graph_def: Any, registry: OpRegistry) -> ImportedGraph:
     """Build the IR of ``graph_def`` and its function library.  Does not modify ``graph_def``.
 
-    Raises :class:`InvalidGraphError` for duplicate names, dangling inputs or malformed
-    input strings in the main graph.  Functions that cannot be resolved, or that are
+    Raises :class:`InvalidGraphError` for duplicate names, dangling inputs, malformed
+    input strings, or nodes that declare what TensorFlow cannot import safely
+    (:func:`~amp_rewrite.graph.node_checks.check_nodes`) in the main graph.  Functions that cannot be resolved, or that are
     parametrized (their signature has type attributes, which Grappler does not optimize
     either), are listed in ``skipped_functions`` and left as they are.
     """
@@ -303,6 +308,7 @@ def import_graph_def(graph_def: Any, registry: OpRegistry) -> ImportedGraph:
     for fdef in graph_def.library.function:
         signatures[fdef.signature.name] = signature_from_opdef(fdef.signature)
     main = _import_main(graph_def)
+    check_nodes(main, registry, signatures, "the graph")
     main.graph["signatures"] = signatures
     main.graph["source"] = graph_def
     functions: dict[str, nx.MultiDiGraph] = {}

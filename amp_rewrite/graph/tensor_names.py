@@ -22,10 +22,28 @@ __all__ = [
     "parse_function_input",
     "format_function_input",
     "node_name",
+    "MAX_PORTS",
 ]
 
 #: Port number used for control edges.
 CONTROL = -1
+
+#: Most output ports a node may have: an input names a port below this, and a count attribute
+#: (``Unpack``'s ``num``, ``AddN``'s ``N``) is at most this.  TensorFlow allows 2**31 - 1, but
+#: it expands such a count into one list entry per port as it imports the node, as this
+#: package does, so a NodeDef of a few bytes would claim gigabytes (and TensorFlow's import
+#: then aborts the process).  A real model's nodes have a few thousand ports at most.
+MAX_PORTS = 1 << 20
+
+
+def _port(digits: str, text: str) -> int:
+    """The port number ``digits`` (all digits) of the input ``text``; ``ValueError`` past
+    :data:`MAX_PORTS`."""
+    port = int(digits)
+    if port >= MAX_PORTS:
+        raise ValueError(f"input {text!r} reads output port {port}; amp_rewrite reads nodes of at most "
+                         f"{MAX_PORTS} outputs")
+    return port
 
 
 class TensorRef(NamedTuple):
@@ -65,7 +83,7 @@ def parse_graph_input(text: str) -> TensorRef:
         return TensorRef(text, 0)
     if not head or not tail.isdigit():
         raise ValueError(f"malformed input {text!r}")
-    return TensorRef(head, int(tail))
+    return TensorRef(head, _port(tail, text))
 
 
 def format_graph_input(ref: TensorRef) -> str:
@@ -95,10 +113,10 @@ def parse_function_input(text: str) -> FunctionInputRef:
         if parts[1].isdigit():
             # A GraphDef-style reference inside a function; treat as a flat port on an
             # unnamed output.  Only the importer can tell whether that is valid.
-            return FunctionInputRef(parts[0], "", int(parts[1]), False)
+            return FunctionInputRef(parts[0], "", _port(parts[1], text), False)
         return FunctionInputRef(parts[0], parts[1], 0, False)
     if len(parts) == 3 and parts[0] and parts[1] and parts[2].isdigit():
-        return FunctionInputRef(parts[0], parts[1], int(parts[2]), False)
+        return FunctionInputRef(parts[0], parts[1], _port(parts[2], text), False)
     raise ValueError(f"malformed input {text!r}")
 
 

@@ -20,6 +20,7 @@ from typing import Mapping, NamedTuple
 from . import dtypes as dt
 from ..errors import InvalidGraphError
 from .op_registry import ArgSpec, OpSignature
+from .tensor_names import MAX_PORTS
 
 __all__ = ["TypeAttr", "NodeTypes", "node_types", "opaque_node_types", "output_arg_ranges",
            "output_dtypes", "get_dtype"]
@@ -95,6 +96,12 @@ def _arg_ports(
         count = len(value) if isinstance(value, tuple) else 0
         return [TypeAttr(arg.type_list_attr, i, 0) for i in range(count)]
     count = ints.get(arg.number_attr, 1) if arg.number_attr else 1
+    if not 0 <= count <= MAX_PORTS:
+        # The importer refuses such a node first (importer.check_port_counts); checked here
+        # too because the list below would take memory in proportion to the count.
+        raise InvalidGraphError(
+            f"node {node!r} has {arg.number_attr} = {count}; a count must be between 0 and {MAX_PORTS}", node=node
+        )
     if arg.type_attr:
         if arg.type_attr not in types:
             raise InvalidGraphError(
