@@ -299,9 +299,10 @@ def import_graph_def(graph_def: Any, registry: OpRegistry) -> ImportedGraph:
 
     Raises :class:`InvalidGraphError` for duplicate names, dangling inputs, malformed
     input strings, or nodes that declare what TensorFlow cannot import safely
-    (:func:`~amp_rewrite.graph.node_checks.check_nodes`) in the main graph.  Functions that cannot be resolved, or that are
-    parametrized (their signature has type attributes, which Grappler does not optimize
-    either), are listed in ``skipped_functions`` and left as they are.
+    (:func:`~amp_rewrite.graph.node_checks.check_nodes`) in the main graph.  Functions that
+    cannot be resolved (such nodes included), or that are parametrized (their signature has
+    type attributes, which Grappler does not optimize either), are listed in
+    ``skipped_functions`` and left as they are.
     """
     check_call_graph(graph_def)
     signatures: dict[str, OpSignature] = {}
