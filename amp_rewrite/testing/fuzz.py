@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from .mutations import _MUTATORS, HOSTILE_NAMES, _mutate  # noqa: F401  (HOSTILE_NAMES: importable from here)
 from .strategies import graphs
 
-__all__ = ["Mutant", "mutants", "rewrite_options", "check_api_boundary", "check_cli_boundary", "MUTATIONS"]
+__all__ = ["Mutant", "base_graphs", "mutants", "rewrite_options", "check_api_boundary", "check_cli_boundary", "MUTATIONS"]
 
 
 @dataclass(frozen=True)
@@ -108,14 +108,17 @@ def _mutant(draw: Any, base: st.SearchStrategy[Any]) -> Mutant:
     return Mutant(kind, gd.SerializeToString(), must_fail, culprits, False, detail)
 
 
-def mutants(base: st.SearchStrategy[Any] | None = None) -> st.SearchStrategy[Mutant]:
-    """Draw a :class:`Mutant` of a graph drawn from ``base`` (default: small graphs with
-    loops, calls, control edges and several devices)."""
-    if base is None:
-        from .strategies import MULTI_DEVICES
+def base_graphs() -> st.SearchStrategy[Any]:
+    """The graphs :func:`mutants` mutates by default: small graphs with loops, calls, control
+    edges and several devices (``bench/hunt_aborts.py`` flips every byte of some)."""
+    from .strategies import MULTI_DEVICES
 
-        base = graphs(max_nodes=6, while_loops=True, functions=True, devices=MULTI_DEVICES, body_nodes=2)
-    return _mutant(base)
+    return graphs(max_nodes=6, while_loops=True, functions=True, devices=MULTI_DEVICES, body_nodes=2)
+
+
+def mutants(base: st.SearchStrategy[Any] | None = None) -> st.SearchStrategy[Mutant]:
+    """Draw a :class:`Mutant` of a graph drawn from ``base`` (default: :func:`base_graphs`)."""
+    return _mutant(base_graphs() if base is None else base)
 
 
 _OP_NAMES = ("MatMul", "Tanh", "Exp", "Relu", "NotAnOp", "", "matmul", "Conv2D,Relu", " Sum ")
