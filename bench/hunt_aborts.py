@@ -148,7 +148,7 @@ def supervise(out: str, memory_gb: float) -> tuple[list[dict[str, object]], dict
 
 
 def report(out: str, graphs: list[bytes], crashes: list[dict[str, object]], counts: dict[str, int],
-           seconds: float, seed: int) -> str:
+           seconds: float, seed: int, requested: int) -> str:
     """The markdown report of a hunt, with each crash's mutated byte.  Also saves each crashing
     mutant as ``OUT/crashes/<index>.bin``."""
     total = sum(1 for _ in mutants(graphs))
@@ -158,7 +158,7 @@ def report(out: str, graphs: list[bytes], crashes: list[dict[str, object]], coun
             escapes = f.read().splitlines()
     by_index = {c["index"]: c for c in crashes}
     lines = [f"# Byte-flip hunt for process crashes ({datetime.date.today()})", "",
-             f"`python bench/hunt_aborts.py --graphs {len(graphs)} --seed {seed}`: {len(graphs)} graphs of "
+             f"`python bench/hunt_aborts.py --graphs {requested} --seed {seed}`: {len(graphs)} distinct graphs of "
              f"`base_graphs()` ({sum(map(len, graphs))} bytes), {total} mutants through "
              f"`amp_rewrite.estimate_step_time(target=\"gpu:8.0\")` in {seconds / 60:.1f} min.", "",
              "| outcome | mutants |", "|---|---|",
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(os.path.join(args.out, "graphs.pkl"), "wb") as f:
         pickle.dump(graphs, f)
     crashes, counts, seconds = supervise(args.out, args.memory_gb)
-    text = report(args.out, graphs, crashes, counts, seconds, args.seed)
+    text = report(args.out, graphs, crashes, counts, seconds, args.seed, args.graphs)
     with open(os.path.join(args.out, "report.md"), "w") as f:
         f.write(text)
     print(text)
