@@ -97,7 +97,7 @@ def _arg_ports(
         return [TypeAttr(arg.type_list_attr, i, 0) for i in range(count)]
     count = ints.get(arg.number_attr, 1) if arg.number_attr else 1
     if not 0 <= count <= MAX_PORTS:
-        # The importer refuses such a node first (importer.check_port_counts); checked here
+        # The importer refuses such a node first (node_checks.check_nodes); checked here
         # too because the list below would take memory in proportion to the count.
         raise InvalidGraphError(
             f"node {node!r} has {arg.number_attr} = {count}; a count must be between 0 and {MAX_PORTS}", node=node

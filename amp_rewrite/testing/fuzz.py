@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 from .mutations import _MUTATORS, HOSTILE_NAMES, _mutate  # noqa: F401  (HOSTILE_NAMES: importable from here)
 from .strategies import graphs
 
-__all__ = ["Mutant", "base_graphs", "mutants", "rewrite_options", "check_api_boundary", "check_cli_boundary", "MUTATIONS"]
+__all__ = ["Mutant", "base_graphs", "mutants", "rewrite_options", "check_api_boundary", "check_cli_boundary",
+           "MUTATIONS"]
 
 
 @dataclass(frozen=True)
