@@ -6,6 +6,7 @@ cannot report because it dies with them.
 
     PYTHONPATH=. python bench/hunt_aborts.py --out /tmp/hunt                 # 15 graphs, ~10 min
     PYTHONPATH=. python bench/hunt_aborts.py --out /tmp/hunt --graphs 60 --seed 2
+    PYTHONPATH=. python bench/hunt_aborts.py --out /tmp/hunt --graph model.pb   # your own graphs
 
 The graphs are :func:`amp_rewrite.testing.fuzz.base_graphs` (what the fuzz tests mutate),
 drawn with Hypothesis from ``--seed``; each byte of a serialized graph takes the values 0x00,
@@ -148,7 +149,7 @@ def supervise(out: str, memory_gb: float) -> tuple[list[dict[str, object]], dict
 
 
 def report(out: str, graphs: list[bytes], crashes: list[dict[str, object]], counts: dict[str, int],
-           seconds: float, seed: int, requested: int) -> str:
+           seconds: float, source: str) -> str:
     """The markdown report of a hunt, with each crash's mutated byte.  Also saves each crashing
     mutant as ``OUT/crashes/<index>.bin``."""
     total = sum(1 for _ in mutants(graphs))
@@ -158,8 +159,8 @@ def report(out: str, graphs: list[bytes], crashes: list[dict[str, object]], coun
             escapes = f.read().splitlines()
     by_index = {c["index"]: c for c in crashes}
     lines = [f"# Byte-flip hunt for process crashes ({datetime.date.today()})", "",
-             f"`python bench/hunt_aborts.py --graphs {requested} --seed {seed}`: {len(graphs)} distinct graphs of "
-             f"`base_graphs()` ({sum(map(len, graphs))} bytes), {total} mutants through "
+             f"`python bench/hunt_aborts.py {source}`: {len(graphs)} distinct graphs "
+             f"({sum(map(len, graphs))} bytes), {total} mutants through "
              f"`amp_rewrite.estimate_step_time(target=\"gpu:8.0\")` in {seconds / 60:.1f} min.", "",
              "| outcome | mutants |", "|---|---|",
              f"| priced | {counts['priced']} |", f"| refused (`AmpRewriteError`) | {counts['refused']} |",
@@ -186,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="directory for the report and the crashing mutants")
     parser.add_argument("--graphs", type=int, default=15, help="graphs to mutate (default 15)")
     parser.add_argument("--seed", type=int, default=1, help="Hypothesis seed of the graphs (default 1)")
+    parser.add_argument("--graph", action="append", default=[],
+                        help="a GraphDef file (.pb or .pbtxt) to mutate instead of drawn graphs (repeatable)")
     parser.add_argument("--memory-gb", type=float, default=8.0, help="address-space cap of a worker (default 8)")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -196,11 +199,18 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("escapes.txt", "progress"):
         if os.path.exists(os.path.join(args.out, name)):
             os.remove(os.path.join(args.out, name))
-    graphs = draw_graphs(args.graphs, args.seed)
+    if args.graph:
+        import amp_rewrite
+
+        graphs = [amp_rewrite.load_graph_def(path).SerializeToString(deterministic=True) for path in args.graph]
+    else:
+        graphs = draw_graphs(args.graphs, args.seed)
     with open(os.path.join(args.out, "graphs.pkl"), "wb") as f:
         pickle.dump(graphs, f)
     crashes, counts, seconds = supervise(args.out, args.memory_gb)
-    text = report(args.out, graphs, crashes, counts, seconds, args.seed, args.graphs)
+    source = (" ".join(f"--graph {path}" for path in args.graph) if args.graph
+              else f"--graphs {args.graphs} --seed {args.seed}")
+    text = report(args.out, graphs, crashes, counts, seconds, source)
     with open(os.path.join(args.out, "report.md"), "w") as f:
         f.write(text)
     print(text)

@@ -630,3 +630,55 @@ def test_a_constant_whose_value_has_another_type_is_refused_without_crashing(tmp
     assert all(message in detail for _, detail in results[:2]), results
     for _, skipped in results[2:]:
         assert list(skipped) == ["reverse"] and message in skipped["reverse"], skipped
+
+
+def _gather_graph(batch_dims):
+    """``GatherV2(params, indices, axis)`` with the axis a placeholder (not a constant) and the
+    given ``batch_dims``, then a MatMul and a Sum, so shapes are read."""
+    gd = graph_pb2.GraphDef()
+    gd.versions.producer = 1700
+    _placeholder(gd.node, "params", (4, 32))
+    _placeholder(gd.node, "indices", (16,), dtype=types_pb2.DT_INT32)
+    _placeholder(gd.node, "axis", (), dtype=types_pb2.DT_INT32)
+    _node(gd.node, "gather", "GatherV2", ["params", "indices", "axis"],
+          Tparams=attr_value_pb2.AttrValue(type=F32), Tindices=attr_value_pb2.AttrValue(type=types_pb2.DT_INT32),
+          Taxis=attr_value_pb2.AttrValue(type=types_pb2.DT_INT32), batch_dims=attr_value_pb2.AttrValue(i=batch_dims))
+    _node(gd.node, "mm", "MatMul", ["params", "params"], T=F32, transpose_b=attr_value_pb2.AttrValue(b=True))
+    _const(gd.node, "axes", [0], dtype=tf.int32)
+    _node(gd.node, "sum", "Sum", ["gather", "axes"], T=F32, Tidx=types_pb2.DT_INT32,
+          keep_dims=attr_value_pb2.AttrValue(b=False))
+    return gd
+
+
+_GATHER_CASES = r"""
+import json, logging, sys
+sys.path.insert(0, {tests!r})
+import amp_rewrite
+from amp_rewrite.graph.shapes import graph_shapes
+from test_hostile_graphs import _gather_graph
+
+logging.disable(logging.WARNING)
+results = {{}}
+for batch_dims in (8, -2 ** 31 + 1, 1, 0):
+    gd = _gather_graph(batch_dims)
+    amp_rewrite.estimate_step_time(gd, target="gpu:8.0")
+    amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", lists="optimal", use_env=False)
+    results[batch_dims] = graph_shapes(gd).get("gather")
+print(json.dumps(results))
+"""
+
+
+def test_gather_batch_dims_that_abort_tensorflows_shape_function_are_not_imported(tmp_path):
+    """``GatherV2`` with ``batch_dims = 8`` and an axis that is not a constant: TensorFlow's
+    shape function made a shape of rank -6 and failed a CHECK, aborting the process (found by
+    ``bench/hunt_aborts.py``).  Such a node is left out of the inert copy, like a call: it has
+    no static shape.  ``batch_dims`` 0 and 1 keep theirs.  In a child process, as the abort
+    took the process down."""
+    script = tmp_path / "gather.py"
+    script.write_text(_GATHER_CASES.format(tests=os.path.dirname(__file__)))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
+    shapes = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert shapes[str(8)] is None and shapes[str(-2 ** 31 + 1)] is None, shapes
+    assert shapes["0"] is not None and shapes["1"] is not None, shapes

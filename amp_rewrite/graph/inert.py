@@ -21,7 +21,9 @@ no longer a constant to the refiner, while its shape still is what the shape fun
 Calls into the function library (ops named after a function, and ops with ``func``
 attributes: While, If, PartitionedCall) are removed and the library is dropped, so the
 refiner never enters a function body from the main graph; their consumers read placeholders
-with the recorded ``_output_shapes`` where present.
+with the recorded ``_output_shapes`` where present.  So are nodes with an attribute value whose
+shape function would abort the process (:data:`_UNVALIDATED_ATTRS`: ``GatherV2``'s
+``batch_dims``).
 
 Severing costs little knowledge (a folded batch norm's parameters keep their shapes); a
 removed call's outputs get a default size from the planner.  It never changes a plan's correctness.
@@ -115,6 +117,27 @@ _SHAPED_CONTROL_FLOW = frozenset({"While", "StatelessWhile", "_While", "If", "St
                                   "_If", "Case", "StatelessCase"})
 
 
+#: Attributes that TensorFlow's shape functions compute with before validating them, and the
+#: values known safe: a node with another value is removed from the copy, as a call is.
+#: ``GatherV2``'s shape function makes a shape of rank ``rank(params) + rank(indices) - 1 -
+#: batch_dims`` when its axis is not a constant, and a negative rank fails a CHECK
+#: (``shape_inference.cc: rank must not be negative``) that aborts the process; a large
+#: negative ``batch_dims`` asks for billions of dimensions.  Found by ``bench/hunt_aborts.py``.
+#: Real models use 0, and sometimes 1 or -1 (``tf.gather(..., batch_dims=1)``).
+_UNVALIDATED_ATTRS: Mapping[str, tuple[str, frozenset[int]]] = {
+    "GatherV2": ("batch_dims", frozenset({-1, 0, 1})),
+}
+
+
+def _unvalidated_attr(node_def: Any) -> bool:
+    """Whether an attribute of ``node_def`` has a value its op's shape function may abort on."""
+    rule = _UNVALIDATED_ATTRS.get(node_def.op)
+    if rule is None or rule[0] not in node_def.attr:
+        return False
+    value = node_def.attr[rule[0]]
+    return value.WhichOneof("value") == "i" and value.i not in rule[1]
+
+
 def _is_call(node_def: Any, library: set[str]) -> bool:
     if node_def.op in library:
         return True
@@ -148,7 +171,8 @@ _INTEGER = frozenset({dt.INT32, dt.INT64})
 
 
 class _Analysis:
-    """Which nodes of a GraphDef to remove (calls) and which input of which node to sever.
+    """Which nodes of a GraphDef to remove (calls, :data:`_UNVALIDATED_ATTRS`) and which input of
+    which node to sever.
     Built once; reads the GraphDef only.
 
     Walks the data edges in topological order with an explicit queue (no recursion: graphs
@@ -181,7 +205,9 @@ class _Analysis:
         self.removed: set[str] = set()
         #: node -> position in its ``input`` list that reads a placeholder instead.
         self.severed: dict[str, int] = {}
-        self.calls = {n for n, nd in self.nodes.items() if _is_call(nd, library)}
+        #: nodes TensorFlow must not see: calls (no body is in the copy) and nodes whose shape
+        #: function may abort on an attribute (:data:`_UNVALIDATED_ATTRS`).
+        self.unimportable = {n for n, nd in self.nodes.items() if _is_call(nd, library) or _unvalidated_attr(nd)}
         self._walk()
 
     def _walk(self) -> None:
@@ -220,7 +246,7 @@ class _Analysis:
         op = nd.op
         refs = self.inputs[name]
         self.foldable[name] = False
-        if name in self.calls:
+        if name in self.unimportable:
             self.removed.add(name)
             return
         if op == "Const":
