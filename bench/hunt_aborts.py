@@ -6,6 +6,7 @@ cannot report because it dies with them.
 
     PYTHONPATH=. python bench/hunt_aborts.py --out /tmp/hunt                 # 15 graphs, ~10 min
     PYTHONPATH=. python bench/hunt_aborts.py --out /tmp/hunt --graphs 60 --seed 2
+    PYTHONPATH=. python bench/hunt_aborts.py --out /tmp/hunt --built     # shape plumbing, tf.function
     PYTHONPATH=. python bench/hunt_aborts.py --out /tmp/hunt --graph model.pb   # your own graphs
 
 The graphs are :func:`amp_rewrite.testing.fuzz.base_graphs` (what the fuzz tests mutate),
@@ -65,6 +66,45 @@ def draw_graphs(count: int, seed: int) -> list[bytes]:
 
     collect()
     return sorted(set(drawn), key=lambda b: (len(b), b))[:count]
+
+
+def built_graphs() -> list[bytes]:
+    """Two graphs built with TensorFlow, for what the drawn ones lack: shape plumbing whose
+    values the shape refiner computes (``Shape``, ``StridedSlice``, ``Pack``, ``Fill``,
+    ``Pad``, ``Slice``, ``Split``, ``Tile``, ``GatherV2``, ``Range``, ``OneHot``,
+    ``BroadcastTo``, ...), and a ``tf.function`` step with a functional ``While``, an ``If`` and
+    a nested call (bodies in the function library)."""
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, (None, 8, 6), name="x")
+        idx = tf.compat.v1.placeholder(tf.int32, (None,), name="idx")
+        batch = tf.strided_slice(tf.shape(x), [0], [1], [1], shrink_axis_mask=1)
+        h = tf.matmul(tf.reshape(x, tf.stack([batch, -1])), tf.fill(tf.stack([48, 16]), 0.5))
+        h = tf.slice(tf.pad(h, [[0, 0], [1, 1]]), [0, 0], tf.stack([batch, 16]))
+        left, right = tf.split(h, 2, axis=1)
+        h = tf.squeeze(tf.expand_dims(tf.tile(tf.concat([right, left], axis=1), tf.constant([1, 2])), 1), [1])
+        h = tf.gather(h, tf.range(0, 32, 2), axis=1)
+        h = h + tf.broadcast_to(tf.reduce_sum(tf.one_hot(idx, 16), 0), tf.shape(h))
+        h = tf.transpose(tf.reshape(h, tf.concat([tf.shape(h)[:1], [4, 4]], 0)), [0, 2, 1])
+        tf.reduce_mean(tf.linalg.matmul(h, h), name="out")
+
+    @tf.function
+    def inner(h):
+        return tf.reshape(tf.matmul(h, tf.transpose(h)), tf.stack([tf.shape(h)[0], -1]))
+
+    @tf.function(input_signature=[tf.TensorSpec((None, 8), tf.float32)])
+    def step(x):
+        def body(i, h):
+            return i + 1, tf.nn.relu(tf.matmul(h, tf.ones((8, 8)) * 0.1))
+
+        _, h = tf.while_loop(lambda i, h: i < 3, body, [tf.constant(0), x])
+        h = tf.cond(tf.reduce_sum(h) > 0, lambda: h * 2.0, lambda: h - 1.0)
+        return tf.reduce_mean(tf.nn.softmax(inner(h)))
+
+    return [graph.as_graph_def().SerializeToString(deterministic=True),
+            step.get_concrete_function().graph.as_graph_def().SerializeToString(deterministic=True)]
 
 
 def worker(out: str, start: int) -> None:
@@ -189,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1, help="Hypothesis seed of the graphs (default 1)")
     parser.add_argument("--graph", action="append", default=[],
                         help="a GraphDef file (.pb or .pbtxt) to mutate instead of drawn graphs (repeatable)")
+    parser.add_argument("--built", action="store_true",
+                        help="mutate the two graphs of built_graphs() (shape plumbing, functional control flow) "
+                             "instead of drawn graphs")
     parser.add_argument("--memory-gb", type=float, default=8.0, help="address-space cap of a worker (default 8)")
     parser.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -203,13 +246,15 @@ def main(argv: list[str] | None = None) -> int:
         import amp_rewrite
 
         graphs = [amp_rewrite.load_graph_def(path).SerializeToString(deterministic=True) for path in args.graph]
+    elif args.built:
+        graphs = built_graphs()
     else:
         graphs = draw_graphs(args.graphs, args.seed)
     with open(os.path.join(args.out, "graphs.pkl"), "wb") as f:
         pickle.dump(graphs, f)
     crashes, counts, seconds = supervise(args.out, args.memory_gb)
     source = (" ".join(f"--graph {path}" for path in args.graph) if args.graph
-              else f"--graphs {args.graphs} --seed {args.seed}")
+              else "--built" if args.built else f"--graphs {args.graphs} --seed {args.seed}")
     text = report(args.out, graphs, crashes, counts, seconds, source)
     with open(os.path.join(args.out, "report.md"), "w") as f:
         f.write(text)
