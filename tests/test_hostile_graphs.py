@@ -562,6 +562,36 @@ def test_unknown_ops_ports_are_bounded_for_the_whole_graph():
         amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", use_env=False)
 
 
+def _summed(gd, src, axes):
+    """``gd`` with a ``Sum`` of ``src`` over ``axes`` added (a reduction the default profile's
+    identity rule reads shapes for); returns ``gd``."""
+    _const(gd.node, "axes", axes, dtype=tf.int32)
+    _node(gd.node, "sum", "Sum", [src, "axes"], T=F32, Tidx=types_pb2.DT_INT32,
+          keep_dims=attr_value_pb2.AttrValue(b=False))
+    return gd
+
+
+#: What every child process below starts with: the tests importable, amp_rewrite imported,
+#: warnings off.  The case's own lines follow; its last output line is JSON.
+_CHILD_PREAMBLE = r"""
+import json, logging, sys
+sys.path.insert(0, {tests!r})
+import amp_rewrite
+logging.disable(logging.WARNING)
+"""
+
+
+def _run_in_child(tmp_path, body):
+    """Run ``body`` after :data:`_CHILD_PREAMBLE` in a child process (an abort there would take
+    pytest down with it), check that it exited normally, and return the JSON it printed last."""
+    script = tmp_path / "child.py"
+    script.write_text(_CHILD_PREAMBLE.format(tests=os.path.dirname(__file__)) + body)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def _retyped_axis_graph(in_function):
     """``ReverseV2(MatMul(x, x), axis)`` then a Sum, with ``axis`` a Const that declares int32
     but holds a quint16 tensor: TensorFlow's shape function read it as int32 and aborted."""
@@ -589,20 +619,13 @@ def _retyped_axis_graph(in_function):
         call.attr["Tin"].CopyFrom(_types(F32))
         call.attr["Tout"].CopyFrom(_types(F32))
         call.attr["f"].CopyFrom(_func_attr("reverse"))
-    _const(gd.node, "axes", [0, 1], dtype=tf.int32)
-    _node(gd.node, "sum", "Sum", ["rev", "axes"], T=F32, Tidx=types_pb2.DT_INT32,
-          keep_dims=attr_value_pb2.AttrValue(b=False))
-    return gd
+    return _summed(gd, "rev", [0, 1])
 
 
 _RETYPED_CASES = r"""
-import json, logging, sys
-sys.path.insert(0, {tests!r})
-import amp_rewrite
 from amp_rewrite.errors import InvalidGraphError
 from test_hostile_graphs import _retyped_axis_graph
 
-logging.disable(logging.WARNING)
 results = []
 for in_function in (False, True):
     for lists in ("default", "optimal"):
@@ -619,12 +642,7 @@ print(json.dumps(results))
 def test_a_constant_whose_value_has_another_type_is_refused_without_crashing(tmp_path):
     """In a child process, as the crash took pytest down with it: refused in the main graph;
     a function holding one is left unchanged (TensorFlow never imports its body)."""
-    script = tmp_path / "retyped.py"
-    script.write_text(_RETYPED_CASES.format(tests=os.path.dirname(__file__)))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = _run_in_child(tmp_path, _RETYPED_CASES)
     message = "Const node 'axis' declares dtype int32 but its value is a quint16 tensor"
     assert [kind for kind, _ in results] == ["refused", "refused", "skipped", "skipped"], results
     assert all(message in detail for _, detail in results[:2]), results
@@ -644,21 +662,14 @@ def _gather_graph(batch_dims):
           Tparams=attr_value_pb2.AttrValue(type=F32), Tindices=attr_value_pb2.AttrValue(type=types_pb2.DT_INT32),
           Taxis=attr_value_pb2.AttrValue(type=types_pb2.DT_INT32), batch_dims=attr_value_pb2.AttrValue(i=batch_dims))
     _node(gd.node, "mm", "MatMul", ["params", "params"], T=F32, transpose_b=attr_value_pb2.AttrValue(b=True))
-    _const(gd.node, "axes", [0], dtype=tf.int32)
-    _node(gd.node, "sum", "Sum", ["gather", "axes"], T=F32, Tidx=types_pb2.DT_INT32,
-          keep_dims=attr_value_pb2.AttrValue(b=False))
-    return gd
+    return _summed(gd, "gather", [0])
 
 
 _GATHER_CASES = r"""
-import json, logging, sys
-sys.path.insert(0, {tests!r})
-import amp_rewrite
 from amp_rewrite.graph.shapes import graph_shapes
 from test_hostile_graphs import _gather_graph
 
-logging.disable(logging.WARNING)
-results = {{}}
+results = {}
 for batch_dims in (8, -2 ** 31 + 1, 1, 0):
     gd = _gather_graph(batch_dims)
     amp_rewrite.estimate_step_time(gd, target="gpu:8.0")
@@ -674,11 +685,6 @@ def test_gather_batch_dims_that_abort_tensorflows_shape_function_are_not_importe
     ``bench/hunt_aborts.py``).  Such a node is left out of the inert copy, like a call: it has
     no static shape.  ``batch_dims`` 0 and 1 keep theirs.  In a child process, as the abort
     took the process down."""
-    script = tmp_path / "gather.py"
-    script.write_text(_GATHER_CASES.format(tests=os.path.dirname(__file__)))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
-    assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
-    shapes = json.loads(proc.stdout.strip().splitlines()[-1])
+    shapes = _run_in_child(tmp_path, _GATHER_CASES)
     assert shapes[str(8)] is None and shapes[str(-2 ** 31 + 1)] is None, shapes
     assert shapes["0"] is not None and shapes["1"] is not None, shapes
