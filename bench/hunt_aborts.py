@@ -119,30 +119,30 @@ def worker(out: str, start: int) -> None:
     with open(os.path.join(out, "graphs.pkl"), "rb") as f:
         graphs = pickle.load(f)
     priced = refused = escaped = 0
-    progress = open(os.path.join(out, "progress"), "w")
+    with open(os.path.join(out, "progress"), "w") as progress:
 
-    def note(index: int | str) -> None:
-        # Fixed width, so each write covers the last; a crash leaves the mutant that killed
-        # the worker and the counts before it.
-        progress.seek(0)
-        progress.write(f"{index:>12} {priced:12d} {refused:12d} {escaped:12d}\n")
-        progress.flush()
+        def note(index: int | str) -> None:
+            # Fixed width, so each write covers the last; a crash leaves the mutant that killed
+            # the worker and the counts before it.
+            progress.seek(0)
+            progress.write(f"{index:>12} {priced:12d} {refused:12d} {escaped:12d}\n")
+            progress.flush()
 
-    for index, (gi, pos, value, data) in enumerate(mutants(graphs)):
-        if index < start:
-            continue
-        note(index)
-        try:
-            amp_rewrite.estimate_step_time(data, target="gpu:8.0")
-            priced += 1
-        except AmpRewriteError:
-            refused += 1
-        except Exception as exc:  # noqa: BLE001 - what the hunt looks for
-            escaped += 1
-            with open(os.path.join(out, "escapes.txt"), "a") as f:
-                f.write(f"{index}\tgraph {gi} byte {pos} -> {value:#04x}\t{type(exc).__name__}: "
-                        f"{str(exc)[:300]!r}\n")
-    note("done")
+        for index, (gi, pos, value, data) in enumerate(mutants(graphs)):
+            if index < start:
+                continue
+            note(index)
+            try:
+                amp_rewrite.estimate_step_time(data, target="gpu:8.0")
+                priced += 1
+            except AmpRewriteError:
+                refused += 1
+            except Exception as exc:  # noqa: BLE001 - what the hunt looks for
+                escaped += 1
+                with open(os.path.join(out, "escapes.txt"), "a") as f:
+                    f.write(f"{index}\tgraph {gi} byte {pos} -> {value:#04x}\t{type(exc).__name__}: "
+                            f"{str(exc)[:300]!r}\n")
+        note("done")
 
 
 def _last_log_line(err: str) -> str:

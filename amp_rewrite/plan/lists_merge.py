@@ -12,8 +12,8 @@ import functools
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 from types import MappingProxyType
+from typing import Any
 
 from ..errors import ListError
 from .lists_schema import _Entry, _Layer
