@@ -2,8 +2,11 @@
 
 ``bench/gpu_bench.py`` writes every variant's step time per repeat (the variants of one repeat
 run round robin, so a repeat's times are paired).  This script reads one or more of its JSON
-files (merged as ``gpu_bench --merge`` merges them: a later file's record of a workload wins,
-a partial one never over a finished one), and says, per workload, what the lines ask:
+files and says, per workload record, what the lines ask.  Records of one workload with the
+same variants are splits of one run (a later file's wins, a partial one never over a finished
+one, as ``gpu_bench --merge`` merges them); records with other variants (the same workload
+without XLA in one call and under XLA in the next) are judged each on its own, since a
+comparison pairs variants of one run only:
 
 * **Line 1** (training steps measured with ``ours_user`` and ``keras_mixed_xla``): ours as a
   user enables it against Keras's ``mixed_float16`` + XLA, and against float32 + XLA, paired
@@ -32,6 +35,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import statistics
@@ -137,8 +141,29 @@ def _fmt(value: float | None, spec: str = ".3f") -> str:
     return "n/a" if value is None or not math.isfinite(value) else format(value, spec)
 
 
+def read_runs(paths: list[str]) -> dict[str, Any]:
+    """The workload records of ``paths`` (``gpu_bench`` JSON files, in order), each with its
+    file's name under ``"run"``: one record per workload and variant set (a later file's wins,
+    unless it is partial and the earlier one finished), in the order first seen.  Reads the
+    files; mutates nothing it was given."""
+    by_key: dict[tuple[str, tuple[str, ...]], dict[str, Any]] = {}
+    sources = []
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        sources.append({"file": path, "date": data.get("machine", {}).get("date")})
+        for rec in data["workloads"]:
+            key = (rec["workload"], tuple(sorted(rec["variants"])))
+            earlier = by_key.get(key)
+            if rec.get("partial") and earlier is not None and not earlier.get("partial"):
+                continue  # a stopped run's partial record does not replace a finished one
+            by_key[key] = {**rec, "run": os.path.basename(path)}
+    return {"merged_from": sources, "workloads": list(by_key.values())}
+
+
 def render(results: dict[str, Any]) -> str:
-    """The judgement of every workload of ``results`` (``gpu_bench`` JSON) as markdown.  Pure."""
+    """The judgement of every workload record of ``results`` (:func:`read_runs`) as markdown.
+    Pure."""
     sources = [f"`{os.path.basename(m['file'])}` ({m.get('date') or 'undated'})" for m in results.get("merged_from", [])]
     lines = ["# Issue 22, done-when lines 1 and 2, from measured runs", "",
              *([f"Written by `bench/gpu_done_when.py` from {', '.join(sources)}; the code and machine are "
@@ -157,8 +182,8 @@ def render(results: dict[str, Any]) -> str:
                      f"{k['faster']} of {k['repeats']}) | {k['verdict']} | {_fmt(f['median'])} "
                      f"({_fmt(f['min'])}-{_fmt(f['max'])}) | {f['verdict']} | {noise} |")
     lines += ["", "## Line 2: our best variant per mode against TensorFlow's pass and float32 (medians)", "",
-              "| workload | mode | ours (best) | / float32 | verdict | / TF's pass | verdict | A/A |",
-              "|---|---|---|---|---|---|---|---|"]
+              "| workload | run | mode | ours (best) | / float32 | verdict | / TF's pass | verdict | A/A |",
+              "|---|---|---|---|---|---|---|---|---|"]
     errors = []
     for w in results["workloads"]:
         judged = line2(w)
@@ -167,26 +192,28 @@ def render(results: dict[str, Any]) -> str:
             if entry["ours"] is None:
                 continue
             f32, amp = entry["float32"], entry["tf_amp"]
-            lines.append(f"| {w['workload']} | {mode} | {entry['ours']} ({_fmt(entry['ours_ms'], '.2f')} ms) | "
+            lines.append(f"| {w['workload']} | {w.get('run', '')} | {mode} | {entry['ours']} ({_fmt(entry['ours_ms'], '.2f')} ms) | "
                          f"{_fmt(f32['ratio'])} | {f32['verdict']} | {_fmt(amp['ratio'])} | {amp['verdict']} | {noise} |")
         err = judged["error"]
         if "ours" in err:
-            errors.append(f"| {w['workload']} | {err['ours'][0]} {err['ours'][1]:.2e} | {err['others_max']:.2e} | "
+            errors.append(f"| {w['workload']} | {w.get('run', '')} | {err['ours'][0]} {err['ours'][1]:.2e} | {err['others_max']:.2e} | "
                           f"{err['verdict']} |")
         else:
-            errors.append(f"| {w['workload']} | | | {err['verdict']} |")
+            errors.append(f"| {w['workload']} | {w.get('run', '')} | | | {err['verdict']} |")
     lines += ["", "Errors (first step's loss or outputs against `float32_strict`; ours: the largest of our "
               "variants'; others: the larger of TF's pass's and Keras's):", "",
-              "| workload | ours (worst) | TF's pass / Keras (worst) | verdict |", "|---|---|---|---|", *errors]
+              "| workload | run | ours (worst) | TF's pass / Keras (worst) | verdict |", "|---|---|---|---|---|",
+              *errors]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("results", nargs="+", help="gpu_bench JSON files (a later file's workload wins)")
+    p.add_argument("results", nargs="+", help="gpu_bench JSON files (a later file's record of a workload "
+                   "with the same variants wins)")
     p.add_argument("--out", help="markdown file (default: stdout)")
     args = p.parse_args(argv)
-    text = render(gpu_bench.merge(args.results))
+    text = render(read_runs(args.results))
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)

@@ -753,4 +753,18 @@ def test_done_when_judges_lines_1_and_2_from_paired_repeats_within_the_aa_gap(tm
     text = out.read_text()
     assert "| w-train | 0.983 (0.967-1.050, 2 of 3) | holds |" in text
     assert "| w2 | 1.045 (1.040-1.050, 0 of 2) | fails |" in text and "(assumed: no A/A pair)" in text
-    assert "| w-train | ours_default 6.00e-04 | 5.00e-04 | fails |" in text
+    assert "| w-train | 0.json | ours_default 6.00e-04 | 5.00e-04 | fails |" in text
+
+    # The same workload without XLA in one call and under XLA in the next: both judged, each
+    # against its own run's float32; a later split of one run (same variants) replaces it.
+    xla_only = {"workload": "w-train", "train": True, "aa_gap": None, "variants": {
+        "float32_xla": v([40.0, 40.0]), "ours_user": v([44.0, 44.0], baseline="float32_xla")}}
+    later = tmp_path / "2.json"
+    later.write_text(json.dumps({"machine": {"date": "d"}, "config": {}, "workloads": [xla_only]}))
+    records = gpu_done_when.read_runs([*runs, str(later), str(later)])["workloads"]
+    assert [(r["workload"], r["run"]) for r in records] == [("w-train", "0.json"), ("w2", "1.json"),
+                                                             ("w-train", "2.json")]
+    assert gpu_done_when.main([*runs, str(later), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| w-train | 0.json | no XLA | ours_optimal (100.50 ms) | 1.005 | holds |" in text
+    assert "| w-train | 2.json | XLA | ours_user (44.00 ms) | 1.100 | fails |" in text
