@@ -4,6 +4,8 @@ compare on one scale (issue 22's predicted-against-measured ratios)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -290,6 +292,22 @@ def test_cudnn_rnn_is_priced_as_its_gemms_and_its_time_steps():
         assert fwd.low < fwd.high and bwd.low < bwd.high
         assert fwd.low > seq * gpu.kernel_overhead  # one time step after another
     assert "CudnnRNNV3" in RNN_OPS
+    # The class's own recurrent figures (fitted to an H200's LSTM steps): a fixed time per
+    # time step in either precision, and their own share of the GEMM rates, not the share the
+    # class's other dense ops reach.
+    ins = [(seq, batch, width), (1, batch, units), (1, batch, units), (4 * units * (width + units + 2),)]
+    out = [(seq, batch, units)]
+    flops = _rnn_work(ins)[0]
+    mine = dataclasses.replace(gpu, rnn_step_time=50_000.0, rnn_efficiency=(0.5, 0.25))
+    no_fit = dataclasses.replace(gpu, rnn_step_time=0.0, rnn_efficiency=None)
+    fitted, plain = node_cost("CudnnRNNV3", ins, out, 2, mine), node_cost("CudnnRNNV3", ins, out, 2, no_fit)
+    assert fitted.high - plain.high == pytest.approx(
+        seq * (50_000.0 - gpu.kernel_overhead) + flops / (gpu.f32_flops * 0.5) - flops / (gpu.f32_flops * gpu.dense_efficiency))
+    assert fitted.low - plain.low == pytest.approx(
+        seq * (50_000.0 - gpu.kernel_overhead) + flops / (gpu.low_flops * 0.25) - flops / (gpu.low_flops * gpu.dense_efficiency))
+    # A MatMul on the same class keeps the class's dense efficiency.
+    assert node_cost("MatMul", [(256, 256), (256, 256)], [(256, 256)], 2, mine) == node_cost(
+        "MatMul", [(256, 256), (256, 256)], [(256, 256)], 2, no_fit)
     # Unknown weights: an LSTM's four gates.
     assert _rnn_work([(seq, batch, width), (1, batch, units), (1, batch, units), None])[0] == (
         2.0 * seq * batch * 4 * units * (width + units))

@@ -11,8 +11,9 @@ op -- because its job is to rank colourings, not to predict step times:
   (:class:`DenseBand`);
 * cuDNN's recurrent layers (``CudnnRNN*``, what Keras 3's LSTM and GRU become on a GPU) are
   dense math too: the GEMMs of every gate block and time step (:func:`_rnn_work`; twice
-  that backward), plus one kernel's fixed time per time step, since the recurrence runs them
-  one after another (an assumption no GPU has checked yet);
+  that backward) at the share of the rates such calls reach, plus a fixed time per time
+  step, since the recurrence runs them one after another (both fitted to an H200's LSTM
+  steps, :data:`GPU_RNN_STEP_TIME`);
 * ops that only forward or re-describe a tensor (:data:`ALIAS_OPS`), or read only its shape
   (:data:`METADATA_OPS`), cost nothing;
 * everything else is element-wise: ``bytes / bandwidth``, times a per-op factor for ops
@@ -221,6 +222,14 @@ class DeviceCosts:
     large_elementwise: Mapping[str, tuple[float, float]] = field(default_factory=lambda: MappingProxyType({}),
                                                                  hash=False)
     large_elements: int = 0
+    #: Fixed time of one time step of a cuDNN recurrent call (ns), in either precision: the
+    #: recurrence runs its steps one after another, each a few small kernels and a
+    #: synchronisation.  ``0``: one :attr:`kernel_overhead` per step.
+    rnn_step_time: float = 0.0
+    #: The shares of the nominal float32 and low-precision GEMM rates a cuDNN recurrent call
+    #: reaches (its GEMMs are one time step of a batch at a time).  ``None``:
+    #: :attr:`dense_efficiency` for both.
+    rnn_efficiency: tuple[float, float] | None = None
 
 
 #: Element-wise ops in bfloat16 on x86 CPUs, measured on this repository's benchmark CPU (AMD
@@ -438,13 +447,29 @@ GPU_LOW_ELEMENTWISE = 1.0
 #: within 2% of every ratio but BERT's, the planner's 3% stands.
 GPU_UNFUSED_STEP_ERROR = 0.10
 _CONV_SHARE = (336 / 366, 576 / 707)  # Hopper, measured: convolution rate / GEMM rate
+#: cuDNN's recurrent calls (``CudnnRNNV3`` and its backward), fitted to whole training steps an
+#: H200 ran (bench/gpu_runs/2026-11-28-h200, ``lstm-train-b64``: an embedding, two LSTMs of
+#: 1024 units over 64 time steps, batch 64, Adam): 11.58 ms per step with TF32, 21.51 with
+#: TF32 off, 11.05 with the two layers' calls in float16 (ours, ``lists="optimal"``).  The
+#: rest of the step priced as before (1.6 ms of element-wise work), the TF32/strict difference
+#: puts the recurrent GEMMs at half the nominal float32 rates; what is left of the TF32 step is
+#: 7.6 ms over 256 sequential time steps (two calls forward, two backward, 64 steps each): 30
+#: us a step, five times the step's GEMM at that rate; and the float16 step puts its GEMMs at
+#: 0.38 of the nominal float16 rate.  So converting a recurrent layer gains about 5%, not
+#: the 45% the GEMM rates alone promise: the recurrence's fixed time dominates at this size.
+#: (The model had priced the step at 5.05 ms, and its float16 layers at 0.77 of float32.)
+#: One workload: the fit prices its three steps by construction, and more hidden units or a
+#: larger batch (more GEMM work per step) are extrapolated.  Assumed for every family.
+GPU_RNN_STEP_TIME = 30_000.0
+GPU_RNN_EFFICIENCY = (0.5, 0.38)
 
 
 def _gpu_class(name: str, f32: float, low: float, bandwidth: float, misaligned_low: float) -> DeviceCosts:
     return DeviceCosts(name, f32, low, bandwidth, GPU_LOW_ELEMENTWISE, 1.5, GPU_KERNEL_OVERHEAD, 8, misaligned_low,
                        conv_rates=(f32 * _CONV_SHARE[0], low * _CONV_SHARE[1]),
                        dense_efficiency=GPU_DENSE_EFFICIENCY, kernel_overhead=GPU_KERNEL_OVERHEAD,
-                       host_per_kernel=GPU_HOST_PER_KERNEL, unfused_step_error=GPU_UNFUSED_STEP_ERROR)
+                       host_per_kernel=GPU_HOST_PER_KERNEL, unfused_step_error=GPU_UNFUSED_STEP_ERROR,
+                       rnn_step_time=GPU_RNN_STEP_TIME, rnn_efficiency=GPU_RNN_EFFICIENCY)
 
 
 DEVICE_COSTS: dict[str, DeviceCosts] = {
@@ -639,8 +664,11 @@ def _rnn_work(ins: Sequence[Shape]) -> tuple[float, tuple[int, ...], int]:
 
 def _dense_rates(costs: DeviceCosts, op: str) -> tuple[float, float]:
     """The float32 and low-precision rates (flop/ns) a model's ``op`` reaches on ``costs``'
-    device class: the class's convolution or GEMM rates, times its dense efficiency.  Pure."""
+    device class: the class's convolution or GEMM rates, times its dense efficiency (a
+    recurrent call's own, where the class measured one).  Pure."""
     f32, low = costs.conv_rates if costs.conv_rates and op in CONV_OPS else (costs.f32_flops, costs.low_flops)
+    if costs.rnn_efficiency is not None and (op in RNN_OPS or op in RNN_GRAD_OPS):
+        return f32 * costs.rnn_efficiency[0], low * costs.rnn_efficiency[1]
     return f32 * costs.dense_efficiency, low * costs.dense_efficiency
 
 
@@ -712,9 +740,8 @@ def node_cost(
         if op in RNN_OPS or op in RNN_GRAD_OPS:
             flops, dims, steps = _rnn_work(in_shapes)
             flops *= 2 if op in RNN_GRAD_OPS else 1
-            # A recurrence runs its time steps one after another, each at least one kernel,
-            # in either precision.
-            serial = steps * costs.kernel_overhead
+            # A recurrence runs its time steps one after another, in either precision.
+            serial = steps * (costs.rnn_step_time or costs.kernel_overhead)
         else:
             flops, dims = _dense_flops(op, in_shapes, out_shapes)
         f32_rate, low_rate = _dense_rates(costs, op)
