@@ -115,8 +115,10 @@ VARIANTS: tuple[str, ...] = (
     "float32", "float32_again", "float32_strict", "float32_xla", "tf_amp",
     "keras_mixed", "keras_mixed_xla",
     "ours_tensorflow", "ours_tensorflow_xla", "ours_default", "ours_default_xla",
-    "ours_optimal", "ours_optimal_xla", "ours_user", "ours_autotune", "ours_autotune_xla",
+    "ours_optimal", "ours_optimal_xla", "ours_user", "ours_autotune", "ours_autotune_xla", "ours_measured",
 )
+#: ``ours_measured``'s timed steps per candidate (``measure_steps``).
+MEASURE_STEPS = 3
 REFERENCE = "float32_strict"
 
 
@@ -148,6 +150,12 @@ class VariantSpec:
     @property
     def ours(self) -> bool:
         return self.lists is not None or self.user_defaults or self.autotune
+
+    @property
+    def measured(self) -> bool:
+        """Whether the step that runs is chosen by timing (autotune, ``measure_steps``): no
+        one plan to price."""
+        return self.autotune or bool(self.options.get("measure_steps"))
 
 
 #: Why the autotune variants do not run on a training workload.
@@ -196,6 +204,11 @@ def variant_spec(name: str) -> VariantSpec:
         return VariantSpec(name, jit_compile="auto", user_defaults=True)
     if name in ("ours_autotune", "ours_autotune_xla"):
         return VariantSpec(name, jit_compile=xla, autotune=True)
+    if name == "ours_measured":
+        # The optimal profile without XLA, its step chosen by timing the candidates in the
+        # first steps (the planned step, float32's, the default lists'): amp_rewrite's
+        # training-side autotune.
+        return VariantSpec(name, lists="optimal", options_json=json.dumps({"measure_steps": MEASURE_STEPS}))
     if name.startswith("ours_"):
         lists = name[len("ours_"):].removesuffix("_xla")
         if lists in ("tensorflow", "default", "optimal"):
@@ -658,13 +671,15 @@ class VariantRun:
             "precision": report.get("precision"), "target": report.get("target"),
             "skipped": report.get("skipped"), "placement_estimated_us": est,
             "xla_compiled": amp_fn.xla_compiled(), "rewrite_s": amp_fn.rewrite_seconds,
+            # measure_steps: each candidate's median step in its trial steps, and the one kept.
+            "measured_choices": amp_fn.measured_choices,
         }
 
     def predicted_ratio(self, baseline: str | None) -> tuple[float | None, str]:
         """The cost model's estimate of this variant's step over ``baseline``'s (float32 in the
         same mode), both traced again here and priced whole (:func:`predicted_step_ratio`)."""
-        if self.spec.autotune:
-            return None, "not priced: autotune chooses by measurement"
+        if self.spec.measured:
+            return None, "not priced: the step is chosen by measurement"
         if not self.cfg.predict:
             return None, "not computed (--no-predict)"
         if baseline is None:

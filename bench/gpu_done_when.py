@@ -14,7 +14,7 @@ comparison pairs variants of one run only:
   was faster.
 * **Line 2**: the best of our built-in variants (not ``--extra-variant`` experiments) in each
   mode (without XLA: ``ours_default``, ``ours_optimal``, ``ours_tensorflow``, ``ours_autotune``,
-  and ``ours_user`` where it did not compile; with XLA: ``*_xla`` and ``ours_user`` where it
+  ``ours_measured``, and ``ours_user`` where it did not compile; with XLA: ``*_xla`` and ``ours_user`` where it
   compiled) against TensorFlow's pass
   and float32 in the same mode (TensorFlow's pass runs without XLA only), as medians; and the
   first step's error against ``float32_strict`` (where the run had it) next to TensorFlow's
@@ -50,7 +50,7 @@ import gpu_bench  # noqa: E402  (loads no TensorFlow)
 #: The slack a comparison gets where its run had no A/A pair to measure the noise by.
 DEFAULT_NOISE = 0.02
 #: Our variants that run without XLA on a GPU (``ours_user`` joins them where it did not compile).
-OURS_NO_XLA = ("ours_default", "ours_optimal", "ours_tensorflow", "ours_autotune")
+OURS_NO_XLA = ("ours_default", "ours_optimal", "ours_tensorflow", "ours_autotune", "ours_measured")
 
 
 def _compiled(name: str, record: dict[str, Any]) -> bool:

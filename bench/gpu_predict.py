@@ -105,7 +105,7 @@ def rows_of(data: dict[str, Any], capability: str | None = None,
         for name, step in measured.items():
             if variants and name not in variants:
                 continue
-            if gpu_bench.variant_spec(name).autotune:
+            if gpu_bench.variant_spec(name).measured:
                 continue  # chosen by measurement: no one plan to price
             base = baseline_of(name)
             if base not in measured:

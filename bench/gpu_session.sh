@@ -11,22 +11,21 @@
 #     source .gpu/scripts/env.sh; bash bench/gpu_session.sh STAGE "$OUT"
 #
 # Stages, most wanted first (a session of 15 device minutes has room for about two after the
-# install; with line 1 measured on both workloads, `more` and `more_xla` are now the first to
-# run):
+# install; since the 2026-11-28 run, `measure`, `more_xla` and `nodes` come first):
 #   norm      Done-when line 1: ours as a user enables it against Keras's mixed_float16 + XLA
 #             and float32 + XLA, BERT first, then ResNet50; five variants, so both workloads
 #             fit the time budget (six left BERT out).  On the H200 (2026-11-27, second run,
 #             code de33612) ours led Keras's on both (BERT in 5 of 5 rounds, ResNet50 in 4).
-#   more      Workloads never measured, without XLA, all five in one call (their variants
-#             compile fast): float32 and its A/A twin, float32_strict (the error column's
-#             reference), TF's pass and ours_optimal (the best profile without XLA): done-when
-#             line 2 in that mode, and line 3's predicted against measured.
-#   more_xla  The same workloads under XLA, float32, Keras's mixed_float16 and ours as
-#             enabled, as far as 520 s go (the LSTM last: Keras compiles no cuDNN layer, so its
-#             three variants run without XLA, as users get them).  MobileNetV2 compiles slowly
-#             (three XLA variants did not finish in 150 s, 2026-11-27 second run), so it goes
-#             first with the whole budget ahead of it.  Expect two or three workloads a call;
-#             the rest run from the stage's gpu_bench command with the remaining --workloads.
+#   more      Five workloads without XLA in one call (float32 and its A/A twin,
+#             float32_strict, TF's pass, ours_optimal; run on the H200 2026-11-28).
+#   measure   Done-when line 2 on MobileNetV2 without XLA, where the optimal profile kept
+#             float32 and TF's pass gained 3.4% (2026-11-28): ours_measured (the optimal
+#             profile choosing its step by measure_steps=3 among the planned, float32 and
+#             default lists' steps) against float32, its A/A twin, TF's pass, ours_default and
+#             ours_tensorflow; then the LSTM (whose TF pass ran 1.48x float32) and EfficientNetB0.
+#   more_xla  What the 2026-11-28 run left under XLA: EfficientNetB0 and ResNet50 b128, with
+#             float32 and its A/A twin for the run's noise (MobileNetV2, the LSTM and ResNet50
+#             b8 inference ran then).
 #   bf16      bfloat16 on the GPU (never measured): Keras's mixed_bfloat16 + XLA against ours
 #             with the default profile, which fences norms and clears reductions over no
 #             element in bfloat16 on GPUs since 2026-11-27, and since 2026-11-28 trains
@@ -38,9 +37,11 @@
 #             forecast-2026-11-26g-h100.md) against float32 and its A/A gap, on ResNet50 and
 #             BERT; then the LSTM (no XLA for cuDNN's layer in Keras), whose optimal step is
 #             forecast to convert; then ResNet50 with TF32 off in a process of its own.
-#   nodes     Per-node times without XLA (float32, TF32 off, ours default and optimal) for
-#             bench/calibrate_gpu_in_place.py, which prices the same nodes here; then which
-#             element-wise ops Grappler folds into a frozen convolution on the GPU.
+#   nodes     Per-node times without XLA (float32, TF's pass, ours default, TF32 off) for
+#             bench/calibrate_gpu_in_place.py, which prices the same nodes here: MobileNetV2
+#             first (its steps without XLA priced 1.9x short, and its depthwise convolutions
+#             run TensorFlow's own kernels in float32 and cuDNN's in float16), then ResNet50
+#             and BERT; then which element-wise ops Grappler folds into a frozen convolution.
 #   profile   Whatever still separates ours from Keras's mixed_float16 on BERT under XLA (on
 #             2026-11-27, before the fixes, the float32 gradients into the layer norms): both
 #             steps, and ours with reductions over no element denied again (the fence's input
@@ -56,7 +57,7 @@
 # gpu_profile after each variant), so a command stopped by its timeout keeps what it finished.
 # The stage's exit status is the first failing command's (0 when all succeeded).
 set -u
-stage=${1:?usage: bench/gpu_session.sh norm|more|more_xla|bf16|train|nodes|profile OUT}
+stage=${1:?usage: bench/gpu_session.sh measure|more_xla|nodes|norm|more|bf16|train|profile OUT}
 out=${2:?usage: bench/gpu_session.sh STAGE OUT}
 mkdir -p "$out" && out=$(cd "$out" && pwd) || exit 2
 cd "$(dirname "$0")/.." || exit 2
@@ -114,8 +115,8 @@ train)
         --out "$out/gpu_strict_alone.md"
     ;;
 nodes)
-    step timeout 500 python3 bench/gpu_profile.py --workloads resnet50-train-b64,bert_base-train-b32 \
-        --variants float32,float32_strict,ours_default,ours_optimal --nodes --steps 3 \
+    step timeout 500 python3 bench/gpu_profile.py --workloads mobilenetv2-train-b64,resnet50-train-b64,bert_base-train-b32 \
+        --variants float32,tf_amp,ours_default,float32_strict --nodes --steps 3 \
         --out "$out/nodes.json"
     # What Grappler folds into a frozen convolution on this GPU (amp_rewrite/plan/
     # grappler_folds.py encodes what it folds with oneDNN on a CPU; the planner applies it to
@@ -138,13 +139,20 @@ more)
     ;;
 more_xla)
     step timeout 560 python3 bench/gpu_bench.py \
-        --workloads mobilenetv2-train-b64,efficientnetb0-train-b64,resnet50-train-b128,resnet50-infer-b8,lstm-train-b64 \
-        --variants float32_xla,keras_mixed_xla,ours_user \
+        --workloads efficientnetb0-train-b64,resnet50-train-b128 \
+        --variants float32,float32_again,float32_xla,keras_mixed_xla,ours_user \
         --repeats 5 --steps 10 --warmup 2 --no-predict --time-budget 520 \
         --out "$out/gpu_more_xla.md"
     ;;
+measure)
+    step timeout 560 python3 bench/gpu_bench.py \
+        --workloads mobilenetv2-train-b64,lstm-train-b64,efficientnetb0-train-b64 \
+        --variants float32,float32_again,tf_amp,ours_measured,ours_default,ours_tensorflow \
+        --repeats 5 --steps 10 --warmup 2 --no-predict --time-budget 520 \
+        --out "$out/gpu_measure.md"
+    ;;
 *)
-    echo "unknown stage $stage: norm, more, more_xla, bf16, train, nodes or profile" >&2
+    echo "unknown stage $stage: measure, more_xla, nodes, norm, more, bf16, train or profile" >&2
     exit 2
     ;;
 esac

@@ -22,7 +22,9 @@ __all__ = [
     "DEFAULT_TARGET",
     "LossScaleSettings",
     "TracedOptimizers",
+    "TRAINING_OPTIONS",
     "check_rewrite_options",
+    "without_training_options",
     "rewrite_precision",
     "multi_worker",
     "rewrite_trace",
@@ -48,6 +50,10 @@ DEFAULT_TARGET = "auto"
 
 # Options that the training API computes itself and so may not be passed through.
 _RESERVED = {"graph_def", "declined", "price_step"}
+#: Options of the training API's own, beside :func:`amp_rewrite.rewrite_graph_def`'s:
+#: ``measure_steps`` (:mod:`.step_choice`), which only ``tf.function`` steps (Keras's
+#: included) carry out.
+TRAINING_OPTIONS = ("measure_steps",)
 
 class LossScaleSettings:
     """The read-only settings both loss-scaled optimizers (Keras 3 and TF1) expose, and whether
@@ -190,15 +196,28 @@ def check_rewrite_options(options: Mapping[str, Any]) -> dict[str, Any]:
     from ..api import rewrite_graph_def
 
     allowed = set(inspect.signature(rewrite_graph_def).parameters) - _RESERVED
-    unknown = sorted(set(options) - allowed)
+    unknown = sorted(set(options) - allowed - set(TRAINING_OPTIONS))
     if unknown:
         raise AmpRewriteError(
             f"unknown rewrite option(s) {', '.join(unknown)}; rewrite_graph_def takes "
-            f"{', '.join(sorted(allowed))}"
+            f"{', '.join(sorted(allowed))}, and training steps also {', '.join(TRAINING_OPTIONS)}"
         )
+    steps = options.get("measure_steps", 0)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise AmpRewriteError(f"measure_steps must be a whole number of steps (0: trust the estimate), not {steps!r}")
     out = dict(options)
     out.setdefault("target", DEFAULT_TARGET)
     return out
+
+
+def without_training_options(options: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``options`` without :data:`TRAINING_OPTIONS`, for a path that rewrites a graph once and
+    cannot carry them out (``where`` names it: a TF1 session's graph, a meta graph offline);
+    logs one WARNING where one was asked for.  Pure but for the log."""
+    if options.get("measure_steps"):
+        log.warning("amp_rewrite: measure_steps=%s applies to tf.function and Keras steps; %s runs the "
+                    "planned rewrite without measuring", options["measure_steps"], where)
+    return {k: v for k, v in options.items() if k not in TRAINING_OPTIONS}
 
 
 @contextlib.contextmanager

@@ -52,7 +52,7 @@ from typing import Any, Sequence
 from ..api import RewriteResult, rewrite_graph_def
 from ..errors import AmpRewriteError
 from . import loss_scale as loss_scale_module
-from ._common import check_rewrite_options
+from ._common import check_rewrite_options, without_training_options
 
 __all__ = ["TrainingRewriteResult", "rewrite_training_meta_graph"]
 
@@ -460,7 +460,7 @@ def rewrite_training_meta_graph(
     if any(node.name.startswith(f"{_SCOPE}/") for node in meta.graph_def.node):
         raise AmpRewriteError(f"the graph is already loss-scaled (it has {_SCOPE}/ nodes)")
 
-    result = rewrite_graph_def(meta.graph_def, **options)
+    result = rewrite_graph_def(meta.graph_def, **without_training_options(options, "an offline meta graph"))
     meta.graph_def.CopyFrom(result.graph_def)
     _drop_dangling_collection_entries(meta)
 

@@ -37,7 +37,7 @@ from tensorflow.python.framework import stack as tf_stack
 
 from ..api import RewriteResult, rewrite_graph_def
 from ..errors import AmpRewriteError
-from ._common import check_rewrite_options, mark_graph_rewritten, report_rewrite
+from ._common import check_rewrite_options, mark_graph_rewritten, report_rewrite, without_training_options
 from .optimizer import graph_rewrite_options
 
 __all__ = ["rewrite_graph", "rewrite_graph_with_result", "graph_options", "Session"]
@@ -84,6 +84,7 @@ def rewrite_graph_with_result(
     start = time.perf_counter()
     with graph.as_default():  # TensorFlow exports meta graphs only in graph mode
         meta = tf.compat.v1.train.export_meta_graph(graph=graph, clear_devices=False)
+    options = without_training_options(options, "a TF1 graph")
     result = rewrite_graph_def(meta.graph_def, fetches=fetches, **options)
     meta.graph_def.CopyFrom(result.graph_def)
     _drop_dangling_collection_entries(meta)

@@ -69,7 +69,8 @@ import weakref
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import AmpRewriteError
-from ._common import check_rewrite_options, report_rewrite, rewrite_trace, unscaled, warn_once
+from ._common import TRAINING_OPTIONS, check_rewrite_options, report_rewrite, rewrite_trace, unscaled, warn_once
+from .step_choice import Candidate, MeasuredChoice
 
 __all__ = ["function", "Function", "rename_functions"]
 
@@ -238,6 +239,20 @@ def _across_workers(node: Any) -> bool:
     return job is not None and job.group(1) != "localhost"
 
 
+def _all_nodes(graph_def: Any) -> list[Any]:
+    """The NodeDefs of ``graph_def`` and of every function in its library.  Pure."""
+    return list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+
+
+def _cross_worker_reason(graph_def: Any) -> str | None:
+    """Why ``graph_def``'s step must be the same on every worker (a collective across workers
+    in it, or its library), or ``None``.  Pure."""
+    for node in _all_nodes(graph_def):
+        if _across_workers(node):
+            return f"it reduces across workers ({node.op} {node.name!r} on {node.device}), which must all run the same step"
+    return None
+
+
 def _why_loss_scaling_stays(graph_def: Any) -> str | None:
     """Why a step that runs float32 (``graph_def``, with its library: traced, or rewritten to
     convert nothing) still needs its loss scaling, or ``None``: it has float16 or bfloat16 ops
@@ -246,10 +261,10 @@ def _why_loss_scaling_stays(graph_def: Any) -> str | None:
     from tensorflow.core.framework import types_pb2
 
     low = {types_pb2.DT_HALF, types_pb2.DT_BFLOAT16}
-    nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
-    for node in nodes:
-        if _across_workers(node):
-            return f"it reduces across workers ({node.op} {node.name!r} on {node.device}), which must all run the same step"
+    why = _cross_worker_reason(graph_def)
+    if why is not None:
+        return why
+    for node in _all_nodes(graph_def):
         for value in node.attr.values():
             if value.type in low or low.intersection(value.list.type):
                 return f"it has low-precision ops of its own ({node.op} {node.name!r})"
@@ -306,7 +321,8 @@ class _Runner:
         outputs = list(graph.outputs)
         self._output_names = [t.name for t in outputs]
         self._structured_outputs = concrete.structured_outputs
-        options = dict(options)
+        # The training API's own options (measure_steps) are the Function's, not the rewrite's.
+        options = {k: v for k, v in options.items() if k not in TRAINING_OPTIONS}
         # The outputs keep their dtypes; user fetches (extra nodes to keep) are added to them.
         fetches = sorted({t.op.name for t in outputs} | set(options.pop("fetches", None) or ()))
         # The captured variables' shapes, which the GraphDef drops, size the cost model's
@@ -442,6 +458,20 @@ class _Runner:
         return tf.nest.pack_sequence_as(self._structured_outputs, packed, expand_composites=True)
 
 
+def _executing_eagerly() -> bool:
+    import tensorflow as tf
+
+    return tf.executing_eagerly()
+
+
+def _sync_devices() -> None:
+    """Wait until every device has run the work queued so far (a GPU runs a step
+    asynchronously: a step's call returns before its kernels finish)."""
+    import tensorflow as tf
+
+    tf.test.experimental.sync_devices()
+
+
 #: Call keys remembered per function (and concrete runners per runner): inputs whose shapes
 #: change at every call (``reduce_retracing``) fall back to ``tf.function``'s lookup after this.
 _MAX_CALL_KEYS = 256
@@ -544,6 +574,9 @@ class Function:
         self._runners: dict[str, _Runner] = {}
         #: Per traced signature: seconds its runner took to build (:attr:`rewrite_seconds`).
         self._build_seconds: dict[str, float] = {}
+        #: Per traced signature with ``measure_steps``: the choice between the steps it may
+        #: run, timed in its first calls (:meth:`_measured`).
+        self._choices: dict[str, MeasuredChoice] = {}
         #: (concrete, runner) per call key (:func:`_call_key`): a training step calls the same
         #: signature every step, and tf.function's own lookup hashes every captured variable.
         self._calls: dict[tuple[Any, ...], tuple[Any, _Runner]] = {}
@@ -634,16 +667,24 @@ class Function:
             if runner is None:
                 start = time.perf_counter()
                 options = self._plan_options(concrete)
+                # Measured steps replace the whole-step estimate: the float32 step is one of
+                # the candidates, timed.
+                measure = bool(options.get("measure_steps"))
                 # Where the whole-step check may follow, the rewrite prices the mixed step from
                 # its own import (a BERT-base step: seconds less than importing it again).
-                first = {**options, "price_step": True} if self._may_check_step(concrete, options) else options
+                check = self._may_check_step(concrete, options) and not measure
+                first = {**options, "price_step": True} if check else options
                 runner = _Runner(concrete, first, jit_compile=self._jit_compile,
                                  name=getattr(self, "__name__", "step"), owner=self)
                 unscaled_runner = self._unscaled(concrete, runner, options)
-                if unscaled_runner is None:
+                if unscaled_runner is None and not measure:
                     unscaled_runner = self._float32_if_faster(concrete, runner, options)
                 runner = unscaled_runner or runner
                 self._runners[concrete.name] = runner
+                if measure:
+                    choice = self._measured(concrete, runner, options)
+                    if choice is not None:
+                        self._choices[concrete.name] = choice
                 self._build_seconds[concrete.name] = time.perf_counter() - start
                 # Built at the first call of each signature, so this is the first step's line.
                 report_rewrite(self, self._description, runner.result.report, self._build_seconds[concrete.name],
@@ -775,17 +816,123 @@ class Function:
             return None
         return float32_runner
 
+    def _measured(self, concrete: Any, runner: _Runner, options: Mapping[str, Any]) -> MeasuredChoice | None:
+        """The timed choice between the steps ``concrete`` may run (``options``'
+        ``measure_steps``, :mod:`.step_choice`): ``runner``'s (as planned), the float32 step
+        without loss scaling (:meth:`_float32_candidate`), and the step rewritten with the
+        default lists where the cost-aware planner made the plan (:meth:`_default_lists_candidate`).
+        ``None``, logged, where there is nothing to compare or the step reduces across workers
+        (each worker would choose alone; all must run the same collectives)."""
+        steps = options["measure_steps"]
+        why = _cross_worker_reason(concrete.graph.as_graph_def())
+        if why is not None:
+            warn_once(self, "measure-workers", (
+                f"amp_rewrite: {self._description}: measure_steps={steps} was asked for, but {why}: "
+                "it runs the planned step without measuring"))
+            return None
+        candidates = [Candidate("planned", runner)]
+        for name, build in (("float32", self._float32_candidate), ("default lists", self._default_lists_candidate)):
+            other = build(concrete, runner, options)
+            if other is not None:
+                candidates.append(Candidate(name, other))
+        if len(candidates) == 1:
+            log.info("amp_rewrite: %s: measure_steps=%d: no other step to measure against (the planned step "
+                     "converts nothing, or is what the default lists convert)", self._description, steps)
+            return None
+        log.info("amp_rewrite: %s: timing %s over its first %d calls (one warm-up and %d timed steps each)",
+                 self._description, ", ".join(c.name for c in candidates), len(candidates) * (steps + 1), steps)
+        return MeasuredChoice(candidates, steps, sync=_sync_devices,
+                              on_chosen=functools.partial(self._chosen, concrete.name))
+
+    def _float32_candidate(self, concrete: Any, runner: _Runner, options: Mapping[str, Any]) -> _Runner | None:
+        """The float32 step to time against ``runner``'s mixed one: traced again without loss
+        scaling where loss scaling may go (:meth:`_trace_unscaled`), else ``concrete`` itself,
+        every op kept float32; ``None`` where ``runner`` converted nothing or it cannot be
+        built (logged at DEBUG)."""
+        if not runner.result.report.get("converted_nodes"):
+            return None
+        traced = concrete
+        if concrete.name in self._loss_scaled and _why_loss_scaling_stays(concrete.graph.as_graph_def()) is None:
+            traced = self._trace_unscaled(concrete) or concrete
+        reason = "measure_steps: the float32 step, timed against the mixed one"
+        # ``declined`` is the cost-aware planner's: it keeps every op float32, whatever the lists.
+        float32 = {**options, "planner": "optimal", "declined": reason}
+        try:
+            return _Runner(traced, float32, jit_compile=self._jit_compile,
+                           name=getattr(self, "__name__", "step"), owner=self)
+        except Exception as exc:  # noqa: BLE001  (the planned step works: measure without this one)
+            log.debug("amp_rewrite: %s: the float32 step to measure failed to build: %s", self._description, exc)
+            return None
+
+    def _default_lists_candidate(self, concrete: Any, runner: _Runner, options: Mapping[str, Any]) -> _Runner | None:
+        """Where the cost-aware planner made ``runner``'s plan: ``concrete`` rewritten with the
+        default lists (the greedy planner, which converts what the lists allow whatever the
+        estimate says), if that converts something and differs from ``runner``'s graph;
+        else ``None``."""
+        if not _optimal_planner(options):
+            return None
+        greedy = {k: v for k, v in options.items() if k not in ("planner", "lists_file")}
+        greedy.update(lists="default", planner="greedy")
+        try:
+            other = _Runner(concrete, greedy, jit_compile=self._jit_compile,
+                            name=getattr(self, "__name__", "step"), owner=self)
+        except Exception as exc:  # noqa: BLE001  (the planned step works: measure without this one)
+            log.debug("amp_rewrite: %s: the default lists' step to measure failed to build: %s",
+                      self._description, exc)
+            return None
+        if not other.result.report.get("converted_nodes"):
+            return None
+        same = (other.result.graph_def.SerializeToString(deterministic=True)
+                == runner.result.graph_def.SerializeToString(deterministic=True))
+        return None if same else other
+
+    def _chosen(self, signature: str, choice: MeasuredChoice) -> None:
+        """Keep ``choice``'s winner as ``signature``'s runner, and say what was measured: INFO,
+        or a WARNING where the planned mixed step lost to the float32 one (the rewrite asked for
+        does not run)."""
+        chosen = choice.chosen
+        assert chosen is not None
+        with self._lock:
+            self._runners[signature] = chosen.run  # type: ignore[assignment]
+        planned = choice.candidates[0]
+        message = (f"amp_rewrite: {self._description}: measured {choice.summary()} (median of {choice.steps} "
+                   f"steps each); runs the {chosen.name} step")
+        if chosen is planned:
+            log.info("%s", message)
+            return
+        assert chosen.median_ms is not None and planned.median_ms is not None
+        faster = f"{1 - chosen.median_ms / planned.median_ms:.0%} faster than the planned one"
+        if chosen.name == "float32":
+            warn_once(self, f"measured-float32-{signature}", f"{message}, {faster}: the rewrite does not run")
+        else:
+            log.info("%s, %s", message, faster)
+
+    @property
+    def measured_choices(self) -> list[dict[str, Any]]:
+        """Per traced signature measured so far (``measure_steps``): each candidate's median step
+        time (ms; ``None`` before its first timed step) and the step chosen (``None`` while
+        timing)."""
+        with self._lock:
+            choices = list(self._choices.values())
+        return [{"candidates": {c.name: c.median_ms for c in ch.candidates},
+                 "chosen": ch.chosen.name if ch.chosen is not None else None} for ch in choices]
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         key = _call_key(args, kwargs)
         hit = self._calls.get(key) if key is not None else None
         if hit is None:
             concrete = self.get_concrete_function(*args, **kwargs)
-            hit = (concrete, self._runner(concrete))
+            runner = self._runner(concrete)
+            hit = (concrete, self._choices.get(concrete.name, runner))
             if key is not None and len(self._calls) < _MAX_CALL_KEYS:
                 with self._lock:
                     self._calls[key] = hit
-        concrete, runner = hit
-        return runner(_flat_inputs(concrete, args, kwargs))
+        concrete, step = hit
+        flat = _flat_inputs(concrete, args, kwargs)
+        if isinstance(step, MeasuredChoice) and step.deciding and not _executing_eagerly():
+            # Called while another function is traced: nothing can be timed; the planned step.
+            return step.candidates[0].run(flat)
+        return step(flat)
 
     @property
     def rewrite_results(self) -> list[Any]:
@@ -835,11 +982,20 @@ def function(
     names the reason and the function runs without XLA.  ``False`` and ``None`` as in
     ``tf.function``.
 
+    ``measure_steps=N`` (a training option beside the rewrite's) chooses the step by timing
+    instead of trusting the cost model: the first calls of each traced signature run, in
+    turn, the step as planned, the float32 step without loss scaling and (where the optimal
+    planner made the plan) the step the default lists give, each one untimed warm-up and
+    ``N`` timed steps; the fastest median is kept (the planned step unless another beats it
+    by 2%), with one INFO line, or a WARNING where the float32 step won.  Every trial call
+    is a real step.  Not done for a step that reduces across workers (each would choose
+    alone).  See :mod:`amp_rewrite.training.step_choice`.
+
     Raises
     ------
     AmpRewriteError
-        For an unknown rewrite option or a ``jit_compile`` that is not None/True/False (at
-        decoration time).
+        For an unknown rewrite option, a ``measure_steps`` that is not a whole number, or a
+        ``jit_compile`` that is not None/True/False (at decoration time).
     """
     def decorate(f: Callable[..., Any]) -> Function:
         return Function(f, input_signature=input_signature, autograph=autograph,

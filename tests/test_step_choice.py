@@ -1,0 +1,227 @@
+"""``measure_steps``: a training step chosen by timing the steps it may run
+(:mod:`amp_rewrite.training.step_choice`), and how :class:`amp_rewrite.function` builds and
+uses the candidates."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import amp_rewrite
+from amp_rewrite.errors import AmpRewriteError
+from amp_rewrite.training import tf_function
+from amp_rewrite.training._common import check_rewrite_options
+from amp_rewrite.training.step_choice import MIN_GAIN, Candidate, MeasuredChoice
+
+
+class _Clock:
+    """A clock that each candidate's run advances by that candidate's step time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _candidates(clock: _Clock, times: dict[str, float], calls: list[str]) -> list[Candidate]:
+    def runner(name: str):
+        def run(args):
+            calls.append(name)
+            clock.now += times[name]
+            return (name, args)
+        return run
+    return [Candidate(name, runner(name)) for name in times]
+
+
+def test_measured_choice_warms_up_times_round_robin_then_keeps_the_fastest():
+    """Each candidate's first call is a warm-up (not timed); then the candidates take turns
+    until each has ``steps`` timed steps; the fastest median wins and from then on only it
+    runs.  Every call runs one candidate on the caller's inputs and returns its outputs."""
+    clock, calls, chosen = _Clock(), [], []
+    cands = _candidates(clock, {"planned": 0.010, "float32": 0.008, "default lists": 0.012}, calls)
+    choice = MeasuredChoice(cands, 2, sync=lambda: None, clock=clock, on_chosen=chosen.append)
+    outputs = [choice(i) for i in range(9)]
+    assert calls == ["planned", "float32", "default lists"] * 3
+    assert outputs[4] == ("float32", 4)  # a trial step is that candidate's real step
+    assert [c.seconds for c in cands] == [[pytest.approx(0.010)] * 2, [pytest.approx(0.008)] * 2,
+                                          [pytest.approx(0.012)] * 2]
+    assert choice.chosen is cands[1] and chosen == [choice] and not choice.deciding
+    assert choice(9) == ("float32", 9) and calls[-1] == "float32" and len(calls) == 10
+    assert choice.summary() == "planned 10.00 ms, float32 8.00 ms, default lists 12.00 ms"
+
+
+def test_measured_choice_keeps_the_planned_step_unless_another_is_faster_by_the_margin():
+    """A candidate faster by less than :data:`MIN_GAIN` of the planned step's median does not
+    replace it (a choice inside the timing noise is no choice); faster by more, it does."""
+    for other, kept in ((0.010 * (1 - MIN_GAIN / 2), "planned"), (0.010 * (1 - 2 * MIN_GAIN), "float32")):
+        clock, calls = _Clock(), []
+        choice = MeasuredChoice(_candidates(clock, {"planned": 0.010, "float32": other}, calls), 3,
+                                sync=lambda: None, clock=clock)
+        for i in range(8):
+            choice(i)
+        assert choice.chosen is not None and choice.chosen.name == kept
+
+
+def test_measured_choice_syncs_around_each_timed_step_and_refuses_bad_arguments():
+    """The device is synchronised before and after each timed step (a GPU's step returns before
+    its kernels finish) and after a warm-up; one candidate is chosen at once; no candidate, or
+    fewer than one timed step, is an error."""
+    clock, calls, events = _Clock(), [], []
+    cands = _candidates(clock, {"planned": 0.001, "float32": 0.002}, calls)
+    choice = MeasuredChoice(cands, 1, sync=lambda: events.append(("sync", len(calls))), clock=clock)
+    for i in range(4):
+        choice(i)
+    # warm-ups: a sync after each; timed steps: one before and one after each.
+    assert events == [("sync", 1), ("sync", 2), ("sync", 2), ("sync", 3), ("sync", 3), ("sync", 4)]
+    single = MeasuredChoice(cands[:1], 5, sync=lambda: None)
+    assert single.chosen is cands[0] and not single.deciding
+    with pytest.raises(ValueError):
+        MeasuredChoice(cands, 0, sync=lambda: None)
+    with pytest.raises(ValueError):
+        MeasuredChoice([], 1, sync=lambda: None)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "3"])
+def test_measure_steps_must_be_a_whole_number_of_steps(bad):
+    with pytest.raises(AmpRewriteError, match="measure_steps"):
+        check_rewrite_options({"measure_steps": bad})
+    assert check_rewrite_options({"measure_steps": 4})["measure_steps"] == 4
+
+
+def _step(w: tf.Variable, counter: tf.Variable):
+    def step(x):
+        y = tf.matmul(x, w)
+        loss = tf.reduce_mean(tf.square(y))
+        counter.assign_add(1)
+        return loss
+    return step
+
+
+def test_function_times_the_mixed_step_against_float32_and_keeps_the_faster(caplog):
+    """A float16 plan on this CPU (which emulates float16 GEMMs) against the float32 step: the
+    first ``2 * (1 + 2)`` calls time them (every call runs exactly one step); the float32 step
+    measures faster, so it is kept, with a WARNING that says the rewrite does not run, and
+    the executed graphs are then float32's."""
+    w = tf.Variable(tf.random.stateless_normal([512, 512], seed=[1, 2]))
+    counter = tf.Variable(0, dtype=tf.int64)
+    f = amp_rewrite.function(_step(w, counter), target="gpu:8.0", precision="float16", measure_steps=2)
+    x = tf.random.stateless_normal([512, 512], seed=[3, 4])
+    with caplog.at_level(logging.INFO, logger="amp_rewrite"):
+        for _ in range(5):
+            f(x)
+        assert f.measured_choices[0]["chosen"] is None  # two candidates: a warm-up and 2 timed each
+        f(x)  # the last timed step: the choice is made
+    assert int(counter.numpy()) == 6
+    # the planned (mixed) step converted the MatMul; the float32 candidate converted nothing
+    choice = f._choices[next(iter(f._choices))]  # noqa: SLF001
+    assert [c.name for c in choice.candidates] == ["planned", "float32"]
+    assert choice.candidates[0].run.result.report["converted_nodes"] > 0
+    assert not choice.candidates[1].run.result.report["converted_nodes"]
+    f(x)  # nothing more to time: the float32 step runs
+    measured = f.measured_choices[0]
+    assert measured["chosen"] == "float32", measured
+    assert measured["candidates"]["float32"] < measured["candidates"]["planned"]
+    assert int(counter.numpy()) == 7
+    assert any(r.levelno == logging.WARNING and "runs the float32 step" in r.getMessage()
+               and "the rewrite does not run" in r.getMessage() for r in caplog.records)
+    assert not f.rewrite_results[0].report["converted_nodes"]
+    ran = {op.type: op for g in f.executed_graphs() for op in g.get_operations()}
+    assert "MatMul" in ran and all(op.get_attr("T") != tf.float16 for op in ran.values()
+                                   if op.type == "MatMul")
+
+
+def test_function_times_the_default_lists_where_the_cost_model_kept_float32(caplog):
+    """The cost-aware planner keeps a tiny MatMul float32 (the step as planned is float32's):
+    the candidate is then the default lists' step, which converts it, timed against it."""
+    w = tf.Variable(tf.ones([4, 4]))
+    counter = tf.Variable(0, dtype=tf.int64)
+    f = amp_rewrite.function(_step(w, counter), target="gpu:8.0", precision="float16", lists="optimal",
+                             measure_steps=3)
+    with caplog.at_level(logging.INFO, logger="amp_rewrite"):
+        for _ in range(8):
+            f(tf.ones([4, 4]))
+    assert int(counter.numpy()) == 8
+    choice = f._choices[next(iter(f._choices))]  # noqa: SLF001
+    assert [c.name for c in choice.candidates] == ["planned", "default lists"]
+    assert not choice.candidates[0].run.result.report["converted_nodes"]
+    assert choice.candidates[1].run.result.report["converted_nodes"] == 1
+    assert f.measured_choices[0]["chosen"] in ("planned", "default lists")
+    assert any("timing planned, default lists over its first 8 calls" in r.getMessage() for r in caplog.records)
+
+
+def test_function_without_another_step_to_time_runs_the_planned_one(caplog):
+    """A step with nothing to convert: the planned step is the float32 one and the default
+    lists' too, so there is nothing to time (one INFO line) and no choice is kept."""
+    w = tf.Variable(tf.ones([4, 4]))
+    counter = tf.Variable(0, dtype=tf.int64)
+
+    def step(x):
+        counter.assign_add(1)
+        return tf.reduce_sum(tf.exp(x * w))
+
+    f = amp_rewrite.function(step, target="gpu:8.0", precision="float16", lists="optimal", measure_steps=3)
+    with caplog.at_level(logging.INFO, logger="amp_rewrite"):
+        f(tf.ones([4, 4]))
+    assert f.measured_choices == [] and int(counter.numpy()) == 1
+    assert any("no other step to measure against" in r.getMessage() for r in caplog.records)
+
+
+def test_function_does_not_measure_a_step_that_reduces_across_workers(monkeypatch, caplog):
+    """Each worker would choose alone, and they must all run the same collectives: a step that
+    reduces across workers runs as planned, with one WARNING saying measure_steps was not
+    carried out."""
+    monkeypatch.setattr(tf_function, "_cross_worker_reason",
+                        lambda graph_def: "it reduces across workers (CollectiveReduceV2 'r' on /job:worker)")
+    w = tf.Variable(tf.random.stateless_normal([256, 256], seed=[1, 2]))
+    counter = tf.Variable(0, dtype=tf.int64)
+    f = amp_rewrite.function(_step(w, counter), target="gpu:8.0", precision="float16", measure_steps=2)
+    with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
+        f(tf.ones([256, 256]))
+    assert f.measured_choices == []
+    assert f.rewrite_results[0].report["converted_nodes"] > 0
+    assert any("measure_steps=2 was asked for" in r.getMessage() for r in caplog.records)
+
+
+def test_tf1_graph_rewrite_says_it_does_not_measure(caplog):
+    """A TF1 graph is rewritten once, before any step runs: measure_steps cannot be carried
+    out there, and one WARNING says so; the rewrite itself still happens."""
+    g = tf.Graph()
+    with g.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [8, 64], name="x")
+        w = tf.compat.v1.get_variable("w", [64, 64])
+        tf.identity(tf.matmul(x, w), name="out")
+    with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
+        _, result = amp_rewrite.training.session.rewrite_graph_with_result(
+            g, fetches=["out"], target="gpu:8.0", precision="float16", measure_steps=2)
+    assert result.report["converted_nodes"] > 0
+    assert any("measure_steps=2 applies to tf.function" in r.getMessage() for r in caplog.records)
+    assert np.isfinite(result.report["total_nodes"])
+
+
+def test_keras_fit_measures_its_train_step_and_trains_every_batch():
+    """``enable_mixed_precision_graph_rewrite(opt, measure_steps=N)``: Keras's train step is
+    timed in its first calls (the mixed step with loss scaling against the float32 step
+    without it) and one is kept; every batch trains once, trial steps included."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((64,))
+    out = keras.layers.Dense(10)(keras.layers.Dense(256, activation="relu")(inp))
+    model = keras.Model(inp, out)
+    opt = amp_rewrite.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.01), target="gpu:8.0",
+                                                           precision="float16", measure_steps=2)
+    model.compile(opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    rng = np.random.default_rng(0)
+    x, y = rng.random((32 * 9, 64), dtype=np.float32), rng.integers(0, 10, 32 * 9)
+    before = model.get_weights()[0].copy()
+    model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    step = model.train_function.amp_function
+    (measured,) = step.measured_choices
+    assert set(measured["candidates"]) == {"planned", "float32"} and measured["chosen"] in measured["candidates"]
+    assert all(ms is not None and ms > 0 for ms in measured["candidates"].values())
+    assert int(opt.iterations.numpy()) == 9  # 6 trial steps and 3 more, none lost
+    assert not np.allclose(model.get_weights()[0], before)
