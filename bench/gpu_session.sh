@@ -11,7 +11,7 @@
 #     source .gpu/scripts/env.sh; bash bench/gpu_session.sh STAGE "$OUT"
 #
 # Stages, most wanted first (a session of 15 device minutes has room for about two after the
-# install; since the 2026-11-28 run, `measure`, `more_xla` and `nodes` come first):
+# install; since the 2026-11-28 run, `measure`, `misses`, `more_xla` and `nodes` come first):
 #   norm      Done-when line 1: ours as a user enables it against Keras's mixed_float16 + XLA
 #             and float32 + XLA, BERT first, then ResNet50; five variants, so both workloads
 #             fit the time budget (six left BERT out).  On the H200 (2026-11-27, second run,
@@ -23,6 +23,9 @@
 #             profile choosing its step by measure_steps=3 among the planned, float32 and
 #             default lists' steps) against float32, its A/A twin, TF's pass, ours_default and
 #             ours_tensorflow; then the LSTM (whose TF pass ran 1.48x float32) and EfficientNetB0.
+#   misses    What the cost model missed on 2026-11-28, profiled: MobileNetV2 under XLA
+#             (float32 and ours, kernel times per HLO instruction), then the LSTM without XLA
+#             (float32, TF's pass, Keras's mixed_float16, ours: kernel times per op).
 #   more_xla  What the 2026-11-28 run left under XLA: EfficientNetB0 and ResNet50 b128, with
 #             float32 and its A/A twin for the run's noise (MobileNetV2, the LSTM and ResNet50
 #             b8 inference ran then).
@@ -57,7 +60,7 @@
 # gpu_profile after each variant), so a command stopped by its timeout keeps what it finished.
 # The stage's exit status is the first failing command's (0 when all succeeded).
 set -u
-stage=${1:?usage: bench/gpu_session.sh measure|more_xla|nodes|norm|more|bf16|train|profile OUT}
+stage=${1:?usage: bench/gpu_session.sh measure|misses|more_xla|nodes|norm|more|bf16|train|profile OUT}
 out=${2:?usage: bench/gpu_session.sh STAGE OUT}
 mkdir -p "$out" && out=$(cd "$out" && pwd) || exit 2
 cd "$(dirname "$0")/.." || exit 2
@@ -100,6 +103,21 @@ profile)
     step timeout 190 python3 bench/gpu_profile.py --workloads resnet50-infer-b1 \
         --variants float32_xla,ours_optimal_xla,ours_user --steps 20 \
         --out "$out/prof_r50i1.json"
+    ;;
+misses)
+    # MobileNetV2 under XLA, float32's step and ours, each kernel's time against its HLO
+    # instruction: what the model misses there (6.5 ms of float32's 15.0, 3.8 of ours' 12.0).
+    rm -rf /tmp/xd_mnv2
+    step env XLA_FLAGS="--xla_dump_to=/tmp/xd_mnv2 --xla_dump_hlo_as_text" \
+        timeout 330 python3 bench/gpu_profile.py --workloads mobilenetv2-train-b64 \
+        --variants float32_xla,ours_user --steps 5 --out "$out/prof_mnv2.json"
+    echo "## float32_xla against ours_user (ms per step)" >> "$out/prof_mnv2_times.md"
+    timeout 10 python3 bench/xla_dump_summary.py /tmp/xd_mnv2 --times "$out/prof_mnv2.json" \
+        float32_xla ours_user --top 80 >> "$out/prof_mnv2_times.md" 2>&1
+    # The LSTM without XLA: TF's pass and Keras's mixed_float16 ran 1.48x float32, ours as
+    # enabled (the same ops converted) 0.92x; each kernel's time per TensorFlow op.
+    step timeout 150 python3 bench/gpu_profile.py --workloads lstm-train-b64 \
+        --variants float32,tf_amp,keras_mixed,ours_user --steps 5 --out "$out/prof_lstm.json"
     ;;
 train)
     step timeout 440 python3 bench/gpu_bench.py --workloads resnet50-train-b64,bert_base-train-b32,lstm-train-b64 \
@@ -152,7 +170,7 @@ measure)
         --out "$out/gpu_measure.md"
     ;;
 *)
-    echo "unknown stage $stage: measure, more_xla, nodes, norm, more, bf16, train or profile" >&2
+    echo "unknown stage $stage: measure, misses, more_xla, nodes, norm, more, bf16, train or profile" >&2
     exit 2
     ;;
 esac
