@@ -455,8 +455,8 @@ _CONV_SHARE = (336 / 366, 576 / 707)  # Hopper, measured: convolution rate / GEM
 #: puts the recurrent GEMMs at half the nominal float32 rates; what is left of the TF32 step is
 #: 7.6 ms over 256 sequential time steps (two calls forward, two backward, 64 steps each): 30
 #: us a step, five times the step's GEMM at that rate; and the float16 step puts its GEMMs at
-#: 0.38 of the nominal float16 rate.  So converting a recurrent layer gains about 5%, not
-#: the 45% the GEMM rates alone promise: the recurrence's fixed time dominates at this size.
+#: 0.38 of the nominal float16 rate.  So converting a recurrent layer gains about 5% of the
+#: step, not the 23% the model had priced: the recurrence's fixed time dominates at this size.
 #: (The model had priced the step at 5.05 ms, and its float16 layers at 0.77 of float32.)
 #: One workload: the fit prices its three steps by construction, and more hidden units or a
 #: larger batch (more GEMM work per step) are extrapolated.  Assumed for every family.

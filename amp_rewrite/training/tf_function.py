@@ -577,9 +577,10 @@ class Function:
         #: Per traced signature with ``measure_steps``: the choice between the steps it may
         #: run, timed in its first calls (:meth:`_measured`).
         self._choices: dict[str, MeasuredChoice] = {}
-        #: (concrete, runner) per call key (:func:`_call_key`): a training step calls the same
-        #: signature every step, and tf.function's own lookup hashes every captured variable.
-        self._calls: dict[tuple[Any, ...], tuple[Any, _Runner]] = {}
+        #: (concrete, runner or timed choice) per call key (:func:`_call_key`): a training step
+        #: calls the same signature every step, and tf.function's own lookup hashes every
+        #: captured variable.
+        self._calls: dict[tuple[Any, ...], tuple[Any, _Runner | MeasuredChoice]] = {}
         self._lock = threading.Lock()
         self._bound: weakref.WeakKeyDictionary[Any, Function] = weakref.WeakKeyDictionary()
         self._init_kwargs = dict(input_signature=input_signature, autograph=autograph,
