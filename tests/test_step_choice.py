@@ -225,3 +225,57 @@ def test_keras_fit_measures_its_train_step_and_trains_every_batch():
     assert all(ms is not None and ms > 0 for ms in measured["candidates"].values())
     assert int(opt.iterations.numpy()) == 9  # 6 trial steps and 3 more, none lost
     assert not np.allclose(model.get_weights()[0], before)
+
+
+def test_measured_choice_drops_a_candidate_that_runs_out_of_memory_and_runs_the_planned_step():
+    """The float32 step may need more device memory than the mixed step a batch was sized for:
+    a candidate whose error is droppable is left out, told to ``on_dropped``, and that call
+    runs the planned step instead (every batch still trains once).  The planned step's own
+    errors, and errors that are not droppable, are the caller's."""
+
+    class OutOfMemory(Exception):
+        pass
+
+    clock, calls, dropped, chosen = _Clock(), [], [], []
+    cands = _candidates(clock, {"planned": 0.010, "float32": 0.008, "default lists": 0.009}, calls)
+    inner = cands[1].run
+
+    def float32_oom(args):
+        if args >= 1:
+            raise OutOfMemory("OOM when allocating tensor")
+        return inner(args)
+    cands[1].run = float32_oom
+    choice = MeasuredChoice(cands, 1, sync=lambda: None, clock=clock, droppable=lambda e: isinstance(e, OutOfMemory),
+                            on_dropped=lambda c, e: dropped.append(c.name), on_chosen=chosen.append)
+    outputs = [choice(i) for i in range(5)]
+    # 0: planned's warm-up; 1: float32's warm-up runs out of memory, so planned runs batch 1
+    # (its first timed step); 2: default lists' warm-up; 3, 4: timed steps of the two left.
+    assert dropped == ["float32"] and [c.name for c in choice.candidates] == ["planned", "default lists"]
+    assert [o[1] for o in outputs] == [0, 1, 2, 3, 4]  # every batch ran once
+    assert calls == ["planned", "planned", "default lists", "planned", "default lists"]
+    assert choice.chosen is not None and chosen == [choice]
+
+    # The planned step's errors are never swallowed, nor errors that are not droppable.
+    def broken(args):
+        raise OutOfMemory("planned")
+    for first, second in ((broken, cands[2].run), (cands[0].run, broken)):
+        bad = MeasuredChoice([Candidate("planned", first), Candidate("float32", second)], 1,
+                             sync=lambda: None, droppable=lambda e: False)
+        with pytest.raises(OutOfMemory):
+            bad(0)
+            bad(1)
+
+    # Every other candidate dropped: the planned step is chosen at once.
+    lone = MeasuredChoice([Candidate("planned", cands[0].run), Candidate("float32", broken)], 3,
+                          sync=lambda: None, droppable=lambda e: True, on_chosen=chosen.append)
+    lone(0)
+    lone(1)
+    assert lone.chosen is not None and lone.chosen.name == "planned" and chosen[-1] is lone
+
+
+def test_only_running_out_of_device_memory_drops_a_candidate():
+    """What :class:`amp_rewrite.function` lets a candidate be dropped for: TensorFlow's
+    out-of-memory error, nothing else (a wrong input is the user's to see)."""
+    assert tf_function._out_of_memory(tf.errors.ResourceExhaustedError(None, None, "OOM when allocating"))  # noqa: SLF001
+    assert not tf_function._out_of_memory(tf.errors.InvalidArgumentError(None, None, "bad shape"))  # noqa: SLF001
+    assert not tf_function._out_of_memory(ValueError("x"))  # noqa: SLF001

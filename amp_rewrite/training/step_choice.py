@@ -68,12 +68,21 @@ class MeasuredChoice:
     ``sync()`` waits for the device's queued work (a GPU runs a step asynchronously); it is
     called before and after each timed step.  ``clock`` is :func:`time.perf_counter` unless a
     test gives another.  ``on_chosen(choice)`` is called once, when the choice is made.
-    Mutates itself on each call; not thread-safe (a training step is called from one thread).
+
+    A candidate other than the planned one that raises an error ``droppable(error)`` accepts
+    (out of device memory: the float32 step needs more than the mixed one a batch was sized
+    for) is dropped, ``on_dropped(candidate, error)`` is told, and the call runs the planned
+    step instead.  (A step that fails that way failed before its update: the update reads
+    every gradient, so it runs last.)  Any other error, and any error of the planned step,
+    is the caller's.  Mutates itself on each call; not thread-safe (a training step is called
+    from one thread).
     """
 
     def __init__(self, candidates: Sequence[Candidate], steps: int, *, sync: Callable[[], None],
                  on_chosen: Callable[["MeasuredChoice"], None] | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter,
+                 droppable: Callable[[BaseException], bool] = lambda error: False,
+                 on_dropped: Callable[[Candidate, BaseException], None] | None = None) -> None:
         if steps < 1:
             raise ValueError(f"steps must be at least 1, not {steps}")
         if not candidates:
@@ -83,6 +92,8 @@ class MeasuredChoice:
         self._sync = sync
         self._clock = clock
         self._on_chosen = on_chosen
+        self._droppable = droppable
+        self._on_dropped = on_dropped
         self._next = 0
         #: The kept candidate, once chosen.
         self.chosen: Candidate | None = None if len(self.candidates) > 1 else self.candidates[0]
@@ -97,24 +108,53 @@ class MeasuredChoice:
             return self.chosen.run(flat_args)
         cand = self.candidates[self._next]
         self._next = (self._next + 1) % len(self.candidates)
+        try:
+            outputs = self._trial(cand, flat_args)
+        except Exception as error:  # noqa: BLE001  (re-raised unless droppable)
+            if cand is self.candidates[0] or not self._droppable(error):
+                raise
+            self._drop(cand, error)
+            if self.chosen is not None:
+                return self.chosen.run(flat_args)
+            outputs = self._trial(self.candidates[0], flat_args)
+        if all(len(c.seconds) >= self.steps for c in self.candidates):
+            self._choose()
+        return outputs
+
+    def _trial(self, cand: Candidate, flat_args: Sequence[Any]) -> Any:
+        """One step of ``cand``: its warm-up, or a timed step (mutates ``cand``)."""
         if not cand.warmed_up:
-            cand.warmed_up = True
             outputs = cand.run(flat_args)
             self._sync()
+            cand.warmed_up = True
             return outputs
         self._sync()
         start = self._clock()
         outputs = cand.run(flat_args)
         self._sync()
         cand.seconds.append(self._clock() - start)
-        if all(len(c.seconds) >= self.steps for c in self.candidates):
-            self.chosen = self._fastest()
-            if self._on_chosen is not None:
-                self._on_chosen(self)
         return outputs
+
+    def _drop(self, cand: Candidate, error: BaseException) -> None:
+        """Leave ``cand`` out of the choice (the planned step is never dropped)."""
+        index = self.candidates.index(cand)
+        del self.candidates[index]
+        self._next = self._next - 1 if self._next > index else self._next
+        self._next %= len(self.candidates)
+        if self._on_dropped is not None:
+            self._on_dropped(cand, error)
+        if len(self.candidates) == 1:
+            self._choose()
+
+    def _choose(self) -> None:
+        self.chosen = self._fastest()
+        if self._on_chosen is not None:
+            self._on_chosen(self)
 
     def _fastest(self) -> Candidate:
         planned = self.candidates[0]
+        if len(self.candidates) == 1:
+            return planned  # the others were dropped
         best = min(self.candidates, key=lambda c: (statistics.median(c.seconds), c is not planned))
         if best is planned:
             return planned

@@ -464,6 +464,13 @@ def _executing_eagerly() -> bool:
     return tf.executing_eagerly()
 
 
+def _out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is TensorFlow's out-of-memory error (a step's allocation failed)."""
+    import tensorflow as tf
+
+    return isinstance(error, tf.errors.ResourceExhaustedError)
+
+
 def _sync_devices() -> None:
     """Wait until every device has run the work queued so far (a GPU runs a step
     asynchronously: a step's call returns before its kernels finish)."""
@@ -843,7 +850,12 @@ class Function:
         log.info("amp_rewrite: %s: timing %s over its first %d calls (one warm-up and %d timed steps each)",
                  self._description, ", ".join(c.name for c in candidates), len(candidates) * (steps + 1), steps)
         return MeasuredChoice(candidates, steps, sync=_sync_devices,
-                              on_chosen=functools.partial(self._chosen, concrete.name))
+                              on_chosen=functools.partial(self._chosen, concrete.name),
+                              droppable=_out_of_memory, on_dropped=self._dropped)
+
+    def _dropped(self, candidate: Candidate, error: BaseException) -> None:
+        log.info("amp_rewrite: %s: the %s step is not measured: it ran out of device memory (%s); the planned "
+                 "step ran that batch", self._description, candidate.name, str(error).splitlines()[0][:200])
 
     def _float32_candidate(self, concrete: Any, runner: _Runner, options: Mapping[str, Any]) -> _Runner | None:
         """The float32 step to time against ``runner``'s mixed one: traced again without loss
@@ -896,6 +908,9 @@ class Function:
         with self._lock:
             self._runners[signature] = chosen.run  # type: ignore[assignment]
         planned = choice.candidates[0]
+        if len(choice.candidates) == 1:
+            log.info("amp_rewrite: %s: no other step could be measured; runs the planned step", self._description)
+            return
         message = (f"amp_rewrite: {self._description}: measured {choice.summary()} (median of {choice.steps} "
                    f"steps each); runs the {chosen.name} step")
         if chosen is planned:
