@@ -142,8 +142,15 @@ def test_function_times_the_default_lists_where_the_cost_model_kept_float32(capl
     f = amp_rewrite.function(_step(w, counter), target="gpu:8.0", precision="float16", lists="optimal",
                              measure_steps=3)
     with caplog.at_level(logging.INFO, logger="amp_rewrite"):
-        for _ in range(8):
+        f(tf.ones([4, 4]))
+        # The step's summary line waits for the choice: it describes the step that runs.
+        assert not any("was not rewritten" in r.getMessage() or "converted 1 of" in r.getMessage()
+                       for r in caplog.records if r.name.startswith("amp_rewrite.training"))
+        for _ in range(7):
             f(tf.ones([4, 4]))
+    summaries = [r.getMessage() for r in caplog.records if r.name == "amp_rewrite.training._common"]
+    assert len(summaries) == 1 and (("converted 1 of" in summaries[0]) == (f.measured_choices[0]["chosen"] ==
+                                                                          "default lists")), summaries
     assert int(counter.numpy()) == 8
     choice = f._choices[next(iter(f._choices))]  # noqa: SLF001
     assert [c.name for c in choice.candidates] == ["planned", "default lists"]

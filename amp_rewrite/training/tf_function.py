@@ -584,6 +584,9 @@ class Function:
         #: Per traced signature with ``measure_steps``: the choice between the steps it may
         #: run, timed in its first calls (:meth:`_measured`).
         self._choices: dict[str, MeasuredChoice] = {}
+        #: Per measured signature: whether its planned step is the float32 one traced without
+        #: loss scaling (its summary line, deferred to the choice, says so).
+        self._planned_unscaled: dict[str, bool] = {}
         #: (concrete, runner or timed choice) per call key (:func:`_call_key`): a training step
         #: calls the same signature every step, and tf.function's own lookup hashes every
         #: captured variable.
@@ -694,11 +697,14 @@ class Function:
                     if choice is not None:
                         self._choices[concrete.name] = choice
                 self._build_seconds[concrete.name] = time.perf_counter() - start
+                scale_not_needed = concrete.name in self._traced_options and concrete.name not in self._loss_scaled
+                if concrete.name in self._choices:
+                    # The summary line waits for the choice: it describes the step that runs.
+                    self._planned_unscaled[concrete.name] = unscaled_runner is not None
+                    return runner
                 # Built at the first call of each signature, so this is the first step's line.
                 report_rewrite(self, self._description, runner.result.report, self._build_seconds[concrete.name],
-                               unscaled=unscaled_runner is not None,
-                               scale_not_needed=(concrete.name in self._traced_options
-                                                 and concrete.name not in self._loss_scaled))
+                               unscaled=unscaled_runner is not None, scale_not_needed=scale_not_needed)
             return runner
 
     def _unscaled(self, concrete: Any, runner: _Runner, options: Mapping[str, Any]) -> _Runner | None:
@@ -908,11 +914,19 @@ class Function:
         with self._lock:
             self._runners[signature] = chosen.run  # type: ignore[assignment]
         planned = choice.candidates[0]
+        if chosen.name != "float32":
+            # The summary line of the step that runs (deferred by _runner while timing).
+            report = chosen.run.result.report  # type: ignore[attr-defined]
+            report_rewrite(self, self._description, report, self._build_seconds.get(signature, 0.0),
+                           unscaled=chosen is planned and self._planned_unscaled.get(signature, False),
+                           scale_not_needed=(signature in self._traced_options
+                                             and signature not in self._loss_scaled))
         if len(choice.candidates) == 1:
             log.info("amp_rewrite: %s: no other step could be measured; runs the planned step", self._description)
             return
-        message = (f"amp_rewrite: {self._description}: measured {choice.summary()} (median of {choice.steps} "
-                   f"steps each); runs the {chosen.name} step")
+        each = f"{choice.steps} step{'s' if choice.steps != 1 else ''} each"
+        message = (f"amp_rewrite: {self._description}: measured {choice.summary()} (median of {each}); "
+                   f"runs the {chosen.name} step")
         if chosen is planned:
             log.info("%s", message)
             return
