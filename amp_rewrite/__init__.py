@@ -32,6 +32,7 @@ from .errors import (
 )
 from .report.explain import Explanation, explain_node
 from .graph.io import load_graph_def, parse_graph_def
+from .graph.shape_process import isolated_shape_inference
 from .models.saved_model import ModelRewrite, load_model, rewrite_model, rewrite_saved_model
 from .plan.targets import Device, Target, parse_target
 
@@ -89,6 +90,7 @@ __all__ = [
     "resolve_target",
     "load_graph_def",
     "parse_graph_def",
+    "isolated_shape_inference",
     "Target",
     "Device",
     "parse_target",

@@ -521,8 +521,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # Ctrl-C while TensorFlow loads: one line, not the import machinery's stack.
                 print("amp-rewrite: interrupted; nothing was written", file=sys.stderr)
                 return 130
-        # --tf-version (validated by argparse) holds for every rewrite of the command.
-        with _sigterm_raises(), _lists_version(args):
+        # --tf-version (validated by argparse) holds for every rewrite of the command.  The
+        # files a command reads may come from anyone: TensorFlow's shape functions run on
+        # them in a helper process, whose crash costs shapes, not this process
+        # (graph/shape_process.py).  The demo builds its own models.
+        from . import isolated_shape_inference
+
+        isolated = contextlib.nullcontext() if args.command == "demo" else isolated_shape_inference()
+        with _sigterm_raises(), _lists_version(args), isolated:
             return _run(args)
     finally:
         root.removeHandler(handler)

@@ -310,10 +310,57 @@ def clear_shape_memo() -> None:
 def graph_shapes(graph_def: Any, variable_shapes: Mapping[str, Shape] | None = None,
                  registry: OpRegistry | None = None) -> dict[str, tuple[Shape, ...]]:
     """Static output shapes of every node of ``graph_def``'s main graph (:func:`_infer_graph_shapes`),
-    inferred once for the last few graphs asked (:class:`_RecentShapes`).  Pure."""
+    inferred once for the last few graphs asked (:class:`_RecentShapes`), in the helper
+    process inside :func:`~amp_rewrite.graph.shape_process.isolated_shape_inference`.  Pure."""
     registry = registry or default_registry()
-    return _RECENT_GRAPHS.recall(graph_def, _shapes_key(variable_shapes), registry,
-                                 lambda: _infer_graph_shapes(graph_def, variable_shapes, registry))
+    variables = dict(variable_shapes) if variable_shapes else None
+    return _RECENT_GRAPHS.recall(graph_def, _shapes_key(variable_shapes), registry, lambda: _isolated_or_here(
+        "graph", graph_def, variables, graph_def.node, registry,
+        lambda: _infer_graph_shapes(graph_def, variable_shapes, registry)))
+
+
+def _isolated_or_here(kind: str, message: Any, extra: Any, node_defs: Any, registry: OpRegistry,
+                      here: Callable[[], dict[str, tuple[Shape, ...]]]) -> dict[str, tuple[Shape, ...]]:
+    """``here()``, or, inside :func:`~amp_rewrite.graph.shape_process.isolated_shape_inference`
+    and with the default registry (a custom one cannot be sent), the same inference in the
+    helper process (:func:`answer_shape_request`).  Where the helper dies on the graph (a
+    TensorFlow shape function aborted it) or fails, the nodes get their recorded
+    ``_output_shapes`` (``node_defs``), with one WARNING for a death.  Pure but for the log
+    and the helper."""
+    from .shape_process import isolation_active, shape_process
+
+    if not isolation_active() or registry is not default_registry():
+        return here()
+    try:
+        serialized = message.SerializeToString()
+    except Exception:  # noqa: BLE001 - over protobuf's 2 GB: TensorFlow could not import it either
+        return _attr_shapes(node_defs)
+    status, result = shape_process().infer(kind, (serialized, extra))
+    if status == "ok":
+        return result
+    what = "the graph" if kind == "graph" else f"function {message.signature.name!r}"
+    if status == "died":
+        log.warning("amp_rewrite: TensorFlow's shape inference ended the helper process that ran it on %s (%s); "
+                    "static shapes unavailable there: using _output_shapes attributes where present", what, result)
+    else:
+        log.info("static shapes unavailable for %s (%s); using _output_shapes attributes where present",
+                 what, str(result).splitlines()[0][:200])
+    return _attr_shapes(node_defs)
+
+
+def answer_shape_request(kind: str, payload: Any) -> dict[str, tuple[Shape, ...]]:
+    """The helper process's side of :func:`_isolated_or_here`: ``("graph", (GraphDef bytes,
+    variable shapes))`` or ``("function", (FunctionDef bytes, call arguments))``, inferred with
+    the default registry as in process.  Raises for an unknown kind."""
+    from tensorflow.core.framework import function_pb2, graph_pb2
+
+    serialized, extra = payload
+    if kind == "graph":
+        graph_def = graph_pb2.GraphDef.FromString(serialized)
+        return _infer_graph_shapes(graph_def, extra, default_registry())
+    if kind == "function":
+        return _infer_function_shapes(function_pb2.FunctionDef.FromString(serialized), default_registry(), extra)
+    raise ValueError(f"unknown shape request {kind!r}")
 
 
 def _infer_graph_shapes(graph_def: Any, variable_shapes: Mapping[str, Shape] | None,
@@ -502,8 +549,8 @@ def function_shapes(fdef: Any, registry: OpRegistry | None = None,
     """:func:`_infer_function_shapes`, inferred once for the last few bodies and call
     arguments asked (:class:`_RecentShapes`).  Pure; never raises."""
     registry = registry or default_registry()
-    return _RECENT_FUNCTIONS.recall(fdef, _frozen(call), registry,
-                                    lambda: _infer_function_shapes(fdef, registry, call))
+    return _RECENT_FUNCTIONS.recall(fdef, _frozen(call), registry, lambda: _isolated_or_here(
+        "function", fdef, call, fdef.node_def, registry, lambda: _infer_function_shapes(fdef, registry, call)))
 
 
 def _infer_function_shapes(fdef: Any, registry: OpRegistry,
