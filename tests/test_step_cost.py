@@ -628,7 +628,7 @@ def test_the_shapes_of_a_graph_inferred_before_are_reused():
         assert shapes_module.function_shapes(fdef, call=args) == shapes_module.function_shapes(fdef, call=args)
         assert inferred.count("function") == 2
         # A message that cannot be serialized (over protobuf's 2 GB) is inferred each time.
-        with mock.patch.object(shapes_module, "_digest", lambda message: None):
+        with mock.patch.object(shapes_module, "_serialized", lambda message: None):
             shapes_module.graph_shapes(gd)
             shapes_module.function_shapes(fdef)
         assert inferred.count("graph") == 4 and inferred.count("function") == 3

@@ -260,17 +260,18 @@ class _RecentShapes:
             self._entries.clear()
 
     def recall(self, message: Any, extra: Hashable, registry: OpRegistry,
-               infer: Callable[[], dict[str, tuple[Shape, ...]]]) -> dict[str, tuple[Shape, ...]]:
-        """The shapes ``infer()`` gives for ``message`` (with ``extra``, what else they depend
-        on, and ``registry``): kept from an earlier call where there is one, else inferred and
-        kept.  A message that cannot be serialized is inferred each time."""
-        digest = _digest(message)
-        if digest is None:
-            return infer()
-        key = (digest, extra)
+               infer: Callable[[bytes | None], dict[str, tuple[Shape, ...]]]) -> dict[str, tuple[Shape, ...]]:
+        """The shapes ``infer(serialized)`` gives for ``message`` (with ``extra``, what else
+        they depend on, and ``registry``; ``serialized``: its deterministic serialization,
+        ``None`` where it has none): kept from an earlier call where there is one, else
+        inferred and kept.  A message that cannot be serialized is inferred each time."""
+        serialized = _serialized(message)
+        if serialized is None:
+            return infer(None)
+        key = (hashlib.sha256(serialized).digest(), extra)
         shapes = self.get(key, registry)
         if shapes is None:
-            shapes = infer()
+            shapes = infer(serialized)
             self.put(key, registry, shapes)
         else:
             log.debug("static shapes inferred before: reused (%d nodes)", len(shapes))
@@ -282,11 +283,11 @@ _RECENT_GRAPHS = _RecentShapes(4)
 _RECENT_FUNCTIONS = _RecentShapes(64)
 
 
-def _digest(message: Any) -> bytes | None:
-    """A digest of ``message``'s deterministic serialization, or ``None`` where it cannot be
-    serialized (then nothing is kept: inference says why the shapes are unknown).  Pure."""
+def _serialized(message: Any) -> bytes | None:
+    """``message``'s deterministic serialization, or ``None`` where it cannot be serialized
+    (then nothing is kept: inference says why the shapes are unknown).  Pure."""
     try:
-        return hashlib.sha256(message.SerializeToString(deterministic=True)).digest()
+        return message.SerializeToString(deterministic=True)
     except Exception:  # noqa: BLE001 - e.g. a message over protobuf's 2 GB; TensorFlow's import would fail too
         return None
 
@@ -314,26 +315,26 @@ def graph_shapes(graph_def: Any, variable_shapes: Mapping[str, Shape] | None = N
     process inside :func:`~amp_rewrite.graph.shape_process.isolated_shape_inference`.  Pure."""
     registry = registry or default_registry()
     variables = dict(variable_shapes) if variable_shapes else None
-    return _RECENT_GRAPHS.recall(graph_def, _shapes_key(variable_shapes), registry, lambda: _isolated_or_here(
-        "graph", graph_def, variables, graph_def.node, registry,
+    return _RECENT_GRAPHS.recall(graph_def, _shapes_key(variable_shapes), registry, lambda serialized: _isolated_or_here(
+        "graph", graph_def, serialized, variables, graph_def.node, registry,
         lambda: _infer_graph_shapes(graph_def, variable_shapes, registry)))
 
 
-def _isolated_or_here(kind: str, message: Any, extra: Any, node_defs: Any, registry: OpRegistry,
+def _isolated_or_here(kind: str, message: Any, serialized: bytes | None, extra: Any, node_defs: Any,
+                      registry: OpRegistry,
                       here: Callable[[], dict[str, tuple[Shape, ...]]]) -> dict[str, tuple[Shape, ...]]:
     """``here()``, or, inside :func:`~amp_rewrite.graph.shape_process.isolated_shape_inference`
     and with the default registry (a custom one cannot be sent), the same inference in the
-    helper process (:func:`answer_shape_request`).  Where the helper dies on the graph (a
-    TensorFlow shape function aborted it) or fails, the nodes get their recorded
-    ``_output_shapes`` (``node_defs``), with one WARNING for a death.  Pure but for the log
-    and the helper."""
+    helper process (:func:`answer_shape_request`) on ``serialized`` (``message``'s bytes;
+    ``None``: it has none, over protobuf's 2 GB, which TensorFlow could not import either).
+    Where the helper dies on the graph (a TensorFlow shape function aborted it) or fails, the
+    nodes get their recorded ``_output_shapes`` (``node_defs``), with one WARNING for a death.
+    Pure but for the log and the helper."""
     from .shape_process import isolation_active, shape_process
 
     if not isolation_active() or registry is not default_registry():
         return here()
-    try:
-        serialized = message.SerializeToString()
-    except Exception:  # noqa: BLE001 - over protobuf's 2 GB: TensorFlow could not import it either
+    if serialized is None:
         return _attr_shapes(node_defs)
     status, result = shape_process().infer(kind, (serialized, extra))
     if status == "ok":
@@ -549,8 +550,9 @@ def function_shapes(fdef: Any, registry: OpRegistry | None = None,
     """:func:`_infer_function_shapes`, inferred once for the last few bodies and call
     arguments asked (:class:`_RecentShapes`).  Pure; never raises."""
     registry = registry or default_registry()
-    return _RECENT_FUNCTIONS.recall(fdef, _frozen(call), registry, lambda: _isolated_or_here(
-        "function", fdef, call, fdef.node_def, registry, lambda: _infer_function_shapes(fdef, registry, call)))
+    return _RECENT_FUNCTIONS.recall(fdef, _frozen(call), registry, lambda serialized: _isolated_or_here(
+        "function", fdef, serialized, call, fdef.node_def, registry,
+        lambda: _infer_function_shapes(fdef, registry, call)))
 
 
 def _infer_function_shapes(fdef: Any, registry: OpRegistry,
