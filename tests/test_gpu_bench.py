@@ -745,6 +745,13 @@ def test_done_when_judges_lines_1_and_2_from_paired_repeats_within_the_aa_gap(tm
     # The worst of ours (ours_default, 6e-4) is above both TF's pass's and Keras's: fails.
     assert judged["error"]["ours"] == ("ours_default", 6e-4) and judged["error"]["verdict"] == "fails"
 
+    # Line 2 pairs repeats as line 1 does: the machine slowed between repeats, and ours was
+    # faster in two of three; the ratio of the medians (92 / 90) would say 2.2% slower.
+    drift = {"workload": "w-drift", "train": True, "aa_gap": 0.01, "variants": {
+        "float32": v([100.0, 90.0, 80.0]), "ours_optimal": v([98.0, 92.0, 79.0], baseline="float32")}}
+    entry = gpu_done_when.line2(drift)["modes"]["no XLA"]["float32"]
+    assert entry["ratio"] == pytest.approx(79.0 / 80.0) and entry["verdict"] == "holds"
+
     # Slower than Keras by more than the A/A gap, with no A/A pair (2% assumed): fails.
     slow = {"workload": "w2", "train": True, "aa_gap": None, "variants": {
         "keras_mixed_xla": v([10.0, 10.0]), "ours_user": v([10.5, 10.4], baseline="float32_xla")}}
