@@ -838,15 +838,16 @@ class Function:
         ``None``, logged, where there is nothing to compare or the step reduces across workers
         (each worker would choose alone; all must run the same collectives)."""
         steps = options["measure_steps"]
-        why = _cross_worker_reason(concrete.graph.as_graph_def())
+        traced_def = concrete.graph.as_graph_def()  # read twice below: built once
+        why = _cross_worker_reason(traced_def)
         if why is not None:
             warn_once(self, "measure-workers", (
                 f"amp_rewrite: {self._description}: measure_steps={steps} was asked for, but {why}: "
                 "it runs the planned step without measuring"))
             return None
         candidates = [Candidate("planned", runner)]
-        for name, build in (("float32", self._float32_candidate), ("default lists", self._default_lists_candidate)):
-            other = build(concrete, runner, options)
+        for name, other in (("float32", self._float32_candidate(concrete, runner, options, traced_def)),
+                            ("default lists", self._default_lists_candidate(concrete, runner, options))):
             if other is not None:
                 candidates.append(Candidate(name, other))
         if len(candidates) == 1:
@@ -863,15 +864,16 @@ class Function:
         log.info("amp_rewrite: %s: the %s step is not measured: it ran out of device memory (%s); the planned "
                  "step ran that batch", self._description, candidate.name, str(error).splitlines()[0][:200])
 
-    def _float32_candidate(self, concrete: Any, runner: _Runner, options: Mapping[str, Any]) -> _Runner | None:
+    def _float32_candidate(self, concrete: Any, runner: _Runner, options: Mapping[str, Any],
+                           traced_def: Any) -> _Runner | None:
         """The float32 step to time against ``runner``'s mixed one: traced again without loss
-        scaling where loss scaling may go (:meth:`_trace_unscaled`), else ``concrete`` itself,
-        every op kept float32; ``None`` where ``runner`` converted nothing or it cannot be
-        built (logged at DEBUG)."""
+        scaling where loss scaling may go (:meth:`_trace_unscaled`; ``traced_def`` is
+        ``concrete``'s GraphDef), else ``concrete`` itself, every op kept float32; ``None``
+        where ``runner`` converted nothing or it cannot be built (logged at DEBUG)."""
         if not runner.result.report.get("converted_nodes"):
             return None
         traced = concrete
-        if concrete.name in self._loss_scaled and _why_loss_scaling_stays(concrete.graph.as_graph_def()) is None:
+        if concrete.name in self._loss_scaled and _why_loss_scaling_stays(traced_def) is None:
             traced = self._trace_unscaled(concrete) or concrete
         reason = "measure_steps: the float32 step, timed against the mixed one"
         # ``declined`` is the cost-aware planner's: it keeps every op float32, whatever the lists.
