@@ -22,6 +22,7 @@ A custom op registry cannot be sent to it: graphs imported with one are inferred
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import contextvars
 import logging
@@ -30,7 +31,8 @@ from typing import Any, Iterator
 
 from .helper_process import HelperProcess
 
-__all__ = ["TIMEOUT_S", "ShapeProcess", "isolated_shape_inference", "isolation_active", "shape_process"]
+__all__ = ["TIMEOUT_S", "ShapeProcess", "isolated_shape_inference", "isolation_active", "run_isolated",
+           "shape_process"]
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +44,9 @@ _ISOLATED: contextvars.ContextVar[bool] = contextvars.ContextVar("amp_rewrite_is
 
 @contextlib.contextmanager
 def isolated_shape_inference() -> Iterator[None]:
-    """Infer static shapes in the helper process while inside (this thread and the tasks it
-    starts).  For services that rewrite models they did not make; the command line uses it."""
+    """Infer static shapes in the helper process while inside (this thread, and the asyncio
+    tasks it starts; a thread it starts, or a pool's worker thread, does not inherit it: enter
+    it there).  For services that rewrite models they did not make; the command line uses it."""
     token = _ISOLATED.set(True)
     try:
         yield
@@ -57,16 +60,19 @@ def isolation_active() -> bool:
 
 
 class ShapeProcess(HelperProcess):
-    """The helper that infers shapes (:func:`~amp_rewrite.graph.shapes.answer_shape_request`,
-    or another ``worker`` in tests): it needs no device, and must not take GPU memory from the
-    caller's steps, so it sees none."""
+    """The helper that infers shapes (:func:`.shape_worker.answer`, or another ``worker`` in
+    tests), and runs
+    whatever else imports a graph from anyone into TensorFlow (:func:`run_isolated`): it needs
+    no device, and must not take GPU memory from the caller's steps, so it sees none."""
 
-    def __init__(self, worker: str = "amp_rewrite.graph.shapes:answer_shape_request",
+    def __init__(self, worker: str = "amp_rewrite.graph.shape_worker:answer",
                  timeout_s: float = TIMEOUT_S) -> None:
         # TensorFlow's start-up lines (no GPU found ...) would only clutter the caller's
         # standard error; an abort's own message is printed whatever the level.
         super().__init__(worker, env={"CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "3"},
                          timeout_s=timeout_s)
+        #: Whether the WARNING that the helper cannot start was logged (once a process).
+        self.warned_broken = False
 
     def infer(self, kind: str, payload: Any) -> tuple[str, Any]:
         """One request, answered (:meth:`HelperProcess.request`)."""
@@ -83,5 +89,16 @@ def shape_process() -> ShapeProcess:
     with _PROCESS_LOCK:
         if _PROCESS is None:
             _PROCESS = ShapeProcess()
+            atexit.register(_PROCESS.close)
         return _PROCESS
+
+
+
+def run_isolated(function: str, payload: Any) -> tuple[str, Any]:
+    """``function`` (``module:function`` of this package) called with ``payload`` in the shape
+    helper process, for work that imports a graph from anyone into TensorFlow (whose shape
+    functions run at the import, and may abort): ``("ok", result)``, ``("error", "<Type>:
+    <message>")`` where it raised, or ``("died", why)``.  ``payload`` and the result are
+    pickled."""
+    return shape_process().infer("call", (function, payload))
 

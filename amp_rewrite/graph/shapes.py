@@ -260,19 +260,23 @@ class _RecentShapes:
             self._entries.clear()
 
     def recall(self, message: Any, extra: Hashable, registry: OpRegistry,
-               infer: Callable[[bytes | None], dict[str, tuple[Shape, ...]]]) -> dict[str, tuple[Shape, ...]]:
+               infer: Callable[[bytes | None], tuple[dict[str, tuple[Shape, ...]], bool]]
+               ) -> dict[str, tuple[Shape, ...]]:
         """The shapes ``infer(serialized)`` gives for ``message`` (with ``extra``, what else
         they depend on, and ``registry``; ``serialized``: its deterministic serialization,
         ``None`` where it has none): kept from an earlier call where there is one, else
-        inferred and kept.  A message that cannot be serialized is inferred each time."""
+        inferred, and kept where ``infer`` says they are what inference gives (not a stand-in
+        for a helper process that died, which may answer the next time).  A message that
+        cannot be serialized is inferred each time."""
         serialized = _serialized(message)
         if serialized is None:
-            return infer(None)
+            return infer(None)[0]
         key = (hashlib.sha256(serialized).digest(), extra)
         shapes = self.get(key, registry)
         if shapes is None:
-            shapes = infer(serialized)
-            self.put(key, registry, shapes)
+            shapes, inferred = infer(serialized)
+            if inferred:
+                self.put(key, registry, shapes)
         else:
             log.debug("static shapes inferred before: reused (%d nodes)", len(shapes))
         return shapes
@@ -321,32 +325,41 @@ def graph_shapes(graph_def: Any, variable_shapes: Mapping[str, Shape] | None = N
 
 
 def _isolated_or_here(kind: str, message: Any, serialized: bytes | None, extra: Any, node_defs: Any,
-                      registry: OpRegistry,
-                      here: Callable[[], dict[str, tuple[Shape, ...]]]) -> dict[str, tuple[Shape, ...]]:
+                      registry: OpRegistry, here: Callable[[], dict[str, tuple[Shape, ...]]]
+                      ) -> tuple[dict[str, tuple[Shape, ...]], bool]:
     """``here()``, or, inside :func:`~amp_rewrite.graph.shape_process.isolated_shape_inference`
     and with the default registry (a custom one cannot be sent), the same inference in the
     helper process (:func:`answer_shape_request`) on ``serialized`` (``message``'s bytes;
-    ``None``: it has none, over protobuf's 2 GB, which TensorFlow could not import either).
+    ``None``: it has none, over protobuf's 2 GB, which TensorFlow could not import either);
+    and whether they are what inference gives (``False``: a stand-in).
     Where the helper dies on the graph (a TensorFlow shape function aborted it) or fails, the
-    nodes get their recorded ``_output_shapes`` (``node_defs``), with one WARNING for a death.
+    nodes get their recorded ``_output_shapes`` (``node_defs``), with one WARNING for a death,
+    or one for the process where the helper cannot start at all.
     Pure but for the log and the helper."""
     from .shape_process import isolation_active, shape_process
 
     if not isolation_active() or registry is not default_registry():
-        return here()
+        return here(), True
     if serialized is None:
-        return _attr_shapes(node_defs)
-    status, result = shape_process().infer(kind, (serialized, extra))
+        return _attr_shapes(node_defs), True
+    helper = shape_process()
+    status, result = helper.infer(kind, (serialized, extra))
     if status == "ok":
-        return result
+        return result, True
     what = "the graph" if kind == "graph" else f"function {message.signature.name!r}"
+    if status == "died" and helper.broken is not None:
+        if not helper.warned_broken:
+            helper.warned_broken = True
+            log.warning("amp_rewrite: static shapes are not inferred: the process that infers them apart from "
+                        "this one cannot run (%s); using _output_shapes attributes where present", helper.broken)
+        return _attr_shapes(node_defs), False
     if status == "died":
         log.warning("amp_rewrite: TensorFlow's shape inference ended the helper process that ran it on %s (%s); "
                     "static shapes unavailable there: using _output_shapes attributes where present", what, result)
-    else:
-        log.info("static shapes unavailable for %s (%s); using _output_shapes attributes where present",
-                 what, str(result).splitlines()[0][:200])
-    return _attr_shapes(node_defs)
+        return _attr_shapes(node_defs), False
+    log.info("static shapes unavailable for %s (%s); using _output_shapes attributes where present",
+             what, str(result).splitlines()[0][:200])
+    return _attr_shapes(node_defs), True
 
 
 def answer_shape_request(kind: str, payload: Any) -> dict[str, tuple[Shape, ...]]:

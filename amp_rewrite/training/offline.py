@@ -389,7 +389,7 @@ def _keep_meta_fields(out: Any, meta: Any, saver_def: Any) -> None:
     out.asset_file_def.extend(meta.asset_file_def)
 
 
-def _training_section(train_name: str, apply_names: set[str], seeds: Sequence[Any], scale_config: Any,
+def _training_section(train_name: str, apply_names: set[str], seeds: Sequence[str], scale_config: Any,
                       checkpointed: bool) -> dict[str, Any]:
     """The report's ``"training"`` section.  Pure.
 
@@ -400,12 +400,79 @@ def _training_section(train_name: str, apply_names: set[str], seeds: Sequence[An
     return {
         "train_op": train_name,
         "apply_ops": sorted(apply_names),
-        "gradient_seeds": sorted(op.name for op in seeds),
+        "gradient_seeds": sorted(seeds),
         "loss_scale": repr(scale_config),
         "loss_scale_variables": [f"{_SCOPE}/current_loss_scale", f"{_SCOPE}/good_steps",
                                  f"{_SCOPE}/skipped_steps"],
         "loss_scale_checkpointed": checkpointed,
     }
+
+
+
+def _scale_in_tensorflow(meta: Any, train_name: str, loss_scale: Any) -> tuple[Any, set[str], list[str], bool]:
+    """Write loss scaling into the rewritten MetaGraphDef ``meta`` with TensorFlow's graph API
+    (module docstring): the exported MetaGraphDef, the update ops' names, the gradient seeds'
+    names, and whether the loss-scale variables are checkpointed.  Imports ``meta`` into a
+    ``tf.Graph`` of its own, which runs TensorFlow's shape functions on it: see
+    :func:`_scaled_where_safe`.  Raises :class:`AmpRewriteError` where the graph breaks an
+    assumption; reads ``meta``."""
+    import tensorflow as tf
+    from tensorflow.python.framework import meta_graph
+
+    scale_config = _loss_scale_config(loss_scale)
+    graph = tf.Graph()
+    with graph.as_default():
+        meta_graph.import_scoped_meta_graph(meta, clear_devices=False, graph=graph)
+        train = graph.get_operation_by_name(train_name)
+        grad_inputs = _update_ops(train, train_name)
+        apply_names = {op.name for op, _ in grad_inputs}
+        seeds = _gradient_seeds(grad_inputs)
+        _check_only_updates_write(seeds, apply_names)
+        variables, update = _write_loss_scaling(scale_config, seeds, grad_inputs)
+        train._add_control_input(update)  # noqa: SLF001
+
+        saver_def = None
+        if meta.HasField("saver_def"):
+            saver_def = _saver_with_loss_scale(graph, meta.saver_def, list(variables))
+        out = tf.compat.v1.train.export_meta_graph(graph=graph, clear_devices=False)
+    _keep_meta_fields(out, meta, saver_def)
+    checkpointed = saver_def is not None or not meta.HasField("saver_def")
+    return out, apply_names, [op.name for op in seeds], checkpointed
+
+
+def scale_in_tensorflow_request(payload: tuple[bytes, str, Any]) -> tuple[bytes, list[str], list[str], bool]:
+    """:func:`_scale_in_tensorflow` in the helper process (:func:`_scaled_where_safe`): the
+    MetaGraphDef as bytes in and out.  Runs in the helper."""
+    from tensorflow.core.protobuf import meta_graph_pb2
+
+    meta_bytes, train_name, loss_scale = payload
+    out, apply_names, seeds, checkpointed = _scale_in_tensorflow(
+        meta_graph_pb2.MetaGraphDef.FromString(meta_bytes), train_name, loss_scale)
+    return out.SerializeToString(deterministic=True), sorted(apply_names), seeds, checkpointed
+
+
+def _scaled_where_safe(meta: Any, train_name: str, loss_scale: Any) -> tuple[Any, set[str], list[str], bool]:
+    """:func:`_scale_in_tensorflow`, in the helper process that infers shapes where they are
+    inferred there (:func:`amp_rewrite.isolated_shape_inference`, every CLI command that reads
+    a file): importing a graph from anyone runs TensorFlow's shape functions, and one that
+    aborts would end this process.  There an abort is an :class:`AmpRewriteError` (nothing
+    is written), and the worker's own errors keep their message."""
+    from tensorflow.core.protobuf import meta_graph_pb2
+
+    from ..graph.shape_process import isolation_active, run_isolated
+
+    if not isolation_active():
+        return _scale_in_tensorflow(meta, train_name, loss_scale)
+    status, answer = run_isolated(f"{__name__}:scale_in_tensorflow_request",
+                                  (meta.SerializeToString(deterministic=True), train_name, loss_scale))
+    if status == "died":
+        raise AmpRewriteError(f"TensorFlow ended the process that imported the rewritten graph to write loss "
+                              f"scaling into it ({answer}); the graph cannot be loss-scaled")
+    if status == "error":
+        kind, _, message = str(answer).partition(": ")
+        raise AmpRewriteError(message if kind == AmpRewriteError.__name__ else f"{kind}: {message}")
+    out_bytes, apply_names, seeds, checkpointed = answer
+    return meta_graph_pb2.MetaGraphDef.FromString(out_bytes), set(apply_names), seeds, checkpointed
 
 
 def rewrite_training_meta_graph(
@@ -448,9 +515,6 @@ def rewrite_training_meta_graph(
     is not detected.  Train such models with
     :func:`amp_rewrite.enable_mixed_precision_graph_rewrite`, which scales only the loss.
     """
-    import tensorflow as tf
-    from tensorflow.python.framework import meta_graph
-
     from .session import _drop_dangling_collection_entries
 
     options = check_rewrite_options(rewrite_options)
@@ -464,25 +528,9 @@ def rewrite_training_meta_graph(
     meta.graph_def.CopyFrom(result.graph_def)
     _drop_dangling_collection_entries(meta)
 
-    graph = tf.Graph()
-    with graph.as_default():
-        meta_graph.import_scoped_meta_graph(meta, clear_devices=False, graph=graph)
-        train = graph.get_operation_by_name(train_name)
-        grad_inputs = _update_ops(train, train_name)
-        apply_names = {op.name for op, _ in grad_inputs}
-        seeds = _gradient_seeds(grad_inputs)
-        _check_only_updates_write(seeds, apply_names)
-        variables, update = _write_loss_scaling(scale_config, seeds, grad_inputs)
-        train._add_control_input(update)  # noqa: SLF001
-
-        saver_def = None
-        if meta.HasField("saver_def"):
-            saver_def = _saver_with_loss_scale(graph, meta.saver_def, list(variables))
-        out = tf.compat.v1.train.export_meta_graph(graph=graph, clear_devices=False)
-    _keep_meta_fields(out, meta, saver_def)
+    out, apply_names, seeds, checkpointed = _scaled_where_safe(meta, train_name, scale_config)
     report = dict(result.report)
-    checkpointed = saver_def is not None or not meta.HasField("saver_def")
     report["training"] = _training_section(train_name, apply_names, seeds, scale_config, checkpointed)
     log.info("amp_rewrite: loss scaling written into the training graph: %d update op(s), "
-             "%d gradient seed(s)", len(grad_inputs), len(seeds))
+             "%d gradient seed(s)", len(apply_names), len(seeds))
     return TrainingRewriteResult(out, report, result, tuple(sorted(apply_names)))
