@@ -149,3 +149,35 @@ def test_detect_target_tells_the_cost_model_whether_float32_is_tf32(tf32, monkey
     assert t.kind == "gpu" and hopper.capability == (9, 0)
     assert gpu_costs(hopper).name == ("gpu-hopper" if tf32 else "gpu-hopper-fp32")
     assert gpu_costs(volta).name == "gpu-volta" and not volta.features  # no TF32 before 8.0
+
+
+def test_a_gpu_without_tensor_cores_is_not_rewritten_for_whatever_its_capability(monkeypatch, caplog):
+    """A GTX 1660 Ti has compute capability 7.5 but no Tensor Cores (TU116): float16 runs on
+    its CUDA cores, and TensorFlow's users measured its mixed steps 2-4x slower.  Detected by
+    its name, it is not eligible: the rewrite changes nothing and says why, with a WARNING-worthy
+    reason; an RTX 2060 (TU106, Tensor Cores) of the same capability is rewritten.  (No GPU
+    here: TensorFlow's device list is answered.)"""
+    import logging
+
+    import tensorflow as tf
+
+    import amp_rewrite
+    from amp_rewrite.plan.targets import NO_TENSOR_CORES
+
+    names = {"GPU:0": "NVIDIA GeForce GTX 1660 Ti"}
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: list(names) if kind == "GPU" else [])
+    monkeypatch.setattr(tf.config.experimental, "get_device_details",
+                        lambda phys: {"compute_capability": (7, 5), "device_name": names[phys]})
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [64, 256], name="x")
+        tf.identity(tf.matmul(tf.nn.relu(tf.matmul(x, tf.ones([256, 256]))), tf.ones([256, 8])), name="out")
+    gtx = detect_target()
+    assert NO_TENSOR_CORES in gtx.devices[0].features and "no Tensor Cores" in gtx.description
+    report = amp_rewrite.rewrite_graph_def(graph.as_graph_def(), target=gtx, fetches=["out"], use_env=False).report
+    assert report["converted_nodes"] == 0 and "without Tensor Cores" in report["skipped"], report["skipped"]
+    names["GPU:0"] = "NVIDIA GeForce RTX 2060"
+    rtx = detect_target()
+    assert not rtx.devices[0].features
+    assert amp_rewrite.rewrite_graph_def(graph.as_graph_def(), target=rtx, fetches=["out"],
+                                         use_env=False).report["converted_nodes"] >= 2  # both MatMuls, at least

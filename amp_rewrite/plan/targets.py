@@ -32,6 +32,8 @@ __all__ = [
     "parse_target",
     "detect_target",
     "cpu_features",
+    "GPUS_WITHOUT_TENSOR_CORES",
+    "NO_TENSOR_CORES",
     "parse_precision",
     "auto_precision",
     "resolve_precision",
@@ -44,6 +46,16 @@ Precision = Literal["float16", "bfloat16"]
 
 #: Minimum compute capability for fast low-precision math per precision (Tensor Cores).
 MIN_GPU_ARCH = {"float16": (7, 0), "bfloat16": (8, 0)}
+#: GPUs of compute capability >= 7.0 without Tensor Cores: Turing's TU116 and TU117 chips
+#: (GeForce GTX 16xx, MX450/MX550, the T-series workstation and laptop cards), whose float16
+#: runs on the CUDA cores at about twice float32's rate, not Tensor Cores' eight.  Matched on
+#: the device name TensorFlow reports; such a GPU gets the :data:`NO_TENSOR_CORES` feature.
+#: TensorFlow's own pass checks the compute capability only, and converts for them (users
+#: measured 2-4x slower steps in float16 on a GTX 1660, tensorflow#44191).
+GPUS_WITHOUT_TENSOR_CORES = re.compile(
+    r"\bGTX 16\d0\b|\bMX[45]50\b|\b(Quadro )?T(400|500|550|600|1000|1200|2000)\b", re.IGNORECASE)
+#: The feature of a GPU that has no Tensor Cores whatever its compute capability.
+NO_TENSOR_CORES = "no_tensor_cores"
 #: CPU features that give fast low-precision matmul/convolution through oneDNN.
 CPU_FEATURES = {
     "float16": ("amx_fp16", "avx512_fp16"),
@@ -146,7 +158,8 @@ class Target:
         if self.ignore_performance and device.type in ("GPU", "CPU"):
             return True
         if device.type == "GPU":
-            return device.capability is not None and device.capability >= MIN_GPU_ARCH[precision]
+            return (device.capability is not None and device.capability >= MIN_GPU_ARCH[precision]
+                    and NO_TENSOR_CORES not in device.features)
         if device.type == "CPU":
             return self.assume_features or any(f in device.features for f in CPU_FEATURES[precision])
         return False
@@ -164,10 +177,12 @@ class Target:
         if self.kind == "gpu":
             caps = ", ".join(
                 f"GPU:{d.id} compute capability {d.capability[0]}.{d.capability[1]}"
+                + (" without Tensor Cores" if NO_TENSOR_CORES in d.features else "")
                 for d in self.devices if d.type == "GPU" and d.capability
             ) or "none"
             need = ".".join(map(str, MIN_GPU_ARCH[precision]))
-            return f"no GPU can profit from {precision} (needs compute capability >= {need}; found: {caps})"
+            return (f"no GPU can profit from {precision} (needs Tensor Cores: compute capability >= {need}, "
+                    f"and not a GTX 16xx-class chip; found: {caps})")
         need = " or ".join(CPU_FEATURES[precision])
         return f"the CPU has no fast {precision} math (needs {need})"
 
@@ -305,11 +320,16 @@ def detect_target() -> Target:
     for i, phys in enumerate(tf.config.list_physical_devices("GPU")):
         details = tf.config.experimental.get_device_details(phys)
         cap = details.get("compute_capability")
-        features = frozenset({"tf32_off"}) if tf32_off and cap and tuple(cap) >= (8, 0) else frozenset()
-        gpus.append(Device("GPU", i, tuple(cap) if cap else None, features))
+        features = set()
+        if tf32_off and cap and tuple(cap) >= (8, 0):
+            features.add("tf32_off")
+        if GPUS_WITHOUT_TENSOR_CORES.search(str(details.get("device_name", ""))):
+            features.add(NO_TENSOR_CORES)
+        gpus.append(Device("GPU", i, tuple(cap) if cap else None, frozenset(features)))
     if gpus:
         desc = "auto: " + ", ".join(
-            f"GPU:{d.id} {d.capability[0]}.{d.capability[1]}" if d.capability else f"GPU:{d.id}"
+            (f"GPU:{d.id} {d.capability[0]}.{d.capability[1]}" if d.capability else f"GPU:{d.id}")
+            + (" (no Tensor Cores)" if NO_TENSOR_CORES in d.features else "")
             for d in gpus
         )
         return Target("gpu", tuple(gpus) + (cpu,), description=desc)
