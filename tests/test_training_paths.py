@@ -450,6 +450,33 @@ def test_run_patches_are_undone_after_the_script(tmp_path: pathlib.Path) -> None
     assert "compile" not in keras.Model.__dict__
 
 
+def test_run_says_so_when_the_script_trained_through_nothing_it_rewrites(tmp_path: pathlib.Path) -> None:
+    """A script whose training loop is its own ``tf.function`` (which ``run`` cannot reach)
+    ran in float32: one warning line at its end says so and names the way to rewrite it; a
+    script that exits with an error gets no such line (its traceback is what matters)."""
+    script = tmp_path / "custom_loop.py"
+    script.write_text(
+        "import sys, tensorflow as tf\n"
+        "w = tf.Variable(tf.ones([16, 2]))\n"
+        "@tf.function\n"
+        "def step(x):\n"
+        "    with tf.GradientTape() as tape:\n"
+        "        loss = tf.reduce_sum(tf.matmul(x, w))\n"
+        "    w.assign_sub(0.1 * tape.gradient(loss, w))\n"
+        "    return loss\n"
+        "step(tf.ones([4, 16]))\n"
+        "if sys.argv[1:] == ['fail']:\n"
+        "    sys.exit(3)\n")
+    out = io.StringIO()
+    assert launcher.run_script(str(script), target="gpu:8.0", environ={}, out=out) == 0
+    lines = _lines(out.getvalue(), "amp-rewrite run: ")
+    assert len(lines) == 1 and "warning" in lines[0] and "amp_rewrite.function" in lines[0], out.getvalue()
+    out = io.StringIO()
+    with pytest.raises(SystemExit):
+        launcher.run_script(str(script), ["fail"], target="gpu:8.0", environ={}, out=out)
+    assert "warning" not in out.getvalue()
+
+
 def test_run_scales_a_script_wrapped_optimizer_once() -> None:
     uninstall = launcher.install(FP16, out=io.StringIO())
     try:

@@ -28,7 +28,9 @@ would rewrite the rewritten graphs again.  They are read here, at the command bo
 Not patched: ``tf.compat.v1.InteractiveSession``, ``tf.compat.v1.train.MonitoredSession`` with
 TensorFlow's own session creators (use
 :class:`~amp_rewrite.training.monitored.MixedPrecisionSessionCreator`), ``tf.function`` training
-loops (use :func:`amp_rewrite.function`) and Estimators.
+loops (use :func:`amp_rewrite.function`) and Estimators.  A script that ran to its end without
+training through anything patched (a custom ``tf.function`` loop) gets one warning line
+saying it ran in float32, and how to rewrite it.
 """
 
 from __future__ import annotations
@@ -299,6 +301,8 @@ def run_script(
         for name in ENV_SWITCHES:
             environ.pop(name, None)
         uninstall = install({"target": target, "precision": precision}, out=out)
+    heard: list[str] = []
+    stop_hearing = add_rewrite_listener(lambda message, report: heard.append(message)) if patching else None
     saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
     sys.argv = [script, *argv]
     script_dir = os.path.dirname(os.path.abspath(script))
@@ -308,13 +312,33 @@ def run_script(
         sys.path.insert(0, script_dir)
     try:
         runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code in (None, 0) and stop_hearing is not None and not heard:
+            _say_nothing_was_rewritten(script, out)
+        raise
+    else:
+        if stop_hearing is not None and not heard:
+            _say_nothing_was_rewritten(script, out)
     finally:
         sys.argv = saved_argv
         if saved_path0 is not None and sys.path:
             sys.path[0] = saved_path0
+        if stop_hearing is not None:
+            stop_hearing()
         if uninstall is not None:
             uninstall()
     return 0
+
+
+def _say_nothing_was_rewritten(script: str, out: TextIO | None) -> None:
+    """The line for a script that ran to its end through none of the patched training APIs:
+    mixed precision was asked for and did not happen (a custom ``tf.function`` loop, which
+    ``run`` cannot reach)."""
+    print(f"amp-rewrite run: warning: {script} ran no training step this command rewrites (Keras "
+          "compile/fit/evaluate/predict, tf.compat.v1 sessions and optimizers): it ran in float32. A custom "
+          "tf.function training loop is rewritten by decorating it with amp_rewrite.function and wrapping its "
+          "optimizer with amp_rewrite.enable_mixed_precision_graph_rewrite (README, \"Train\").",
+          file=out if out is not None else sys.stderr, flush=True)
 
 
 def main_run(args: Any) -> int:
