@@ -27,7 +27,7 @@ import networkx as nx
 
 from .plan.painter import DecideOptions, Painting, Placement, Plan
 from .errors import AmpRewriteError, InvalidGraphError, ListError, RewriteError, TargetError
-from .plan.exclude import NameMatcher
+from .plan.exclude import NameMatcher, warn_unmatched
 from .graph.io import export_graph_def, import_graph_def, loop_functions, parse_graph_def, reachable_functions
 from .plan.preserve import excluded_nodes, preserved_nodes
 from .plan.normalization import find_normalizations
@@ -326,7 +326,8 @@ _PARAMETERS_DOC = """    Parameters
         component of it, such as a Keras layer name: ``"conv2d_1"`` excludes
         ``model/conv2d_1/Conv2D`` but not ``model/conv2d_10/Conv2D`` (see
         :mod:`amp_rewrite.plan.exclude`).  Each excluded node's reason names its pattern, and the
-        report's ``excluded`` maps each pattern to the number of nodes it matched.
+        report's ``excluded`` maps each pattern to the number of nodes it matched; a pattern
+        that matched none is a WARNING.
     keep_float32
         Node names (exact) kept float32 like excluded nodes, in the main graph and every
         function; :func:`~amp_rewrite.models.saved_model.rewrite_model` passes what the selected
@@ -418,7 +419,7 @@ def rewrite_graph_def(
     with _gc_paused():
         for retry in range(_TYPE_CHECK_RETRIES + 1):
             try:
-                return _rewrite_graph_def(
+                result = _rewrite_graph_def(
                     graph_def, target=target, precision=precision, lists=lists, lists_file=lists_file,
                     fetches=fetches, add=add, remove=remove, level=level, exclude=exclude,
                     functions=functions, tensorflow_bugs=tensorflow_bugs, use_env=use_env, registry=registry,
@@ -432,6 +433,11 @@ def rewrite_graph_def(
                         raise RewriteError(f"{exc}.  Keeping {n} node(s) float32 that earlier tries involved did "
                                            "not avoid it", node=exc.node) from None
                     raise
+            else:
+                # After the retries, so once per rewrite: a pattern that matches nothing keeps
+                # nothing float32, which the report's excluded count alone would not tell.
+                warn_unmatched(result.report.get("excluded", {}))
+                return result
     raise AssertionError("unreachable: the last retry returns or raises")
 
 

@@ -257,10 +257,7 @@ def _cmd_rewrite(args: argparse.Namespace, progress: Any) -> int:
             dump_dir=args.dump_dir, graph_file=args.graph, tensorboard_dir=args.tensorboard,
             progress=progress, autotune=autotune, xla=args.xla, **_model_options(args),
         )
-    progress.close()
-    for pattern, count in report.get("excluded", {}).items():
-        if not count:
-            log.warning("--exclude %r matches no node (see: amp-rewrite nodes INPUT REGEX)", pattern)
+    progress.close()  # an --exclude pattern that matched no node: the rewrite warned (plan.exclude)
     if not args.quiet:
         # The autotune section gets a line of its own (its summary says why the choice won),
         # not summary_line's short form of it.

@@ -14,7 +14,7 @@ import amp_rewrite
 from amp_rewrite.errors import AmpRewriteError
 from amp_rewrite.training import tf_function
 from amp_rewrite.training._common import check_rewrite_options
-from amp_rewrite.training.step_choice import MIN_GAIN, Candidate, MeasuredChoice
+from amp_rewrite.training.step_choice import MAX_DISCARDED, MIN_GAIN, Candidate, MeasuredChoice
 
 
 class _Clock:
@@ -52,6 +52,50 @@ def test_measured_choice_warms_up_times_round_robin_then_keeps_the_fastest():
     assert choice.chosen is cands[1] and chosen == [choice] and not choice.deciding
     assert choice(9) == ("float32", 9) and calls[-1] == "float32" and len(calls) == 10
     assert choice.summary() == "planned 10.00 ms, float32 8.00 ms, default lists 12.00 ms"
+
+
+def test_a_step_that_skipped_its_update_is_not_timed():
+    """The first steps of a dynamic loss scale skip their update (a gradient overflowed) and run
+    no update kernels: faster, and not the step that will run.  A timed step during which the
+    candidate's count of skipped updates moved is not counted, and the candidate is timed
+    again; a candidate whose every step skips is counted after :data:`MAX_DISCARDED` per step,
+    so that measuring ends."""
+    clock, calls, chosen = _Clock(), [], []
+    skipped = {"count": 0}
+    times = {"planned": 0.010, "float32": 0.011}
+
+    def planned(args):
+        calls.append("planned")
+        if len(calls) <= 5:  # its warm-up and first two timed steps skip their update: fast
+            skipped["count"] += 1
+            clock.now += 0.001
+        else:
+            clock.now += times["planned"]
+        return args
+
+    def float32(args):
+        calls.append("float32")
+        clock.now += times["float32"]
+        return args
+
+    cands = [Candidate("planned", planned, lambda: skipped["count"]), Candidate("float32", float32)]
+    choice = MeasuredChoice(cands, 2, sync=lambda: None, clock=clock, on_chosen=chosen.append)
+    while choice.deciding:
+        choice(len(calls))
+    assert cands[0].discarded == 2 and cands[0].seconds == [pytest.approx(0.010)] * 2
+    assert choice.chosen is cands[0]  # 10 ms against 11: without the rule, 1 ms against 11 anyway
+    assert "2 steps that skipped its update not counted" in choice.summary()
+    # Every step skips: counted after MAX_DISCARDED per step, so measuring ends.
+    clock, calls = _Clock(), []
+    always = Candidate("planned", lambda args: (calls.append(1), skipped.update(count=skipped["count"] + 1)),
+                       lambda: skipped["count"])
+    other = Candidate("float32", lambda args: calls.append(2))
+    choice = MeasuredChoice([always, other], 1, sync=lambda: None, clock=clock)
+    for i in range(2 * (MAX_DISCARDED + 2) + 2):
+        if not choice.deciding:
+            break
+        choice(i)
+    assert not choice.deciding and always.discarded == MAX_DISCARDED and len(always.seconds) == 1
 
 
 def test_measured_choice_keeps_the_planned_step_unless_another_is_faster_by_the_margin():

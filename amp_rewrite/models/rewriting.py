@@ -13,6 +13,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from ..api import Precision, RewriteResult, resolve_lists, resolve_target, rewrite_graph_def
 from ..errors import AmpRewriteError
 from ..graph.tensor_names import parse_graph_input
+from ..graph.training_ops import scales_loss, updates_from_gradients
 from ..plan.targets import Target
 from ..progress import Progress
 from .formats import ModelFile
@@ -184,9 +185,25 @@ def _rewrite_meta_graphs(model: ModelFile, indices: Sequence[int], message: Any,
         if not keep_io_types:
             _update_output_dtypes(out_meta, result)
         graphs.append(GraphRewrite(label, i, tags_i, meta.graph_def, result, frozenset(preserve)))
+        _warn_if_training_without_loss_scaling(label, meta.graph_def, result.report)
     if progress:
         progress.stage("rewrote the model", len(indices), len(indices))
     return graphs
+
+
+def _warn_if_training_without_loss_scaling(label: str, graph_def: Any, report: Mapping[str, Any]) -> None:
+    """One WARNING where ``graph_def`` (a model's graph before the rewrite) trains -- updates
+    variables from gradients, as an exported TF1 training graph does -- and the rewrite put it
+    in float16 without anything scaling its loss: trained so, gradients below float16's
+    smallest value become 0.  Pure but for the log."""
+    if report.get("precision") != "float16" or not report.get("converted_nodes"):
+        return
+    if not updates_from_gradients(graph_def) or scales_loss(graph_def):
+        return
+    log.warning("amp_rewrite: %s trains (it updates variables from gradients) and was rewritten to float16 without "
+                "loss scaling: gradients smaller than float16's smallest value (6e-8) become 0 when it trains; "
+                "rewrite it with loss scaling (amp-rewrite rewrite --loss-scale dynamic, or "
+                "amp_rewrite.rewrite_training_meta_graph), or to bfloat16", label)
 
 
 def _update_output_dtypes(meta: Any, result: RewriteResult) -> None:

@@ -33,6 +33,7 @@ __all__ = [
     "in_unscaled_trace",
     "VariableCreatedError",
     "note_rewrite_options",
+    "warn_if_float16_without_loss_scaling",
     "warn_once",
     "building_unrewritten_function",
     "report_rewrite",
@@ -154,12 +155,18 @@ def multi_worker(strategy: Any) -> bool:
 
 class TracedOptimizers:
     """What the loss-scaled optimizers traced into one :func:`rewrite_trace` noted
-    (:func:`note_rewrite_options`): their rewrite options, each once, and whether any of them
-    scaled the loss."""
+    (:func:`note_rewrite_options`): their rewrite options, each once, whether any of them
+    scaled the loss, and, for those that did, how to read their count of skipped updates."""
 
     def __init__(self) -> None:
         self.options: list[dict[str, Any]] = []
         self.scaled = False
+        self.skip_counters: list[Callable[[], int]] = []
+
+    def skipped_updates(self) -> int:
+        """The skipped updates of every loss-scaled optimizer of the step, summed (read
+        eagerly: a host sync on a GPU)."""
+        return sum(count() for count in self.skip_counters)
 
     def __bool__(self) -> bool:
         return bool(self.options)
@@ -249,14 +256,18 @@ def rewrite_trace() -> Iterator[TracedOptimizers]:
                     break
 
 
-def note_rewrite_options(options: Mapping[str, Any], *, scaled: bool) -> None:
+def note_rewrite_options(options: Mapping[str, Any], *, scaled: bool,
+                         skipped: Callable[[], int] | None = None) -> None:
     """Record, for every active :func:`rewrite_trace`, the options of an optimizer traced in it,
-    and whether it ``scaled`` the loss there."""
+    whether it ``scaled`` the loss there, and ``skipped``, a reader of its count of skipped
+    updates (``measure_steps`` does not time a step that skipped its update)."""
     with _trace_lock:
         for seen in _collectors:
             if dict(options) not in seen.options:
                 seen.options.append(dict(options))
             seen.scaled = seen.scaled or scaled
+            if scaled and skipped is not None and skipped not in seen.skip_counters:
+                seen.skip_counters.append(skipped)
 
 
 def in_rewrite_trace() -> bool:
@@ -346,6 +357,24 @@ def warn_once(owner: object, key: str, message: str) -> None:
         return
     keys.add(key)
     log.warning(message)
+
+
+def warn_if_float16_without_loss_scaling(owner: object, label: str, report: Mapping[str, Any], graph_def: Any,
+                                         hint: str) -> bool:
+    """Log one WARNING per ``owner`` where ``graph_def`` (a rewritten step, or the graph a
+    rewrite was made from) trains -- it updates variables from gradients -- in float16
+    (``report`` converted something to it) and nothing in it scales the loss; ``hint`` says
+    what to do instead.  Returns whether it warned (or had warned before).  Pure but for the log."""
+    from ..graph.training_ops import scales_loss, updates_from_gradients
+
+    if report.get("precision") != "float16" or not report.get("converted_nodes"):
+        return False
+    if not updates_from_gradients(graph_def) or scales_loss(graph_def):
+        return False
+    warn_once(owner, "float16-without-loss-scaling", (
+        f"amp_rewrite: {label} trains in float16 without loss scaling: gradients smaller than float16's "
+        f"smallest value (6e-8) become 0, and the weights they belong to stop learning; {hint}"))
+    return True
 
 
 def add_rewrite_listener(listener: Callable[[str, Mapping[str, Any]], None]) -> Callable[[], None]:

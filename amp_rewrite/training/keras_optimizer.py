@@ -33,11 +33,12 @@ explicitly.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import types
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import keras
 import tensorflow as tf
@@ -53,7 +54,7 @@ from ._common import (
     warn_once,
 )
 from .forwarding import forwarded_attribute
-from .tf_function import Function
+from .tf_function import Function, note_layer_scopes
 
 __all__ = ["LossScaleOptimizer", "rewrite_keras_train_step"]
 
@@ -159,7 +160,8 @@ class LossScaleOptimizer(LossScaleSettings, keras.optimizers.LossScaleOptimizer)
         self._warn_if_not_rewritten()
         if self._loss_scaling_off():
             return loss
-        return super().scale_loss(loss)
+        with tf.name_scope(loss_scale_module.SCOPE):  # kept float32 by the rewrite (SCOPE says why)
+            return super().scale_loss(loss)
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> None:
         """Unscale, and apply with the inner optimizer unless a gradient is not finite.
@@ -247,8 +249,13 @@ class LossScaleOptimizer(LossScaleSettings, keras.optimizers.LossScaleOptimizer)
         self.step_counter.assign(new_good)
         self.skipped_steps_counter.assign(new_skipped)
 
+    def _skipped_count(self) -> int:
+        """:attr:`skipped_steps` now, as an int (read eagerly)."""
+        return int(self.skipped_steps.numpy())
+
     def _warn_if_not_rewritten(self) -> None:
-        note_rewrite_options(self._amp_rewrite_options, scaled=not self._loss_scaling_off())
+        note_rewrite_options(self._amp_rewrite_options, scaled=not self._loss_scaling_off(),
+                             skipped=self._skipped_count)
         if building_unrewritten_function():
             warn_once(self, "unrewritten", (
                 f"amp_rewrite: optimizer {self.name!r} is being traced into a tf.function that "
@@ -397,6 +404,77 @@ def _make_predict_function(model: Any, force: bool = False) -> Any:
     return model.predict_function
 
 
+def _layers_of(model: Any) -> list[Any]:
+    """``model`` and every layer under it (nested models' layers included).  Pure."""
+    flatten = getattr(model, "_flatten_layers", None)
+    if flatten is not None:
+        return list(flatten(include_self=True, recursive=True))
+    # A Keras without the private walk: the public ``layers`` of each model, recursively.
+    out, todo = [], [model]
+    while todo:
+        layer = todo.pop()
+        if any(layer is seen for seen in out):
+            continue
+        out.append(layer)
+        todo.extend(getattr(layer, "layers", None) or ())
+    return out
+
+
+#: Stands for "no instance attribute" when one is restored.
+_ABSENT = object()
+
+
+@contextlib.contextmanager
+def _recorded_layer_scopes(model: Any) -> Iterator[None]:
+    """Record, while a step of ``model`` is traced in this block, the name scope each of its
+    layers opens in the graph, and note them for that graph's rewrite
+    (:func:`.tf_function.note_layer_scopes`), so that ``exclude="dense_1"`` takes the layer
+    ``dense_1``.  To be entered inside the traced function.
+
+    Why record rather than derive: Keras 3 opens a layer's scope twice per call (to build it,
+    then to call it), and TensorFlow makes each opening unique in the graph, so the layers
+    ``dense``, ``dense_1`` of a train step put their ops under ``dense_1`` and ``dense_1_2``;
+    what suffix a layer gets depends on every scope opened before it (a layer called twice, a
+    model called in a custom ``train_step``).  The scope TensorFlow chose is read as each layer
+    opens it (``tf.get_current_name_scope()`` inside ``Layer._open_name_scope``, wrapped on the
+    layer instances for the length of the block).  Mutates the layers only for that length
+    (the wrappers are removed on exit, exception or not); a Keras whose layers do not open
+    their scopes that way records nothing, and the rewrite falls back on its rules for names.
+    """
+    scopes: dict[str, str] = {}
+    wrapped: list[tuple[Any, Any]] = []
+
+    def wrap(layer: Any) -> None:
+        original = getattr(layer, "_open_name_scope", None)
+        if not callable(original):
+            return
+
+        @contextlib.contextmanager
+        def open_name_scope() -> Iterator[Any]:
+            with original() as scope:
+                # Eager calls from another thread meanwhile have no graph scope worth keeping.
+                if not tf.executing_eagerly():
+                    scopes.setdefault(tf.get_current_name_scope(), layer.name)
+                yield scope
+
+        wrapped.append((layer, layer.__dict__.get("_open_name_scope", _ABSENT)))
+        # object.__setattr__: Keras's own __setattr__ would track the function as state.
+        object.__setattr__(layer, "_open_name_scope", open_name_scope)
+
+    try:
+        for layer in _layers_of(model):
+            wrap(layer)
+        yield
+        if scopes:
+            note_layer_scopes(tf.compat.v1.get_default_graph(), scopes)
+    finally:
+        for layer, before in reversed(wrapped):
+            if before is _ABSENT:
+                object.__delattr__(layer, "_open_name_scope")
+            else:
+                object.__setattr__(layer, "_open_name_scope", before)
+
+
 def _without_optionals(data: Any) -> Any:
     """Keras's ``_autoconvert_optionals``: a missing element (an empty Optional) becomes None."""
     return tf.nest.map_structure(
@@ -417,7 +495,8 @@ def _rewritten_predict_function(model: Any, options: Mapping[str, Any]) -> Any:
     from keras.src.backend.tensorflow.trainer import concat, reduce_per_replica
 
     def one_predict_step_on_data(data: Any) -> Any:
-        outputs = model.distribute_strategy.run(model.predict_step, args=(data,))
+        with _recorded_layer_scopes(model):  # for exclude= a layer name
+            outputs = model.distribute_strategy.run(model.predict_step, args=(data,))
         return reduce_per_replica(outputs, model.distribute_strategy, reduction="concat")
 
     one_step = Function(one_predict_step_on_data, autograph=False, reduce_retracing=True,
@@ -469,7 +548,8 @@ def _rewritten_train_function(model: Any, options: Mapping[str, Any], *, step_fu
     log.debug("amp_rewrite: %s: jit_compile=%s", description, jit_compile)
 
     def one_step_on_data(data: Any) -> Any:
-        outputs = model.distribute_strategy.run(step_function, args=(data,))
+        with _recorded_layer_scopes(model):  # for exclude= a layer name
+            outputs = model.distribute_strategy.run(step_function, args=(data,))
         return reduce_per_replica(outputs, model.distribute_strategy, reduction="auto")
 
     # The name names the runner's FunctionDef and XLA's HLO module (amp_rewrite_<name>).

@@ -26,9 +26,9 @@ the rewrite runs float16 and no loss scaling where it runs bfloat16 (:func:`appl
 from __future__ import annotations
 
 import abc
-
 import logging
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -42,6 +42,8 @@ __all__ = [
     "all_finite",
     "unscale",
     "next_state",
+    "SCOPE",
+    "scope_nodes",
 ]
 
 log = logging.getLogger(__name__)
@@ -205,14 +207,41 @@ def all_finite(grads: Iterable[Any]) -> Any:
     return tf.reduce_all(tf.stack(flags))
 
 
+#: The name scope of the ops that apply the loss scale to a loss or a gradient
+#: (:func:`unscale`, the Keras optimizer's ``scale_loss``).  The training paths keep every op
+#: under it float32 when they rewrite the step (:func:`scope_nodes`, the rewrite's
+#: ``keep_float32``): the scale starts at 2**15 and doubles while steps stay finite, and in
+#: float16 (largest value 65504) it is ``inf`` from 2**16 on.  A division by it converted with
+#: the float16 gradient it divides (an infer-list op fed by one) turned every gradient into 0,
+#: the finite check passed, and no weight moved again, from the 2000th step of the default
+#: dynamic scale; below that, small unscaled gradients flushed to zero in float16.
+SCOPE = "amp_rewrite_loss_scale"
+_SCOPED = re.compile(rf"(^|/){SCOPE}(_\d+)?/")
+
+
+def scope_nodes(graph_def: Any) -> set[str]:
+    """Names of the nodes under :data:`SCOPE` in ``graph_def``'s main graph and its library's
+    functions (a ``tf.cond`` branch holds the update of a loss-scaled Keras step).  Pure."""
+    nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
+    return {n.name for n in nodes if _SCOPED.search(n.name)}
+
+
 def unscale(grad: Any, scale: Any) -> Any:
     """``grad / scale``, returned in the gradient's own dtype; ``IndexedSlices`` keep their
-    sparsity, ``None`` stays ``None``.  Pure; builds ops in the current graph (or runs eagerly).
+    sparsity, ``None`` stays ``None``.  Pure; builds ops in the current graph (or runs eagerly),
+    under :data:`SCOPE`, so that a rewrite of the step keeps them float32.
 
     A float16 or bfloat16 gradient is divided in float32: the dynamic scale grows past
     65504, float16's largest value, and cast to float16 it would be ``inf``, turning every
     finite gradient into zero while the finite-check still passes.
     """
+    import tensorflow as tf
+
+    with tf.name_scope(SCOPE):
+        return _unscale(grad, scale)
+
+
+def _unscale(grad: Any, scale: Any) -> Any:
     import tensorflow as tf
 
     def divide(values: Any) -> Any:

@@ -16,6 +16,13 @@ without its faults (user_issues.md, Themes 1 and 7):
   built-in ones) and Keras 3 optimizers.  Anything else is a ``TypeError`` naming both.
 * **Replica-consistent skipping** under ``tf.distribute`` (see :mod:`.keras_optimizer` and
   :meth:`LossScaleOptimizerV1.apply_gradients`).
+* **Gradients computed outside the optimizer** (``tf.gradients(loss, vars)`` then
+  ``opt.apply_gradients``, tensorflow/tensorflow#35379): TensorFlow's wrapper applies them
+  silently without loss scaling.  Here the graph is still rewritten with the options given to
+  ``enable_...``; ``get_scaled_loss``/``get_unscaled_gradients`` (Keras's names) scale such a
+  step; and ``apply_gradients`` says, with one WARNING, when its gradients come from a loss it
+  did not scale, and refuses gradients of the scaled loss that were never unscaled
+  (:class:`ScaledGradientsError`).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from typing import Any, Callable, Mapping
 
 import tensorflow as tf
 
+from ..errors import AmpRewriteError
 from . import loss_scale as loss_scale_module
 from ._common import (
     LossScaleSettings,
@@ -45,7 +53,9 @@ __all__ = [
     "enable_mixed_precision_graph_rewrite",
     "disable_mixed_precision_graph_rewrite",
     "LossScaleOptimizerV1",
+    "ScaledGradientsError",
     "graph_rewrite_options",
+    "loss_scale_nodes",
 ]
 
 log = logging.getLogger(__name__)
@@ -54,6 +64,131 @@ log = logging.getLogger(__name__)
 # amp_rewrite.Session(graph) rewrites with the options given to enable_...(); weak, so a graph
 # that is garbage collected leaves nothing behind.
 _graph_options: "weakref.WeakKeyDictionary[Any, dict[str, Any]]" = weakref.WeakKeyDictionary()
+
+
+# tf.Graph (FuncGraphs too) -> {tensor name: kind} for the tensors a loss-scaled optimizer made
+# that a gradient handed to apply_gradients may derive from: "unscaled" (a gradient divided by
+# the loss scale: compute_gradients, get_unscaled_gradients) and "scaled_loss" (a loss times
+# the scale, and the read of the scale it was multiplied by).  apply_gradients walks a
+# gradient's inputs back to them (_gradient_origin), so gradients clipped or averaged after
+# compute_gradients still count as the optimizer's; the rewrite keeps them float32
+# (loss_scale_nodes).  Weak, as _graph_options.
+_UNSCALED, _SCALED_LOSS = "unscaled", "scaled_loss"
+_marks: "weakref.WeakKeyDictionary[Any, dict[str, str]]" = weakref.WeakKeyDictionary()
+
+
+class ScaledGradientsError(AmpRewriteError):
+    """``apply_gradients`` received gradients of ``get_scaled_loss(loss)`` that were never
+    divided by the loss scale: applied, every update would be the loss scale (2**15 by
+    default) times too large."""
+
+
+def _mark(value: Any, kind: str) -> None:
+    """Record ``value`` (a tensor or ``IndexedSlices`` being built in a graph) as a tensor of
+    ``kind`` for :func:`_gradient_origin`.  ``None`` and eager values are ignored: eagerly
+    there is no graph to trace a gradient back through.  Mutates the module's marks."""
+    if isinstance(value, tf.IndexedSlices):
+        value = value.values
+    if value is None or not tf.is_symbolic_tensor(value):
+        return
+    _marks.setdefault(value.graph, {})[value.name] = kind
+
+
+def _captured(graph: Any, name: str) -> Any:
+    """The outer value a ``tf.function`` (or ``tf.cond`` branch) graph captured as its
+    placeholder ``name``, or ``None`` where the placeholder is not a capture.  Pure."""
+    for external, internal in getattr(graph, "captures", ()):
+        if getattr(internal, "name", None) == name:
+            return external
+    return None
+
+
+def _gradient_origin(grad: Any, scale_variables: list[Any]) -> str:
+    """Where ``grad`` (not ``None``), a gradient handed to ``apply_gradients`` in a graph,
+    comes from.
+
+    Walks the data inputs of ``grad`` back (through ``tf.function`` captures, around loops)
+    and stops at the tensors :func:`_mark` recorded.  Returns
+
+    * ``"user"``: a path reads one of ``scale_variables`` other than through
+      ``get_scaled_loss``: the caller scales or unscales by hand (``loss *
+      opt.current_loss_scale``), so the gradient is taken as it is;
+    * ``"scaled"``: it derives from ``get_scaled_loss`` but not through an unscaled gradient:
+      still multiplied by the scale;
+    * ``"unscaled"``: it derives from the optimizer's unscaled gradients only (clipped,
+      averaged... as the caller likes);
+    * ``"none"``: from none of them: the gradient of a loss that nobody scaled (eager or
+      Python values too, which have no inputs to follow).
+
+    Pure.  Costs one visit per op upstream of ``grad`` down to the marks: a few ops for the
+    optimizer's own gradients, the whole forward and backward graph (once) for a
+    ``tf.gradients`` of the bare loss.
+    """
+    start = grad.values if isinstance(grad, tf.IndexedSlices) else grad
+    # A resource variable's handle: a VarHandleOp's output in a graph, an eager tensor (which
+    # a function captures) where the variable was made eagerly.
+    handles = [v.handle for v in scale_variables]
+    graph_variables = {(h.graph, h.op.name) for h in handles if tf.is_symbolic_tensor(h)}
+    eager_handles = [h for h in handles if not tf.is_symbolic_tensor(h)]
+    found: set[str] = set()
+    seen: set[tuple[int, str]] = set()
+    stack = [start]
+    while stack:
+        tensor = stack.pop()
+        if not tf.is_symbolic_tensor(tensor):
+            if any(tensor is handle for handle in eager_handles):
+                found.add("user")
+            continue
+        graph, name = tensor.graph, tensor.name
+        if (id(graph), name) in seen:
+            continue
+        seen.add((id(graph), name))
+        kind = _marks.get(graph, {}).get(name)
+        if kind is not None:
+            found.add(kind)
+            continue  # what made a marked tensor is the optimizer's business
+        op = tensor.op
+        if (graph, op.name) in graph_variables:
+            found.add("user")
+            continue
+        if op.type == "Placeholder":
+            outer = _captured(graph, name)
+            if outer is not None:
+                stack.append(outer)
+            continue
+        stack.extend(op.inputs)
+    for origin in ("user", _SCALED_LOSS, _UNSCALED):
+        if origin in found:
+            return "scaled" if origin == _SCALED_LOSS else origin
+    return "none"
+
+
+def loss_scale_nodes(graph: Any) -> set[str]:
+    """Names of the ops of ``graph`` that multiply a loss by the loss scale or divide a
+    gradient by it, made by a loss-scaled optimizer (``compute_gradients``,
+    ``get_scaled_loss``, ``get_unscaled_gradients``).  Pure.
+
+    The rewrite must keep them float32 (``keep_float32``): the division is an infer-list op
+    fed by a gradient that is float16 once rewritten, and converted with it the scale (2**15,
+    doubled as steps stay finite) is cast to float16, whose largest value is 65504.  From
+    2**16 on it is ``inf``, every gradient divides to 0, the finite check passes and no weight
+    ever moves again; below that, small unscaled gradients flush to zero.  (TensorFlow's own
+    ``GATE_OP`` grouping happens to keep the division float32; ``tf.gradients`` with
+    ``get_unscaled_gradients``, or ``gate_gradients=GATE_NONE``, does not.)
+    """
+    names = set()
+    for tensor_name in _marks.get(graph, {}):
+        op_name = tensor_name.rsplit(":", 1)[0]
+        try:
+            op = graph.get_operation_by_name(op_name)
+        except KeyError:  # pragma: no cover - marks only name ops of this graph
+            continue
+        # unscale() casts a gradient that is float16 at build time back after dividing in
+        # float32: the division is then float32 already, and the Cast is not the rewrite's.
+        # The marked read of the scale variable is float32 whatever the rewrite does.
+        if op.type not in ("Cast", "ReadVariableOp"):
+            names.add(op_name)
+    return names
 
 
 def graph_rewrite_options(graph: Any) -> dict[str, Any] | None:
@@ -221,8 +356,15 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
     ``global_variables_initializer`` and ``Saver`` include them; ``current_loss_scale`` and
     ``skipped_steps`` are those variables.  Other attributes fall through to the inner
     optimizer; ``get_slot`` and ``variables()`` are the inner optimizer's (plus the scale
-    variables), while ``get_slot_names()`` is empty (see there).  ``compute_gradients`` also
-    records this optimizer's rewrite options on the graph, for :class:`amp_rewrite.Session`.
+    variables), while ``get_slot_names()`` is empty (see there).  ``compute_gradients``,
+    ``get_scaled_loss`` and ``apply_gradients`` also record this optimizer's rewrite options on
+    the graph, for :class:`amp_rewrite.Session`, however the gradients were computed.
+
+    Gradients computed outside the optimizer (``tf.gradients``, a ``GradientTape``) are scaled
+    with ``grads = opt.get_unscaled_gradients(tf.gradients(opt.get_scaled_loss(loss), vars))``
+    (Keras's ``LossScaleOptimizer`` names); ``apply_gradients`` logs one WARNING for gradients
+    of a loss nobody scaled, and raises :class:`ScaledGradientsError` for gradients of the
+    scaled loss that were never unscaled.
     """
 
     def __init__(self, opt: Any, loss_scale: Any = "auto",
@@ -332,6 +474,12 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
         """The count of skipped updates (an int64 variable)."""
         return self._visible_state().skipped_steps
 
+    def _skipped_count(self) -> int:
+        """The eager state's count of skipped updates (what a ``tf.function`` step updates),
+        as an int; read eagerly, outside any graph."""
+        with tf.init_scope():
+            return int(self._visible_state().skipped_steps.numpy())
+
     # -- gradients ----------------------------------------------------------------------
     def compute_gradients(self, loss: Any, var_list: Any = None, *args: Any, **kwargs: Any) -> Any:
         """Gradients of ``loss * scale``, divided by ``scale`` (TensorFlow's contract); the
@@ -340,24 +488,89 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
         ``loss_scale="auto"`` (:attr:`scales_loss`; the loss-scale variables are created all
         the same, so a checkpoint has the same variables whatever the machine chose)."""
         off = self._loss_scaling_off()
-        note_rewrite_options(self._amp_rewrite_options, scaled=not off)
-        graph = tf.compat.v1.get_default_graph()
-        if not tf.executing_eagerly() and not getattr(graph, "building_function", False):
-            _graph_options[graph] = dict(self._amp_rewrite_options)
-            self._warn_if_graph_not_rewritten(graph)
+        self._register_graph(off)
         if off:
             if not in_unscaled_trace():
                 self._state()
             return self._optimizer.compute_gradients(loss, var_list, *args, **kwargs)
         scale = tf.convert_to_tensor(self._state().scale)
+        _mark(scale, _SCALED_LOSS)  # marked as get_scaled_loss marks its own (loss_scale_nodes)
         if callable(loss):
             def scaled_loss() -> Any:
                 value = loss()
-                return value * tf.cast(scale, value.dtype)
+                out = value * tf.cast(scale, value.dtype)
+                _mark(out, _SCALED_LOSS)
+                return out
         else:
             scaled_loss = loss * tf.cast(scale, loss.dtype)
+            _mark(scaled_loss, _SCALED_LOSS)
         grads_and_vars = self._optimizer.compute_gradients(scaled_loss, var_list, *args, **kwargs)
-        return [(loss_scale_module.unscale(g, scale), v) for g, v in grads_and_vars]
+        unscaled = [(loss_scale_module.unscale(g, scale), v) for g, v in grads_and_vars]
+        for g, _ in unscaled:
+            _mark(g, _UNSCALED)  # so apply_gradients knows them for its own (_gradient_origin)
+        return unscaled
+
+    def _register_graph(self, off: bool) -> None:
+        """Say where this optimizer builds part of a step: the rewrite options go to the active
+        :func:`amp_rewrite.function` trace (``note_rewrite_options``, ``off``: the step leaves
+        the loss unscaled) or, in a TF1 graph, onto the graph for :class:`amp_rewrite.Session`
+        (with the WARNING of :meth:`_warn_if_graph_not_rewritten`).  Called by every method a
+        step may be built with, since a caller of ``tf.gradients`` never calls
+        ``compute_gradients``.  Mutates the module's registry of graph options."""
+        note_rewrite_options(self._amp_rewrite_options, scaled=not off, skipped=self._skipped_count)
+        graph = tf.compat.v1.get_default_graph()
+        if not tf.executing_eagerly() and not getattr(graph, "building_function", False):
+            _graph_options[graph] = dict(self._amp_rewrite_options)
+            self._warn_if_graph_not_rewritten(graph)
+
+    def get_scaled_loss(self, loss: Any) -> Any:
+        """``loss`` multiplied by the current loss scale, for gradients computed outside the
+        optimizer: ``opt.get_unscaled_gradients(tf.gradients(opt.get_scaled_loss(loss), vars))``
+        (or a ``GradientTape``) is then what ``compute_gradients`` returns.
+
+        ``loss`` is a tensor or a callable returning one (then a callable is returned).  Where
+        the step is not loss-scaled (:meth:`compute_gradients`) ``loss`` is returned as it is.
+        Records the rewrite options on the graph, as ``compute_gradients`` does; mutates
+        nothing else (the loss-scale variables are created on first use).
+        """
+        off = self._loss_scaling_off()
+        self._register_graph(off)
+        if off:
+            if not in_unscaled_trace():
+                self._state()
+            return loss
+        scale = tf.convert_to_tensor(self._state().scale)
+        # The gradient of `loss * scale` reads `scale` itself, not the product: marked too, so
+        # that read is not mistaken for the caller's own use of current_loss_scale.
+        _mark(scale, _SCALED_LOSS)
+        if callable(loss):
+            def scaled_loss() -> Any:
+                value = loss()
+                out = value * tf.cast(scale, value.dtype)
+                _mark(out, _SCALED_LOSS)
+                return out
+
+            return scaled_loss
+        out = loss * tf.cast(scale, loss.dtype)
+        _mark(out, _SCALED_LOSS)  # so apply_gradients can tell a gradient never unscaled
+        return out
+
+    def get_unscaled_gradients(self, grads: Any) -> list[Any]:
+        """``grads`` (gradients of :meth:`get_scaled_loss`; ``None`` and ``IndexedSlices``
+        allowed) divided by the current loss scale, as a new list; as they are where the step
+        is not loss-scaled.  Pure but for the loss-scale variables, created on first use.
+
+        The scale is read again here; in a TF1 graph the scale is only updated after the
+        update op, which depends on these gradients, so both reads see the same value.
+        """
+        grads = list(grads)
+        if self._loss_scaling_off():
+            return grads
+        scale = tf.convert_to_tensor(self._state().scale)
+        unscaled = [loss_scale_module.unscale(g, scale) for g in grads]
+        for g in unscaled:
+            _mark(g, _UNSCALED)
+        return unscaled
 
     def _warn_if_graph_not_rewritten(self, graph: Any) -> None:
         """One WARNING per optimizer, when it builds a train op in a TF1 graph that nothing
@@ -392,7 +605,9 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
         if tf.distribute.in_cross_replica_context():
             raise ValueError("apply_gradients() must be called in a replica context.")
         off = self._loss_scaling_off()
-        note_rewrite_options(self._amp_rewrite_options, scaled=not off)
+        # Here too, not only in compute_gradients: a caller of tf.gradients never calls that,
+        # and its graph would be rewritten with the default options instead of this optimizer's.
+        self._register_graph(off)
         if building_unrewritten_function():
             warn_once(self, "unrewritten", (
                 f"amp_rewrite: optimizer {self.get_name()!r} is being traced into a "
@@ -401,6 +616,8 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
             ))
         grads_and_vars = tuple(grads_and_vars)
         name = name or self.get_name()
+        if not off:
+            self._check_gradients_scaled(g for g, _ in grads_and_vars)
         if not self._amp_loss_scale.dynamic or off:
             return self._optimizer.apply_gradients(grads_and_vars, global_step, name)
         if tf.distribute.has_strategy():
@@ -412,6 +629,43 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
             finite, lambda: self._optimizer.apply_gradients(grads_and_vars, global_step,
                                                             name + "-wrapped"), name,
         )
+
+    def _check_gradients_scaled(self, grads: Any) -> None:
+        """Tell gradients of a loss this optimizer scaled from others, while a graph is built.
+
+        Assumes the step is loss-scaled.  Gradients of the optimizer's own (from
+        ``compute_gradients`` or ``get_unscaled_gradients``, possibly clipped or averaged
+        since) and gradients the caller scaled by hand with ``current_loss_scale`` pass.
+        Gradients of a loss nobody scaled (``tf.gradients(loss, vars)``) are applied as they
+        are, which is right for their values, but float16 gradients below its range have
+        already flushed to zero: one WARNING per optimizer says so and what to call instead
+        (dividing them by the scale would shrink every update 2**15 times).  Eagerly there is
+        no graph to follow: nothing is checked.  Mutates nothing but the warning registry.
+
+        Raises
+        ------
+        ScaledGradientsError
+            For a gradient of ``get_scaled_loss`` that was never unscaled.
+        """
+        if tf.executing_eagerly():
+            return
+        variables = [s.scale for s in list(self._states.values()) + [self._eager_state] if s is not None]
+        origins = [_gradient_origin(g, variables) for g in grads if g is not None]
+        if "scaled" in origins:
+            raise ScaledGradientsError(
+                f"optimizer {self.get_name()!r} was given gradients of get_scaled_loss(loss) that "
+                "were not divided by the loss scale; pass them through "
+                "opt.get_unscaled_gradients(grads) before apply_gradients"
+            )
+        if "none" in origins:
+            warn_once(self, "unscaled-loss", (
+                f"amp_rewrite: optimizer {self.get_name()!r} applies gradients of a loss it did not "
+                "scale (computed with tf.gradients or a GradientTape on the loss itself): they are "
+                "applied as they are, without loss scaling, so float16 gradients too small for "
+                "float16 are lost, and current_loss_scale does not apply to them. Compute them "
+                "with opt.compute_gradients(loss) (or opt.minimize), or as "
+                "opt.get_unscaled_gradients(tf.gradients(opt.get_scaled_loss(loss), vars))"
+            ))
 
     def _distributed_apply(self, distribution: Any, grads_and_vars: Any, global_step: Any,
                            name: str) -> Any:

@@ -37,8 +37,15 @@ from tensorflow.python.framework import stack as tf_stack
 
 from ..api import RewriteResult, rewrite_graph_def
 from ..errors import AmpRewriteError
-from ._common import check_rewrite_options, mark_graph_rewritten, report_rewrite, without_training_options
-from .optimizer import graph_rewrite_options
+from . import loss_scale as loss_scale_module
+from ._common import (
+    check_rewrite_options,
+    mark_graph_rewritten,
+    report_rewrite,
+    warn_if_float16_without_loss_scaling,
+    without_training_options,
+)
+from .optimizer import graph_rewrite_options, loss_scale_nodes
 
 __all__ = ["rewrite_graph", "rewrite_graph_with_result", "graph_options", "Session"]
 
@@ -77,7 +84,9 @@ def rewrite_graph_with_result(
     (``.report`` says what was converted, or in ``skipped`` why nothing was).
 
     Logs one INFO line per graph with what was converted, or one WARNING with the reason when
-    nothing was (the graph would train in float32).
+    nothing was (the graph would train in float32).  The ops that apply the loss scale
+    (:func:`~amp_rewrite.training.optimizer.loss_scale_nodes`) are kept float32, besides any
+    ``keep_float32`` given.
     """
     options, fetches = graph_options(graph, rewrite_options, fetches)
     mark_graph_rewritten(graph)
@@ -85,6 +94,11 @@ def rewrite_graph_with_result(
     with graph.as_default():  # TensorFlow exports meta graphs only in graph mode
         meta = tf.compat.v1.train.export_meta_graph(graph=graph, clear_devices=False)
     options = without_training_options(options, "a TF1 graph")
+    # The loss-scale multiply and unscale divisions stay float32 (loss_scale_nodes, and
+    # loss_scale.SCOPE, say why).
+    keep = loss_scale_nodes(graph) | loss_scale_module.scope_nodes(meta.graph_def)
+    if keep:
+        options["keep_float32"] = sorted(keep | set(options.get("keep_float32") or ()))
     result = rewrite_graph_def(meta.graph_def, fetches=fetches, **options)
     meta.graph_def.CopyFrom(result.graph_def)
     _drop_dangling_collection_entries(meta)
@@ -93,6 +107,10 @@ def rewrite_graph_with_result(
         meta_graph.import_scoped_meta_graph(meta, clear_devices=False, graph=new_graph)
     _copy_unserializable_collections(graph, new_graph)
     report_rewrite(graph, "TF1 graph", result.report, time.perf_counter() - start)
+    warn_if_float16_without_loss_scaling(
+        graph, "TF1 graph", result.report, result.graph_def,
+        "wrap its optimizer with amp_rewrite.enable_mixed_precision_graph_rewrite before minimize (or use its "
+        "get_scaled_loss and get_unscaled_gradients around tf.gradients), or rewrite to bfloat16")
     return new_graph, result
 
 

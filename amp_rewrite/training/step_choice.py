@@ -13,7 +13,8 @@ pass priced slower than float32 on MobileNetV2 where it ran 3.4% faster:
 
 Each candidate runs one untimed warm-up step first (its first call instantiates the function,
 compiles it under XLA, and autotunes cuDNN's algorithms), then ``N`` timed steps, round
-robin, so a drift in the machine's speed touches every candidate alike.  The candidate with
+robin, so a drift in the machine's speed touches every candidate alike.  A loss-scaled
+step that skipped its update (the dynamic scale's first steps) is not counted among them.  The candidate with
 the lowest median step time wins, but the planned step stays unless another is faster by
 :data:`MIN_GAIN` of it (a choice inside the timing noise is no choice).  From then on only
 the winner runs.
@@ -36,8 +37,12 @@ import statistics
 import time
 from typing import Any, Callable, Sequence
 
-__all__ = ["MIN_GAIN", "Candidate", "MeasuredChoice"]
+__all__ = ["MAX_DISCARDED", "MIN_GAIN", "Candidate", "MeasuredChoice"]
 
+#: Timed steps of one candidate that skipped their update and are not counted, at most, per
+#: step to measure: after that the candidate's steps count whatever they do (a step whose every
+#: update is skipped would otherwise be timed forever).
+MAX_DISCARDED = 4
 #: How much faster (a share of the planned step's median) another candidate must be to
 #: replace the planned step: the A/A gaps of the GPU benchmark's training steps (the same
 #: graph run twice, 5 repeats each) were 0.0-2.1% on the H100 and H200, but 6.8% once (the
@@ -51,9 +56,16 @@ class Candidate:
 
     name: str  #: "planned", "float32" or "default lists"
     run: Callable[[Sequence[Any]], Any]
+    #: For a loss-scaled step: reads its optimizers' count of skipped updates.  A step that
+    #: skips its update (a gradient not finite: the first steps of a dynamic loss scale, which
+    #: starts high and halves until the gradients fit) runs no update kernels, and its time
+    #: would flatter the candidate; it is not counted (:data:`MAX_DISCARDED`).
+    skipped: Callable[[], int] | None = None
     #: Seconds of each timed step so far (the warm-up is not among them).
     seconds: list[float] = dataclasses.field(default_factory=list)
     warmed_up: bool = False
+    #: Timed steps not counted: they skipped their update.
+    discarded: int = 0
 
     @property
     def median_ms(self) -> float | None:
@@ -72,9 +84,13 @@ class MeasuredChoice:
     A candidate other than the planned one that raises an error ``droppable(error)`` accepts
     (out of device memory: the float32 step needs more than the mixed one a batch was sized
     for) is dropped, ``on_dropped(candidate, error)`` is told, and the call runs the planned
-    step instead.  (A step that fails that way failed before its update: the update reads
-    every gradient, so it runs last.)  Any other error, and any error of the planned step,
-    is the caller's.  Mutates itself on each call; not thread-safe (a training step is called
+    step instead, on the same inputs.  TensorFlow does not promise that a failed step updated
+    nothing: each variable's update may run as soon as its own gradient is ready, and the
+    variables a failed step had updated then take that batch's update twice.  So the float32
+    candidate of :mod:`.tf_function` gates its updates behind its whole backward pass
+    (:mod:`.update_barrier`), where its memory peaks; it logs a WARNING at a drop all the same
+    (an allocation may also fail within the update).  Any other error, and any error of the
+    planned step, is the caller's.  Mutates itself on each call; not thread-safe (a training step is called
     from one thread).
     """
 
@@ -129,10 +145,16 @@ class MeasuredChoice:
             cand.warmed_up = True
             return outputs
         self._sync()
+        before = cand.skipped() if cand.skipped is not None else None
         start = self._clock()
         outputs = cand.run(flat_args)
         self._sync()
-        cand.seconds.append(self._clock() - start)
+        elapsed = self._clock() - start
+        if (before is not None and cand.skipped() != before  # type: ignore[misc]
+                and cand.discarded < MAX_DISCARDED * self.steps):
+            cand.discarded += 1
+        else:
+            cand.seconds.append(elapsed)
         return outputs
 
     def _drop(self, cand: Candidate, error: BaseException) -> None:
@@ -162,5 +184,12 @@ class MeasuredChoice:
         return best if gain >= MIN_GAIN else planned
 
     def summary(self) -> str:
-        """The medians, as one clause of a log line: ``planned 10.2 ms, float32 9.1 ms``."""
-        return ", ".join(f"{c.name} {c.median_ms:.2f} ms" for c in self.candidates if c.median_ms is not None)
+        """The medians, as one clause of a log line: ``planned 10.2 ms, float32 9.1 ms``, and
+        the steps not counted because they skipped their update (``planned 10.2 ms (3 steps
+        that skipped their update not counted)``)."""
+        def one(c: Candidate) -> str:
+            skipped = (f" ({c.discarded} step{'s' if c.discarded != 1 else ''} that skipped its update not counted)"
+                       if c.discarded else "")
+            return f"{c.name} {c.median_ms:.2f} ms{skipped}"
+
+        return ", ".join(one(c) for c in self.candidates if c.median_ms is not None)

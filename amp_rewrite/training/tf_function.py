@@ -69,12 +69,51 @@ import weakref
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import AmpRewriteError
-from ._common import TRAINING_OPTIONS, check_rewrite_options, report_rewrite, rewrite_trace, unscaled, warn_once
+from ..plan.exclude import NameMatcher, unmatched_warned_once
+from . import loss_scale as loss_scale_module
+from ._common import (
+    TRAINING_OPTIONS,
+    check_rewrite_options,
+    report_rewrite,
+    rewrite_trace,
+    unscaled,
+    warn_if_float16_without_loss_scaling,
+    warn_once,
+)
 from .step_choice import Candidate, MeasuredChoice
+from .update_barrier import updates_after_inputs
 
-__all__ = ["function", "Function", "rename_functions"]
+__all__ = ["function", "Function", "rename_functions", "note_layer_scopes"]
 
 log = logging.getLogger(__name__)
+
+#: Per traced graph (a ``FuncGraph``, weakly held): the name scopes Keras layers opened in it,
+#: mapped to the layers' names (:func:`note_layer_scopes`).
+_layer_scopes: "weakref.WeakKeyDictionary[Any, dict[str, str]]" = weakref.WeakKeyDictionary()
+_layer_scopes_lock = threading.Lock()
+
+
+def note_layer_scopes(graph: Any, scopes: Mapping[str, str]) -> None:
+    """Record that, in the traced ``graph``, each name scope of ``scopes`` was opened by the
+    Keras layer it maps to; the rewrite of ``graph`` then matches ``exclude`` patterns against
+    those layers' names (:meth:`amp_rewrite.plan.exclude.NameMatcher.bind_layer_scopes`).
+    Called while ``graph`` is traced (the Keras train, test and predict steps call it);
+    mutates this module's record, which holds ``graph`` weakly."""
+    with _layer_scopes_lock:
+        _layer_scopes.setdefault(graph, {}).update(scopes)
+
+
+def _exclude_for(graph: Any, exclude: Any) -> Any:
+    """``exclude`` (the rewrite option) for the rewrite of ``graph``: where layer scopes were
+    noted for ``graph`` and there are patterns, a matcher bound to them, so that a pattern
+    names a Keras layer as the trace spelled its scope; else ``exclude`` as given.  Raises
+    :class:`AmpRewriteError` for a bad pattern, as the rewrite would.  Reads the record of
+    :func:`note_layer_scopes`; mutates nothing."""
+    with _layer_scopes_lock:
+        scopes = _layer_scopes.get(graph)
+    if not scopes or not exclude:
+        return exclude
+    return NameMatcher.compile(exclude).bind_layer_scopes(scopes)
 
 # Suffixes for renamed library functions must be unique in the process, because they are
 # registered with TensorFlow's process-wide eager context; the counter never reaches a
@@ -297,10 +336,13 @@ class _Runner:
     (checked once, before the first call; ``owner`` is warned, once, if XLA cannot compile
     it and the runner falls back to running it without XLA), ``False`` forbids it, ``None``
     leaves it to TensorFlow (not compiled, except inside an XLA-compiled caller).
+    ``gate_updates``: the step's variable writes wait until everything they read is computed
+    (:func:`.update_barrier.updates_after_inputs`), so a step that fails in its backward pass
+    has updated nothing.
     """
 
     def __init__(self, concrete: Any, options: Mapping[str, Any], *, jit_compile: bool | None = None,
-                 name: str = "step", owner: object = None) -> None:
+                 name: str = "step", owner: object = None, gate_updates: bool = False) -> None:
         import tensorflow as tf
 
         from ..api import rewrite_graph_def
@@ -329,8 +371,20 @@ class _Runner:
         # tensors (shapes the caller passed win).
         options["variable_shapes"] = {**captured_variable_shapes(graph),
                                       **(options.get("variable_shapes") or {})}
-        self.result = rewrite_graph_def(graph.as_graph_def(), fetches=fetches, **options)
+        # Keras 3 spells a layer's scope with a suffix TensorFlow chose (the layer dense_1 of a
+        # train step is under dense_1_2): where the trace recorded the scopes, the patterns
+        # are matched against the layers they belong to.
+        if options.get("exclude"):
+            options["exclude"] = _exclude_for(graph, options["exclude"])
+        traced_def = graph.as_graph_def()
+        # The ops that apply the loss scale stay float32 (loss_scale.SCOPE says why).
+        scale_ops = loss_scale_module.scope_nodes(traced_def)
+        if scale_ops:
+            options["keep_float32"] = sorted(scale_ops | set(options.get("keep_float32") or ()))
+        self.result = rewrite_graph_def(traced_def, fetches=fetches, **options)
         self.graph_def = rename_functions(self.result.graph_def, f"_amp{next(_suffixes)}")
+        if gate_updates:
+            self.graph_def, _ = updates_after_inputs(self.graph_def)
         # import_graph_def copies the library into the runner's graph, but TensorFlow does not
         # carry those functions into the runner's function when it is built, so a lowered
         # tf.cond branch would not be found at run time: register them with the eager context.
@@ -587,11 +641,19 @@ class Function:
         #: Per measured signature: whether its planned step is the float32 one traced without
         #: loss scaling (its summary line, deferred to the choice, says so).
         self._planned_unscaled: dict[str, bool] = {}
+        #: Per loss-scaled traced signature: reads the count of updates its optimizers skipped.
+        self._skip_counts: dict[str, Callable[[], int]] = {}
+        #: Measured signatures whose planned step's summary waits for the choice (a WARNING
+        #: that it converts nothing, which the default lists' step may make untrue).
+        self._summary_deferred: set[str] = set()
         #: (concrete, runner or timed choice) per call key (:func:`_call_key`): a training step
         #: calls the same signature every step, and tf.function's own lookup hashes every
         #: captured variable.
         self._calls: dict[tuple[Any, ...], tuple[Any, _Runner | MeasuredChoice]] = {}
         self._lock = threading.Lock()
+        #: The exclude patterns already warned about for matching no node: warned once per
+        #: pattern for this function, not for every graph it rewrites (:meth:`_runner`).
+        self._unmatched_warned: set[str] = set()
         self._bound: weakref.WeakKeyDictionary[Any, Function] = weakref.WeakKeyDictionary()
         self._init_kwargs = dict(input_signature=input_signature, autograph=autograph,
                                  reduce_retracing=reduce_retracing, jit_compile=jit_compile,
@@ -647,6 +709,7 @@ class Function:
                 self._traced_options[concrete.name] = seen.options
                 if seen.scaled:
                     self._loss_scaled.add(concrete.name)
+                    self._skip_counts[concrete.name] = seen.skipped_updates
         return concrete
 
     def _options_for(self, concrete: Any) -> dict[str, Any]:
@@ -673,7 +736,7 @@ class Function:
         or the step traced again without loss scaling, where that rewrite converted nothing
         (:meth:`_unscaled`) or its mixed step is estimated no faster than that float32 step
         (:meth:`_float32_if_faster`).  Either takes ``concrete``'s inputs."""
-        with self._lock:
+        with self._lock, unmatched_warned_once(self._unmatched_warned, self._description):
             runner = self._runners.get(concrete.name)
             if runner is None:
                 start = time.perf_counter()
@@ -692,6 +755,13 @@ class Function:
                     unscaled_runner = self._float32_if_faster(concrete, runner, options)
                 runner = unscaled_runner or runner
                 self._runners[concrete.name] = runner
+                if concrete.name not in self._traced_options:
+                    # No optimizer of ours was traced into the step: nothing scales its loss.
+                    warn_if_float16_without_loss_scaling(
+                        self, self._description, runner.result.report, runner.result.graph_def,
+                        "wrap its optimizer with amp_rewrite.enable_mixed_precision_graph_rewrite, whose "
+                        "scale_loss and apply (get_scaled_loss and get_unscaled_gradients for a TF1 optimizer) "
+                        "scale the loss, or rewrite to bfloat16")
                 if measure:
                     choice = self._measured(concrete, runner, options)
                     if choice is not None:
@@ -699,9 +769,12 @@ class Function:
                 self._build_seconds[concrete.name] = time.perf_counter() - start
                 scale_not_needed = concrete.name in self._traced_options and concrete.name not in self._loss_scaled
                 if concrete.name in self._choices:
-                    # The summary line waits for the choice: it describes the step that runs.
                     self._planned_unscaled[concrete.name] = unscaled_runner is not None
-                    return runner
+                    if not runner.result.report.get("converted_nodes"):
+                        # A WARNING that the step converts nothing waits for the choice: the
+                        # default lists' step, if measured faster, does convert.
+                        self._summary_deferred.add(concrete.name)
+                        return runner
                 # Built at the first call of each signature, so this is the first step's line.
                 report_rewrite(self, self._description, runner.result.report, self._build_seconds[concrete.name],
                                unscaled=unscaled_runner is not None, scale_not_needed=scale_not_needed)
@@ -845,11 +918,13 @@ class Function:
                 f"amp_rewrite: {self._description}: measure_steps={steps} was asked for, but {why}: "
                 "it runs the planned step without measuring"))
             return None
-        candidates = [Candidate("planned", runner)]
+        # A step of the traced (loss-scaled) step may skip its update: not timed then.
+        skipped = self._skip_counts.get(concrete.name)
+        candidates = [Candidate("planned", runner, skipped if runner.concrete is concrete else None)]
         for name, other in (("float32", self._float32_candidate(concrete, runner, options, traced_def)),
                             ("default lists", self._default_lists_candidate(concrete, runner, options))):
             if other is not None:
-                candidates.append(Candidate(name, other))
+                candidates.append(Candidate(name, other, skipped if other.concrete is concrete else None))
         if len(candidates) == 1:
             log.info("amp_rewrite: %s: measure_steps=%d: no other step to measure against (the planned step "
                      "converts nothing, or is what the default lists convert)", self._description, steps)
@@ -861,8 +936,12 @@ class Function:
                               droppable=_out_of_memory, on_dropped=self._dropped)
 
     def _dropped(self, candidate: Candidate, error: BaseException) -> None:
-        log.info("amp_rewrite: %s: the %s step is not measured: it ran out of device memory (%s); the planned "
-                 "step ran that batch", self._description, candidate.name, str(error).splitlines()[0][:200])
+        # A WARNING: the dropped step may have updated some variables before it failed
+        # (MeasuredChoice), so they take that batch's update twice.
+        log.warning("amp_rewrite: %s: the %s step is not measured: it ran out of device memory (%s); the planned "
+                    "step ran that batch again (had the failed step begun its update, variables it updated "
+                    "took that batch's update twice)", self._description, candidate.name,
+                    str(error).splitlines()[0][:200])
 
     def _float32_candidate(self, concrete: Any, runner: _Runner, options: Mapping[str, Any],
                            traced_def: Any) -> _Runner | None:
@@ -879,8 +958,11 @@ class Function:
         # ``declined`` is the cost-aware planner's: it keeps every op float32, whatever the lists.
         float32 = {**options, "planner": "optimal", "declined": reason}
         try:
+            # Its updates wait for its whole backward pass, as the loss-scaled planned step's
+            # do: timed alike, and a float32 step that runs out of memory there (a batch sized
+            # for mixed precision) has updated nothing when the planned step runs the batch.
             return _Runner(traced, float32, jit_compile=self._jit_compile,
-                           name=getattr(self, "__name__", "step"), owner=self)
+                           name=getattr(self, "__name__", "step"), owner=self, gate_updates=True)
         except Exception as exc:  # noqa: BLE001  (the planned step works: measure without this one)
             log.debug("amp_rewrite: %s: the float32 step to measure failed to build: %s", self._description, exc)
             return None
@@ -916,13 +998,9 @@ class Function:
         with self._lock:
             self._runners[signature] = chosen.run  # type: ignore[assignment]
         planned = choice.candidates[0]
-        if chosen.name != "float32":
-            # The summary line of the step that runs (deferred by _runner while timing).
-            report = chosen.run.result.report  # type: ignore[attr-defined]
-            report_rewrite(self, self._description, report, self._build_seconds.get(signature, 0.0),
-                           unscaled=chosen is planned and self._planned_unscaled.get(signature, False),
-                           scale_not_needed=(signature in self._traced_options
-                                             and signature not in self._loss_scaled))
+        if chosen is not planned and chosen.name != "float32" or signature in self._summary_deferred:
+            # The summary line of the step that runs, where _runner did not log it.
+            self._log_summary(signature, chosen)
         if len(choice.candidates) == 1:
             log.info("amp_rewrite: %s: no other step could be measured; runs the planned step", self._description)
             return
@@ -938,6 +1016,28 @@ class Function:
             warn_once(self, f"measured-float32-{signature}", f"{message}, {faster}: the rewrite does not run")
         else:
             log.info("%s, %s", message, faster)
+
+    def _log_summary(self, signature: str, candidate: Candidate) -> None:
+        """Log the summary line (:func:`report_rewrite`) of ``candidate``, a measured
+        signature's step (once: a deferred summary is then no longer pending)."""
+        self._summary_deferred.discard(signature)
+        report = candidate.run.result.report  # type: ignore[attr-defined]
+        report_rewrite(self, self._description, report, self._build_seconds.get(signature, 0.0),
+                       unscaled=candidate.name == "planned" and self._planned_unscaled.get(signature, False),
+                       scale_not_needed=signature in self._traced_options and signature not in self._loss_scaled)
+
+    def _unmeasured_call(self, signature: str, choice: MeasuredChoice, flat: Sequence[Any]) -> Any:
+        """A call while another function is being traced (this step is called inside it): the
+        planned step becomes part of that graph, and nothing can be timed there.  Says so once
+        (a WARNING: the measuring asked for does not happen for that graph), with the planned
+        step's summary where it was waiting for the choice."""
+        planned = choice.candidates[0]
+        warn_once(self, f"measure-nested-{signature}", (
+            f"amp_rewrite: {self._description}: measure_steps={choice.steps} cannot time a step called inside "
+            "another tf.function (it becomes part of that function's graph): the planned step runs there"))
+        if signature in self._summary_deferred:
+            self._log_summary(signature, planned)
+        return planned.run(flat)
 
     @property
     def measured_choices(self) -> list[dict[str, Any]]:
@@ -962,8 +1062,7 @@ class Function:
         concrete, step = hit
         flat = _flat_inputs(concrete, args, kwargs)
         if isinstance(step, MeasuredChoice) and step.deciding and not _executing_eagerly():
-            # Called while another function is traced: nothing can be timed; the planned step.
-            return step.candidates[0].run(flat)
+            return self._unmeasured_call(concrete.name, step, flat)
         return step(flat)
 
     @property
