@@ -21,14 +21,17 @@ def _warned(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and TEXT in r.getMessage()]
 
 
-def _keras_step(optimizer, **options):
+def _keras_step(optimizer, scale_loss: bool | None = None, **options):
+    """One step of a small Keras model in ``amp_rewrite.function``, with a GradientTape and
+    ``optimizer.apply``; the loss goes through ``optimizer.scale_loss`` where ``scale_loss``
+    says (default: where the optimizer is ours, loss-scaled)."""
     import keras
 
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(2)])
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     optimizer.build(model.trainable_variables)
-    scaled = hasattr(optimizer, "scale_loss") and hasattr(optimizer, "skipped_steps")
+    scaled = hasattr(optimizer, "skipped_steps") if scale_loss is None else scale_loss
 
     @amp_rewrite.function(**options)
     def step(x, y):
@@ -97,3 +100,28 @@ def test_the_offline_rewrite_of_a_training_meta_without_loss_scaling_is_warned_a
         assert main(["rewrite", str(meta), str(tmp_path / "scaled.meta"), "--target", "gpu:8.0",
                      "--loss-scale", "dynamic"]) == 0
     assert not _warned(caplog)
+
+
+def test_a_custom_loop_that_never_scales_its_loss_is_warned_about(caplog):
+    """A loop written for a plain optimizer takes gradients of the bare loss and hands them to
+    the loss-scaled optimizer, which divides them by the scale: every update 2**15 times too
+    small, training stalls.  One WARNING names the fix; the loop that scales its loss, and
+    Keras's ``fit`` (whose train_step scales it), get none."""
+    import keras
+
+    def scaled_optimizer():
+        return amp_rewrite.enable_mixed_precision_graph_rewrite(
+            keras.optimizers.SGD(0.1), target="gpu:8.0", precision="float16")
+
+    text = "did not call its scale_loss"
+    with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
+        _keras_step(scaled_optimizer(), scale_loss=False)
+    assert len([r for r in caplog.records if text in r.getMessage()]) == 1
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
+        _keras_step(scaled_optimizer(), scale_loss=True)
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(2)])
+        model.compile(scaled_optimizer(), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(np.zeros((8, 16), np.float32), np.zeros(8, np.int32), verbose=0)
+    assert not [r for r in caplog.records if text in r.getMessage()]

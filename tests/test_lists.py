@@ -887,3 +887,21 @@ def test_the_planner_a_rewrite_runs_is_the_options_or_the_lists(tmp_path: Path) 
         resolve_planner(planner="fastest", target="gpu:9.0")
     with pytest.raises(ListError):  # the lists are resolved as the rewrite resolves them, planner given or not
         resolve_planner(planner="optimal", lists="no-such-profile", target="gpu:9.0", use_env=False)
+
+
+def test_a_misspelled_rewrite_variable_is_warned_about_once(caplog):
+    """``TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_ALOWLIST_ADD`` is not a variable TensorFlow or
+    amp_rewrite reads: the op meant to move stays where it was.  One WARNING (per process)
+    names the variable meant; known variables get none."""
+    from amp_rewrite.plan import lists_environ
+
+    typo = "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_ALOWLIST_ADD"
+    lists_environ._warned_unknown.discard(typo)
+    environ = {typo: "Tanh", "TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_DENYLIST_ADD": "Exp", "PATH": "/bin"}
+    with caplog.at_level(logging.WARNING, logger="amp_rewrite"):
+        for _ in range(2):
+            edits, _level = lists_environ.edits_from_environ(environ)
+    warned = [r.getMessage() for r in caplog.records if typo in r.getMessage()]
+    assert len(warned) == 1 and "did you mean TF_AUTO_MIXED_PRECISION_GRAPH_REWRITE_ALLOWLIST_ADD" in warned[0]
+    assert [(e.category, e.op) for e in edits] == [("deny", "Exp")]
+    assert not [r for r in caplog.records if "DENYLIST_ADD is not" in r.getMessage()]

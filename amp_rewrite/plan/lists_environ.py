@@ -31,6 +31,31 @@ _ENV_LISTS: dict[Category, str] = {
 _ENV_LEGACY_LISTS: dict[Category, str] = {"allow": "WHITELIST", "infer": "GRAYLIST", "deny": "BLACKLIST"}
 
 
+#: Every variable of TensorFlow's mixed-precision rewrite this package reads (here, and
+#: ``..._IGNORE_PERFORMANCE`` at the API boundary).
+KNOWN_VARIABLES = frozenset(
+    [f"{ENV_PREFIX}{name}_{suffix}" for name in (*_ENV_LISTS.values(), *_ENV_LEGACY_LISTS.values())
+     for suffix in ("ADD", "REMOVE")]
+    + [f"{ENV_PREFIX}LEVEL", f"{ENV_PREFIX}IGNORE_PERFORMANCE"])
+#: Unknown variables already warned about (once a process: every rewrite reads the environment).
+_warned_unknown: set[str] = set()
+
+
+def _warn_unknown(environ: Mapping[str, str]) -> None:
+    """One WARNING per variable of ``environ`` that looks like one of TensorFlow's rewrite
+    variables but is none (``..._ALOWLIST_ADD``): TensorFlow ignores it silently, and the op the
+    user meant to move stays where it was.  Names the closest known one."""
+    import difflib
+
+    for name in sorted(environ):
+        if not name.startswith("TF_AUTO_MIXED_PRECISION") or name in KNOWN_VARIABLES or name in _warned_unknown:
+            continue
+        _warned_unknown.add(name)
+        close = difflib.get_close_matches(name, sorted(KNOWN_VARIABLES), n=1)
+        logger.warning("environment variable %s is not one amp_rewrite reads, and is ignored%s", name,
+                       f" (did you mean {close[0]}?)" if close else "")
+
+
 def _split(value: str) -> list[str]:
     # TensorFlow splits on "," and keeps whitespace and empty items; we strip and drop them,
     # so "MatMul, Conv2D," means what it looks like.
@@ -47,9 +72,11 @@ def edits_from_environ(environ: Mapping[str, str]) -> tuple[list[ListEdit], Leve
     applying the edits in sequence gives TensorFlow's result.  Values are split on ``,``; unlike
     TensorFlow, items are stripped of whitespace and empty items are dropped.
 
-    The level is ``..._LEVEL`` upper-cased and stripped; unset or empty gives ``None``; a value
+    A variable that starts like these but is none of them (a typo) gets one WARNING per
+    process, naming the closest one.  The level is ``..._LEVEL`` upper-cased and stripped; unset or empty gives ``None``; a value
     other than the accepted levels raises :class:`ListError` (TensorFlow silently ignores it).
     """
+    _warn_unknown(environ)
     edits: list[ListEdit] = []
     for category in CATEGORIES:
         names = [_ENV_LISTS[category]]

@@ -38,6 +38,7 @@ import logging
 import os
 import sys
 import types
+import weakref
 from typing import Any, Iterator, Mapping
 
 import keras
@@ -160,6 +161,7 @@ class LossScaleOptimizer(LossScaleSettings, keras.optimizers.LossScaleOptimizer)
         self._warn_if_not_rewritten()
         if self._loss_scaling_off():
             return loss
+        _note_scaled_in(self, tf.compat.v1.get_default_graph())
         with tf.name_scope(loss_scale_module.SCOPE):  # kept float32 by the rewrite (SCOPE says why)
             return super().scale_loss(loss)
 
@@ -181,6 +183,8 @@ class LossScaleOptimizer(LossScaleSettings, keras.optimizers.LossScaleOptimizer)
             trainable_variables = list(trainable_variables)
         if tf.distribute.in_cross_replica_context():
             raise ValueError("apply() must be called in a replica context.")
+        if not self._loss_scaling_off():
+            self._warn_if_loss_not_scaled()
         if self._loss_scaling_off():
             # The step runs float32 whole (its rewrite converted nothing), or in bfloat16, which
             # needs no scaling: the gradients were not scaled, and the inner optimizer applies
@@ -248,6 +252,20 @@ class LossScaleOptimizer(LossScaleSettings, keras.optimizers.LossScaleOptimizer)
         self.dynamic_scale.assign(new_scale)
         self.step_counter.assign(new_good)
         self.skipped_steps_counter.assign(new_skipped)
+
+    def _warn_if_loss_not_scaled(self) -> None:
+        """One WARNING where :meth:`apply` is traced into a step in which :meth:`scale_loss`
+        never ran: the gradients it gets are then of a loss nobody scaled, and dividing them by
+        the scale (2**15 and up) makes every update that much too small -- training stalls,
+        silently (a custom loop written for a plain optimizer).  Keras's ``fit`` scales the
+        loss itself.  Eagerly there is no step to look at."""
+        if tf.executing_eagerly() or _scaled_in(self, tf.compat.v1.get_default_graph()):
+            return
+        warn_once(self, "apply-without-scale-loss", (
+            f"amp_rewrite: optimizer {self.name!r} applies gradients in a step that did not call its scale_loss: "
+            "they are divided by the loss scale all the same, so every update is the loss scale times too small "
+            "unless you scaled the loss yourself; take the gradients of opt.scale_loss(loss), as Keras's "
+            "train_step does"))
 
     def _skipped_count(self) -> int:
         """:attr:`skipped_steps` now, as an int (read eagerly)."""
@@ -402,6 +420,30 @@ def _make_predict_function(model: Any, force: bool = False) -> Any:
         return model.predict_function
     model.predict_function = _rewritten_predict_function(model, optimizer.rewrite_options)
     return model.predict_function
+
+
+#: Per traced graph (weakly held): the optimizers (by id) whose ``scale_loss`` ran in it, or in
+#: a graph inside it (a loss computed in a nested function).
+_scaled_graphs: "weakref.WeakKeyDictionary[Any, set[int]]" = weakref.WeakKeyDictionary()
+
+
+def _note_scaled_in(optimizer: Any, graph: Any) -> None:
+    """Record that ``optimizer`` scaled a loss in ``graph`` and the graphs around it."""
+    while graph is not None:
+        try:
+            _scaled_graphs.setdefault(graph, set()).add(id(optimizer))
+        except TypeError:  # not weak-referenceable (eagerly: no graph to record)
+            return
+        graph = getattr(graph, "outer_graph", None)
+
+
+def _scaled_in(optimizer: Any, graph: Any) -> bool:
+    """Whether ``optimizer`` scaled a loss in ``graph`` or a graph around it."""
+    while graph is not None:
+        if id(optimizer) in _scaled_graphs.get(graph, ()):
+            return True
+        graph = getattr(graph, "outer_graph", None)
+    return False
 
 
 def _layers_of(model: Any) -> list[Any]:

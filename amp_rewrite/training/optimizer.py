@@ -493,18 +493,9 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
             if not in_unscaled_trace():
                 self._state()
             return self._optimizer.compute_gradients(loss, var_list, *args, **kwargs)
-        scale = tf.convert_to_tensor(self._state().scale)
-        _mark(scale, _SCALED_LOSS)  # marked as get_scaled_loss marks its own (loss_scale_nodes)
-        if callable(loss):
-            def scaled_loss() -> Any:
-                value = loss()
-                out = value * tf.cast(scale, value.dtype)
-                _mark(out, _SCALED_LOSS)
-                return out
-        else:
-            scaled_loss = loss * tf.cast(scale, loss.dtype)
-            _mark(scaled_loss, _SCALED_LOSS)
+        scaled_loss = self._scaled(loss)
         grads_and_vars = self._optimizer.compute_gradients(scaled_loss, var_list, *args, **kwargs)
+        scale = tf.convert_to_tensor(self._state().scale)
         unscaled = [(loss_scale_module.unscale(g, scale), v) for g, v in grads_and_vars]
         for g, _ in unscaled:
             _mark(g, _UNSCALED)  # so apply_gradients knows them for its own (_gradient_origin)
@@ -539,21 +530,27 @@ class LossScaleOptimizerV1(LossScaleSettings, tf.compat.v1.train.Optimizer):
             if not in_unscaled_trace():
                 self._state()
             return loss
+        return self._scaled(loss)
+
+    def _scaled(self, loss: Any) -> Any:
+        """``loss`` (a tensor, or a callable returning one: then a callable) times the current
+        scale, under :data:`.loss_scale.SCOPE` (kept float32 by the rewrite); the product and
+        the scale's read are marked, so ``apply_gradients`` can tell a gradient never
+        unscaled (:func:`_gradient_origin`).  Creates the loss-scale variables on first use."""
         scale = tf.convert_to_tensor(self._state().scale)
         # The gradient of `loss * scale` reads `scale` itself, not the product: marked too, so
         # that read is not mistaken for the caller's own use of current_loss_scale.
         _mark(scale, _SCALED_LOSS)
-        if callable(loss):
-            def scaled_loss() -> Any:
-                value = loss()
-                out = value * tf.cast(scale, value.dtype)
-                _mark(out, _SCALED_LOSS)
-                return out
 
-            return scaled_loss
-        out = loss * tf.cast(scale, loss.dtype)
-        _mark(out, _SCALED_LOSS)  # so apply_gradients can tell a gradient never unscaled
-        return out
+        def times_scale(value: Any) -> Any:
+            with tf.name_scope(loss_scale_module.SCOPE):
+                out = value * tf.cast(scale, value.dtype)
+            _mark(out, _SCALED_LOSS)
+            return out
+
+        if callable(loss):
+            return lambda: times_scale(loss())
+        return times_scale(loss)
 
     def get_unscaled_gradients(self, grads: Any) -> list[Any]:
         """``grads`` (gradients of :meth:`get_scaled_loss`; ``None`` and ``IndexedSlices``
