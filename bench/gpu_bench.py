@@ -119,6 +119,10 @@ VARIANTS: tuple[str, ...] = (
 )
 #: ``ours_measured``'s timed steps per candidate (``measure_steps``).
 MEASURE_STEPS = 3
+#: Untimed calls after ``ours_measured``'s first step, at most, to finish its measuring before
+#: the timed repeats (three candidates take 3 x (1 + MEASURE_STEPS) - 1; steps that skipped
+#: their update are timed again).
+MAX_MEASURE_CALLS = 64
 REFERENCE = "float32_strict"
 
 
@@ -529,6 +533,9 @@ class VariantRun:
         self.peak_bytes: list[int] = []
         self.peak_delta_bytes: list[int] = []
         self.first_step_s = math.nan
+        #: ``ours_measured``: the untimed trial calls after the first step, and their seconds.
+        self.measure_calls: int | None = None
+        self.measure_s: float | None = None
         self.first_value: np.ndarray | None = None
         self.served: Any = None  #: the autotuned SavedModel, loaded (autotune variants)
         self.autotune_report: dict[str, Any] | None = None
@@ -601,15 +608,34 @@ class VariantRun:
             shutil.rmtree(tmp, ignore_errors=True)
 
     def first_step(self) -> None:
-        """Trace, rewrite, compile and run once; keep the loss/outputs for the error column."""
+        """Trace, rewrite, compile and run once; keep the loss/outputs for the error column.
+        A variant that chooses its step by measuring (``ours_measured``) then runs its trial
+        steps here, untimed (:meth:`_finish_measuring`), so that its timed repeats time the
+        step it chose, not a mix of the candidates."""
         self.switches.enter(self.spec)
         try:
             t = time.perf_counter()
             value = self._call()
             self.first_step_s = time.perf_counter() - t
+            if self.spec.measured:
+                t = time.perf_counter()
+                self.measure_calls = self._finish_measuring()
+                self.measure_s = time.perf_counter() - t
         finally:
             self.switches.leave(self.spec)
         self.first_value = np.asarray(value, dtype=np.float64)
+
+    def _finish_measuring(self) -> int:
+        """Call the step until every signature's measured choice is made (at most
+        :data:`MAX_MEASURE_CALLS` calls: a step whose loss scale keeps skipping its updates
+        may take more trial steps than candidates x (1 + MEASURE_STEPS)); how many calls."""
+        amp_fn = self.amp_function()
+        calls = 0
+        while (amp_fn is not None and calls < MAX_MEASURE_CALLS
+               and any(c["chosen"] is None for c in amp_fn.measured_choices)):
+            self._call()
+            calls += 1
+        return calls
 
     def timed_repeat(self) -> None:
         """``warmup`` untimed steps, then ``steps`` timed ones; appends their median."""
@@ -673,6 +699,9 @@ class VariantRun:
             "xla_compiled": amp_fn.xla_compiled(), "rewrite_s": amp_fn.rewrite_seconds,
             # measure_steps: each candidate's median step in its trial steps, and the one kept.
             "measured_choices": amp_fn.measured_choices,
+            # The trial calls after the first step, untimed (first_step), and their seconds.
+            "measure_calls": self.measure_calls,
+            "measure_s": self.measure_s,
         }
 
     def predicted_ratio(self, baseline: str | None) -> tuple[float | None, str]:
