@@ -56,6 +56,11 @@ Profile schema (version 1)
                                        # as bounded; backends as for op entries; shapes are
                                        # inferred for it (painting.py)
 
+    [float16.float32_inputs]           # optional: a deny-list op (Log) whose inputs stay
+    Log = "one-line reason"            # float32 back to the nearest allow-list op: the infer
+                                       # and clear ops between are denied with it; kept for ops
+                                       # left on deny only (every level); not versioned
+
     [float16.allow]                    # tables: {float16,bfloat16}.{allow,infer,deny,clear}
     MatMul = "one-line reason"         # plain form: just the reason
     BatchMatMul = { reason = "...", min_cuda = 9010 }    # gates, checked for backend cuda only

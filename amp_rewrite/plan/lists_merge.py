@@ -71,7 +71,8 @@ def _check_known_ops(layers: Sequence[_Layer], is_known_op: Callable[[str], bool
             for op, entry in sorted(layer.entries[precision].items()):
                 if entry.registered and not is_known_op(op):
                     unknown.append(f"{op} ({layer.location}, {precision}.{entry.category})")
-        for key, tables in (("bounded", layer.bounded), ("identity", layer.identity)):
+        for key, tables in (("bounded", layer.bounded), ("identity", layer.identity),
+                            ("float32_inputs", layer.float32_inputs)):
             for precision, table in tables.items():
                 for op in sorted(table):
                     if not is_known_op(op):
@@ -172,6 +173,14 @@ def _op_lists(
     bounded = {op: bounded[op] for op in sorted(bounded)
                if op in lists["deny"] and op not in edited and bounded[op][0] > -math.inf}
     identity = {op: identity[op] for op in sorted(identity) if op in lists["deny"] and op not in edited}
+    # Asks for more float32, never less: under every level, for an op still on the deny list.
+    float32_inputs: dict[str, str] = {}
+    for layer in layers:
+        for op in (*layer.entries[precision], *layer.removes[precision]):
+            float32_inputs.pop(op, None)
+        _take_for_backend(layer.float32_inputs.get(precision, {}), context.backend, float32_inputs,
+                          lambda entry: entry.reason)
+    float32_inputs = {op: float32_inputs[op] for op in sorted(float32_inputs) if op in lists["deny"]}
     return OpLists(
         allow=frozenset(lists["allow"]),
         infer=frozenset(lists["infer"]),
@@ -185,6 +194,7 @@ def _op_lists(
         normalization_reason=why,
         bounded=MappingProxyType(bounded),
         identity=MappingProxyType(identity),
+        float32_inputs=MappingProxyType(float32_inputs),
         tf_version=version,
     )
 

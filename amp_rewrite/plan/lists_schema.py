@@ -33,7 +33,7 @@ _VERSION_KEYS = frozenset({"note", *PRECISIONS})
 _TF_VERSION = re.compile(r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)")
 # What tf.__version__ may look like: "2.16.2", "2.21.0-rc1", "2.22.0-dev20260101", "2.16".
 _TF_VERSION_PREFIX = re.compile(r"\s*(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[-+.a-zA-Z][-+.a-zA-Z0-9]*)?\s*")
-_SECTION_KEYS = frozenset({*CATEGORIES, "remove", "bounded", "identity"})
+_SECTION_KEYS = frozenset({*CATEGORIES, "remove", "bounded", "identity", "float32_inputs"})
 _BOUNDED_KEYS = frozenset({"input_max", "reason", "backends"})
 _ENTRY_KEYS = frozenset({"reason", "min_cuda", "min_cudnn", "backends", "registered"})
 _IDENTITY_KEYS = frozenset({"reason", "backends"})
@@ -120,6 +120,8 @@ class _Layer:
     bounded: dict[str, dict[str, _Bounded]] = field(default_factory=dict)
     # [<precision>.identity]: precision -> op -> entry.
     identity: dict[str, dict[str, _Identity]] = field(default_factory=dict)
+    # [<precision>.float32_inputs]: precision -> op -> entry (an _Identity: a reason, backends).
+    float32_inputs: dict[str, dict[str, _Identity]] = field(default_factory=dict)
     tf_version: str | None = None  # the release the tables above are; None: unversioned
     # Older releases: version -> (entries, removes) relative to the tables above.
     versions: dict[str, _VersionDelta] = field(default_factory=dict)
@@ -260,6 +262,7 @@ def _parse_layer(data: dict[str, Any], label: str, location: str, base_dir: Trav
     entries, removes = _parse_tables(data, "", label, location)
     bounded = _parse_bounded(data, location)
     identity = _parse_identity(data, location)
+    float32_inputs = _parse_reason_tables(data, "float32_inputs", location)
     tf_version = data.get("tf_version")
     if tf_version is not None and (not isinstance(tf_version, str) or not _TF_VERSION.fullmatch(tf_version)):
         raise ListError(f"'tf_version' must be a TensorFlow release such as \"2.21\", got {tf_version!r}",
@@ -277,6 +280,7 @@ def _parse_layer(data: dict[str, Any], label: str, location: str, base_dir: Trav
         normalization=normalization,
         bounded=bounded,
         identity=identity,
+        float32_inputs=float32_inputs,
         tf_version=tf_version,
         versions=versions,
     )
@@ -358,23 +362,32 @@ def _parse_identity(data: Mapping[str, Any], location: str) -> dict[str, dict[st
     """The ``[float16.identity]`` and ``[bfloat16.identity]`` tables: per precision, op ->
     entry, each ``Sum = "..."`` (or ``{ reason = "...", backends = ["cuda"] }``) naming one of
     :data:`IDENTITY_REDUCTIONS`.  Pure."""
-    identity: dict[str, dict[str, _Identity]] = {p: {} for p in PRECISIONS}
+    identity = _parse_reason_tables(data, "identity", location)
+    for precision, table in identity.items():
+        for op in table:
+            if op not in IDENTITY_REDUCTIONS:
+                raise ListError(f"{precision}.identity.{op}: only a reduction whose output copies its input when "
+                                f"it reduces no axis can be an identity ({', '.join(sorted(IDENTITY_REDUCTIONS))}), "
+                                f"not {op}", path=location, op=op)
+    return identity
+
+
+def _parse_reason_tables(data: Mapping[str, Any], key: str, location: str) -> dict[str, dict[str, _Identity]]:
+    """The ``[float16.<key>]`` and ``[bfloat16.<key>]`` tables of op -> ``"reason"`` (or
+    ``{ reason = "...", backends = ["cuda"] }``) entries: per precision, op -> entry.  Pure."""
+    tables: dict[str, dict[str, _Identity]] = {p: {} for p in PRECISIONS}
     for precision in PRECISIONS:
         section = data.get(precision, {})
-        table = section.get("identity", {}) if isinstance(section, dict) else {}
-        for op, value, entry_where in _table_entries(table, f"{precision}.identity", location):
-            if op not in IDENTITY_REDUCTIONS:
-                raise ListError(f"{entry_where}: only a reduction whose output copies its input when it reduces "
-                                f"no axis can be an identity ({', '.join(sorted(IDENTITY_REDUCTIONS))}), "
-                                f"not {op}", path=location, op=op)
+        table = section.get(key, {}) if isinstance(section, dict) else {}
+        for op, value, entry_where in _table_entries(table, f"{precision}.{key}", location):
             backends = frozenset(BACKENDS)
             if isinstance(value, dict):
                 _check_keys(value, _IDENTITY_KEYS, entry_where, location)
                 if "backends" in value:
                     backends = _parse_backends(value["backends"], f"{entry_where}.backends", location)
                 value = value.get("reason")
-            identity[precision][op] = _Identity(_reason(value, entry_where, location), backends)
-    return identity
+            tables[precision][op] = _Identity(_reason(value, entry_where, location), backends)
+    return tables
 
 
 def _parse_tables(
@@ -391,11 +404,11 @@ def _parse_tables(
         _check_keys(section, _SECTION_KEYS, f"[{prefix}{precision}]", location)
         for key, table in section.items():
             where = f"[{prefix}{precision}.{key}]"
-            if key in ("bounded", "identity"):
+            if key in ("bounded", "identity", "float32_inputs"):
                 if prefix:
                     raise ListError(f"{where}: {key} entries are not versioned; write them in the file's "
                                     f"own [{precision}.{key}]", path=location)
-                continue  # _parse_bounded / _parse_identity read them
+                continue  # _parse_bounded / _parse_reason_tables read them
             for op, value, entry_where in _table_entries(table, f"{prefix}{precision}.{key}", location):
                 if key == "remove":
                     if isinstance(value, dict):

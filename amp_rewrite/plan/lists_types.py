@@ -138,6 +138,11 @@ class OpLists:
     #: and on the deny list that copy would keep everything downstream float32.  Same rules of
     #: survival as ``bounded``.
     identity: Mapping[str, str] = field(default_factory=dict, hash=False)
+    #: Deny-list ops that keep their inputs float32 back to the nearest allow-list op
+    #: (``[<precision>.float32_inputs]``: op -> reason): a logarithm of a float16 probability
+    #: that underflowed to 0 is ``-inf``, and denying the ``Log`` alone would cast that 0.
+    #: Kept for the ops on the final deny list, under every level.
+    float32_inputs: Mapping[str, str] = field(default_factory=dict, hash=False)
     #: The TensorFlow release (``"2.16"``) the lists were loaded for (versioned files gave
     #: that release's lists; the painter reproduces that release's pass), or ``None`` when
     #: loaded without one (each file's own tables; the newest pass).

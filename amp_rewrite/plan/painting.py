@@ -54,6 +54,9 @@ class _Lists:
         self.bounded: Mapping[str, tuple[float, str]] = dict(getattr(lists, "bounded", None) or {})
         #: Deny-list reductions cleared where they reduce nothing (OpLists.identity).
         self.identity: Mapping[str, str] = dict(getattr(lists, "identity", None) or {})
+        #: Deny-list ops whose inputs stay float32 back to the nearest allow op
+        #: (OpLists.float32_inputs).
+        self.float32_inputs: Mapping[str, str] = dict(getattr(lists, "float32_inputs", None) or {})
         # op -> its category, the first list (in this order) that holds it: one dict lookup
         # per node instead of up to four set lookups through getattr.
         self._category: dict[str, str] = {}

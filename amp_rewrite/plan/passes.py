@@ -232,9 +232,10 @@ def propagate_deny(state: PaintingState) -> None:
     # A fenced normalization computes in float32, its apply ops too (TensorFlow's pass 4 would
     # otherwise convert ``x * scale`` after a convolution): they are denied like deny-list ops.
     fenced_apply = {v for name in fenced_names for v in tg.by_node.get(name, ()) if state.is_f32(v)}
-    roots = moments | fenced_apply
     if state.options.force_all:
         return
+    feeding = _float32_input_chains(state)
+    roots = moments | fenced_apply | set(feeding)
     fanin_of = tg.fanin
     fanout_of = tg.fanout
     deny = state.deny
@@ -253,6 +254,8 @@ def propagate_deny(state: PaintingState) -> None:
         deny.add(r)
         if cat[r] == "deny":
             reason[r] = _op_reason(state, r, "{} is on the deny list")
+        elif r in feeding:
+            reason[r] = feeding[r]
         elif r not in moments:
             reason[r] = f"{state.ops_l[state.v_node[r]]} {state.normalized[tg.node[r]]}"
         else:
@@ -269,6 +272,32 @@ def propagate_deny(state: PaintingState) -> None:
                     state.deny_parent[y] = x
                     reason[y] = "deny propagated"
                     stack.append(y)
+
+
+def _float32_input_chains(state: PaintingState) -> dict[int, str]:
+    """The infer and clear attributes that feed a deny-list op of ``state.lists.float32_inputs``
+    (a logarithm), back to the nearest allow, deny or unlisted op, each with its reason: they
+    run in float32 with it.  Denying the ``Log`` alone would cast its input up after float16
+    had flushed a probability below 6e-8 to zero (a sigmoid of -17), and its log is ``-inf``;
+    so what computes that input, the ``Sigmoid`` and a ``1 - p``, stays float32, and the
+    float16 value cast up is the allow op's output it starts from.  Pure."""
+    wanted = state.lists.float32_inputs
+    if not wanted:
+        return {}
+    tg, cat = state.tg, state.v_cat
+    out: dict[int, str] = {}
+    for r in range(len(tg)):
+        op = state.ops_l[state.v_node[r]]
+        if cat[r] != "deny" or op not in wanted:
+            continue
+        why = f"feeds {op} {tg.node[r]!r}, whose inputs stay float32 back to the nearest allow-list op: {wanted[op]}"
+        stack = [r]
+        while stack:
+            for y in tg.fanin[stack.pop()]:
+                if y not in out and cat[y] in ("infer", "clear") and state.is_f32(y):
+                    out[y] = why
+                    stack.append(y)
+    return out
 
 
 def paint_between_allow(state: PaintingState, roots: list[int]) -> None:
