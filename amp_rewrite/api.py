@@ -38,6 +38,7 @@ from .rewrite import RewriteStats, apply_plan
 from .rewrite_check import TypeCheckFailed, check_rewritten
 from .step_check import checked_plan, device_costs
 from .graph.shapes import assign_function_shapes, check_variable_shapes, graph_shapes
+from .graph.training_ops import loss_scale_scope_nodes
 from .option_types import (check_bool, check_list_edits, check_names, check_optional_str, check_path,
                            check_str)
 from .plan.cost_model import DeviceCosts
@@ -498,6 +499,11 @@ def _rewrite_graph_def(
     check_bool("price_step", price_step)
     graph_def, fetches = _checked_arguments(graph_def, compiled, tensorflow_bugs, use_env, functions, planner,
                                             fetches, registry)
+    # The ops applying a loss scale stay float32 whatever the caller passed (LOSS_SCALE_SCOPE
+    # says why): a training graph may reach this through any path (a session, a .meta file).
+    scale_ops = loss_scale_scope_nodes(graph_def)
+    if scale_ops:
+        keep_float32 = sorted(scale_ops | set(keep_float32 or ()))
     registry = registry or default_registry()
     t_lists = time.perf_counter()
     tgt, precision, precision_reason, op_lists, lvl = _target_and_lists(

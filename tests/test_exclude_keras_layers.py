@@ -189,3 +189,40 @@ def test_a_pattern_matching_nothing_is_warned_about_in_the_api(caplog):
     assert result.report["excluded"] == {"MatMul": 1, "nothing_here": 0}
     assert len(_unmatched_warnings(caplog, "nothing_here")) == 1
     assert not _unmatched_warnings(caplog, "MatMul")
+
+
+def test_overlapping_recordings_from_two_threads_leave_no_wrapper_behind():
+    """Two threads tracing the same model at once (a serving thread's predict while fit traces
+    its step), entering and leaving in the order A in, B in, A out, B out: the wrapper stays
+    while either needs it, and none is left on the layers after both."""
+    import threading
+
+    import keras
+
+    from amp_rewrite.training.keras_optimizer import _recorded_layer_scopes
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="d")])
+    layer = model.layers[0]
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    def a() -> None:
+        with _recorded_layer_scopes(model):
+            a_in.set()
+            b_in.wait(10)
+        a_out.set()
+
+    def b() -> None:
+        a_in.wait(10)
+        with _recorded_layer_scopes(model):
+            b_in.set()
+            a_out.wait(10)
+            seen.append("_open_name_scope" in layer.__dict__)  # A left; B still needs it
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert seen == [True]
+    assert "_open_name_scope" not in layer.__dict__ and "_open_name_scope" not in model.__dict__

@@ -83,3 +83,24 @@ def test_a_custom_step_with_a_scale_past_float16_trains_every_weight():
     report = step.rewrite_results[0].report
     assert report["converted_nodes"] > 0
     assert set(_scale_nodes(report).values()) == {"float32"}
+
+
+def test_every_rewrite_keeps_the_loss_scale_ops_float32():
+    """Not only the training paths: a TF1 training graph built with the loss-scaled optimizer
+    (``get_scaled_loss``/``get_unscaled_gradients`` around ``tf.gradients``), exported and
+    rewritten as a GraphDef (what ``amp-rewrite rewrite train.meta`` does) keeps them too."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [8, 16], name="x")
+        w = tf.compat.v1.get_variable("w", [16, 4])
+        loss = tf.reduce_mean(tf.square(tf.matmul(x, w)))
+        opt = amp_rewrite.enable_mixed_precision_graph_rewrite(
+            tf.compat.v1.train.GradientDescentOptimizer(0.1), target="gpu:8.0", precision="float16",
+            loss_scale=BIG_SCALE)
+        grads = opt.get_unscaled_gradients(tf.gradients(opt.get_scaled_loss(loss), [w]))
+        opt.apply_gradients(zip(grads, [w]), name="train")
+    result = amp_rewrite.rewrite_graph_def(graph.as_graph_def(), target="gpu:8.0", precision="float16",
+                                           fetches=["train"], use_env=False)
+    assert result.report["nodes"]["MatMul"]["dtype"] == "float16"
+    scale_ops = _scale_nodes(result.report)
+    assert any("truediv" in name for name in scale_ops) and set(scale_ops.values()) == {"float32"}, scale_ops

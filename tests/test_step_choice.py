@@ -84,7 +84,7 @@ def test_a_step_that_skipped_its_update_is_not_timed():
         choice(len(calls))
     assert cands[0].discarded == 2 and cands[0].seconds == [pytest.approx(0.010)] * 2
     assert choice.chosen is cands[0]  # 10 ms against 11: without the rule, 1 ms against 11 anyway
-    assert "2 steps that skipped its update not counted" in choice.summary()
+    assert "2 steps that skipped their update not counted" in choice.summary()
     # Every step skips: counted after MAX_DISCARDED per step, so measuring ends.
     clock, calls = _Clock(), []
     always = Candidate("planned", lambda args: (calls.append(1), skipped.update(count=skipped["count"] + 1)),

@@ -16,10 +16,11 @@ from amp_rewrite.training.update_barrier import BARRIER, WRITE_OPS, updates_afte
 FLOAT32 = {"target": "gpu:8.0", "planner": "optimal", "declined": "the test's float32 step"}
 
 
-def _late_failing_step():
+def _late_failing_step(in_cond: bool = False):
     """Two layers; the last layer's update needs only its own gradient, and the first layer's
     gradient needs a buffer of ``huge`` elements (2**40: out of memory, after the last layer's
-    gradient is ready)."""
+    gradient is ready).  ``in_cond``: the updates in a ``tf.cond`` branch (as Keras's gradient
+    accumulation applies them), whose lowered ops run as their own inputs allow."""
     w1 = tf.Variable(tf.ones([8, 8]))
     w2 = tf.Variable(tf.ones([8, 1]))
 
@@ -28,9 +29,20 @@ def _late_failing_step():
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(tf.matmul(tf.matmul(x, w1), w2))
         g1, g2 = tape.gradient(loss, [w1, w2])
-        w2.assign_sub(0.01 * g2)
+        if not in_cond:
+            w2.assign_sub(0.01 * g2)  # before the failing allocation, in program order too
         g1 = g1 + tf.reduce_sum(tf.zeros(tf.reshape(huge, [1])))
-        w1.assign_sub(0.01 * g1)
+
+        def update(g1):
+            if in_cond:
+                w2.assign_sub(0.01 * g2)
+            w1.assign_sub(0.01 * g1)
+            return tf.constant(0)
+
+        if in_cond:
+            tf.cond(huge > 0, lambda: update(g1), lambda: tf.constant(1))
+        else:
+            update(g1)
         return loss
 
     concrete = step.get_concrete_function(tf.TensorSpec([4, 8], tf.float32), tf.TensorSpec([], tf.int64))
@@ -38,10 +50,12 @@ def _late_failing_step():
 
 
 @pytest.mark.parametrize("gated", [False, True])
-def test_a_step_that_fails_in_its_backward_pass_has_updated_nothing_when_gated(gated):
+@pytest.mark.parametrize("in_cond", [False, True])
+def test_a_step_that_fails_in_its_backward_pass_has_updated_nothing_when_gated(gated, in_cond):
     """Ungated, the last layer is updated before the first layer's gradient fails (what the
-    gate is for); gated, neither is, and a step that does not fail updates both once."""
-    concrete, w1, w2 = _late_failing_step()
+    gate is for); gated, neither is, and a step that does not fail updates both once.  The
+    same where the updates are in a ``tf.cond`` branch."""
+    concrete, w1, w2 = _late_failing_step(in_cond)
     runner = _Runner(concrete, FLOAT32, gate_updates=gated)
     x = tf.ones([4, 8])
     before = (w1.numpy().copy(), w2.numpy().copy())

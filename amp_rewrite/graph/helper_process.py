@@ -101,8 +101,8 @@ class HelperProcess:
     It is a fresh interpreter talking over two pipes of its own, not a ``multiprocessing``
     child: that would import the caller's ``__main__`` again (a user's script without a main
     guard would run twice) or fork a process that runs TensorFlow (unsafe).  It imports what
-    this process imports, from where this process found it (``sys.path``), and never from the
-    current directory.  Its standard output and error go to a temporary file, so nothing a
+    this process imports, from where this process found it (``sys.path``), and from the current
+    directory only where this process does (``""`` on its path: a REPL, ``python -c``).  Its standard output and error go to a temporary file, so nothing a
     library prints there mixes with the caller's output; a death's reason quotes its end (an
     abort's message).  Log records of the ``amp_rewrite`` loggers it emits while answering
     are emitted again here, by the logger of the same name.
@@ -146,7 +146,11 @@ class HelperProcess:
         theirs_in, ours_out = os.pipe()  # requests: we write, it reads
         ours_in, theirs_out = os.pipe()  # answers: it writes, we read
         env = {**os.environ, **self._env}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        # The parent's own path, with "" (a REPL's, ``python -c``'s: the current directory)
+        # spelled out: where the parent imports from the current directory, so does the helper
+        # (no more exposure than the parent's); where it does not (a console script, such as
+        # the CLI), the helper does not either.
+        env["PYTHONPATH"] = os.pathsep.join(p or os.getcwd() for p in sys.path)
         stderr = tempfile.TemporaryFile()
         try:
             process = subprocess.Popen(

@@ -265,9 +265,9 @@ class _RecentShapes:
         """The shapes ``infer(serialized)`` gives for ``message`` (with ``extra``, what else
         they depend on, and ``registry``; ``serialized``: its deterministic serialization,
         ``None`` where it has none): kept from an earlier call where there is one, else
-        inferred, and kept where ``infer`` says they are what inference gives (not a stand-in
-        for a helper process that died, which may answer the next time).  A message that
-        cannot be serialized is inferred each time."""
+        inferred, and kept where ``infer`` says another try would give the same (not a stand-in
+        for a helper process that did not answer in time, which may the next time).  A message
+        that cannot be serialized is inferred each time."""
         serialized = _serialized(message)
         if serialized is None:
             return infer(None)[0]
@@ -331,7 +331,8 @@ def _isolated_or_here(kind: str, message: Any, serialized: bytes | None, extra: 
     and with the default registry (a custom one cannot be sent), the same inference in the
     helper process (:func:`answer_shape_request`) on ``serialized`` (``message``'s bytes;
     ``None``: it has none, over protobuf's 2 GB, which TensorFlow could not import either);
-    and whether they are what inference gives (``False``: a stand-in).
+    and whether another try would give the same (``False``: a stand-in for a helper that did
+    not answer in time).
     Where the helper dies on the graph (a TensorFlow shape function aborted it) or fails, the
     nodes get their recorded ``_output_shapes`` (``node_defs``), with one WARNING for a death,
     or one for the process where the helper cannot start at all.
@@ -356,7 +357,10 @@ def _isolated_or_here(kind: str, message: Any, serialized: bytes | None, extra: 
     if status == "died":
         log.warning("amp_rewrite: TensorFlow's shape inference ended the helper process that ran it on %s (%s); "
                     "static shapes unavailable there: using _output_shapes attributes where present", what, result)
-        return _attr_shapes(node_defs), False
+        # A crash on these bytes would crash again: the stand-in is kept, so the next rewrite of
+        # the graph does not start (and kill) a helper for it again.  A helper that did not
+        # answer in time (a loaded machine) may the next time.
+        return _attr_shapes(node_defs), not str(result).startswith("no answer")
     log.info("static shapes unavailable for %s (%s); using _output_shapes attributes where present",
              what, str(result).splitlines()[0][:200])
     return _attr_shapes(node_defs), True

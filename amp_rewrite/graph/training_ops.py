@@ -11,9 +11,18 @@ Reads graphs only; knows nothing of who built them but the names they leave.
 from __future__ import annotations
 
 import re
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
-__all__ = ["WRITE_OPS", "updates_from_gradients", "scales_loss"]
+__all__ = ["LOSS_SCALE_SCOPE", "WRITE_OPS", "loss_scale_scope_nodes", "updates_from_gradients", "scales_loss"]
+
+#: The name scope of the ops that apply a loss scale to a loss or a gradient (amp_rewrite's
+#: loss-scaled optimizers build them under it: ``amp_rewrite.training.loss_scale``).  Every
+#: rewrite keeps them float32 (:func:`loss_scale_scope_nodes`): the scale starts at 2**15 and
+#: doubles while steps stay finite, and float16's largest value is 65504.  A division by it
+#: converted with the float16 gradient it divides (an infer-list op fed by one) made every
+#: gradient 0 from 2**16 on, the finite check passed, and no weight moved again.
+LOSS_SCALE_SCOPE = "amp_rewrite_loss_scale"
+_SCOPED = re.compile(rf"(^|/){LOSS_SCALE_SCOPE}(_\d+)?/")
 
 #: Ops that write a variable's value (resource and reference variables, whole or sparse).
 WRITE_OPS = re.compile(
@@ -35,6 +44,13 @@ def _nodes(graph_def: Any) -> Iterator[Any]:
         yield from function.node_def
 
 
+def loss_scale_scope_nodes(graph_def: Any) -> set[str]:
+    """Names of the nodes under :data:`LOSS_SCALE_SCOPE` in ``graph_def``'s main graph and its
+    library's functions (a ``tf.cond`` branch holds the update of a loss-scaled Keras step).
+    Pure."""
+    return {n.name for n in _nodes(graph_def) if _SCOPED.search(n.name)}
+
+
 def updates_from_gradients(graph_def: Any) -> bool:
     """Whether ``graph_def`` (its main graph or a function) writes variables and computes
     gradients: a training step.  Pure."""
@@ -47,9 +63,13 @@ def updates_from_gradients(graph_def: Any) -> bool:
     return False
 
 
-def scales_loss(graph_def: Any) -> bool:
+def scales_loss(graph_def: Any, variable_names: Iterable[str] = ()) -> bool:
     """Whether anything in ``graph_def`` looks like loss scaling: a node, or a variable's
-    shared name, that names a loss scale.  Pure."""
+    shared name, that names a loss scale; or one of ``variable_names``, the variables a traced
+    function captured (a ``tf.function`` reads Keras's ``LossScaleOptimizer``'s
+    ``dynamic_scale`` through a placeholder named for nothing).  Pure."""
+    if any(_LOSS_SCALE.search(name) for name in variable_names):
+        return True
     for node in _nodes(graph_def):
         if _LOSS_SCALE.search(node.name):
             return True

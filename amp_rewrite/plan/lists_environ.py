@@ -31,12 +31,14 @@ _ENV_LISTS: dict[Category, str] = {
 _ENV_LEGACY_LISTS: dict[Category, str] = {"allow": "WHITELIST", "infer": "GRAYLIST", "deny": "BLACKLIST"}
 
 
-#: Every variable of TensorFlow's mixed-precision rewrite this package reads (here, and
-#: ``..._IGNORE_PERFORMANCE`` at the API boundary).
+#: Every variable of TensorFlow's mixed-precision rewrite: those this package reads (here, and
+#: ``..._IGNORE_PERFORMANCE`` at the API boundary), and TensorFlow's ``..._LOG_PATH``.
 KNOWN_VARIABLES = frozenset(
     [f"{ENV_PREFIX}{name}_{suffix}" for name in (*_ENV_LISTS.values(), *_ENV_LEGACY_LISTS.values())
      for suffix in ("ADD", "REMOVE")]
-    + [f"{ENV_PREFIX}LEVEL", f"{ENV_PREFIX}IGNORE_PERFORMANCE"])
+    + [f"{ENV_PREFIX}LEVEL", f"{ENV_PREFIX}IGNORE_PERFORMANCE",
+       # TensorFlow's dump directory for its own pass (amp_rewrite writes dumps to --dump-dir).
+       f"{ENV_PREFIX}LOG_PATH"])
 #: Unknown variables already warned about (once a process: every rewrite reads the environment).
 _warned_unknown: set[str] = set()
 

@@ -11,7 +11,7 @@ import inspect
 import logging
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 from ..errors import AmpRewriteError
 
@@ -360,16 +360,17 @@ def warn_once(owner: object, key: str, message: str) -> None:
 
 
 def warn_if_float16_without_loss_scaling(owner: object, label: str, report: Mapping[str, Any], graph_def: Any,
-                                         hint: str) -> bool:
+                                         hint: str, variable_names: Iterable[str] = ()) -> bool:
     """Log one WARNING per ``owner`` where ``graph_def`` (a rewritten step, or the graph a
     rewrite was made from) trains -- it updates variables from gradients -- in float16
-    (``report`` converted something to it) and nothing in it scales the loss; ``hint`` says
-    what to do instead.  Returns whether it warned (or had warned before).  Pure but for the log."""
+    (``report`` converted something to it) and nothing in it scales the loss (nor among
+    ``variable_names``, the variables a traced step captured); ``hint`` says what to do
+    instead.  Returns whether it warned (or had warned before).  Pure but for the log."""
     from ..graph.training_ops import scales_loss, updates_from_gradients
 
     if report.get("precision") != "float16" or not report.get("converted_nodes"):
         return False
-    if not updates_from_gradients(graph_def) or scales_loss(graph_def):
+    if not updates_from_gradients(graph_def) or scales_loss(graph_def, variable_names):
         return False
     warn_once(owner, "float16-without-loss-scaling", (
         f"amp_rewrite: {label} trains in float16 without loss scaling: gradients smaller than float16's "

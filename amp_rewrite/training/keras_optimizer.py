@@ -37,6 +37,7 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 import types
 import weakref
 from typing import Any, Iterator, Mapping
@@ -422,28 +423,29 @@ def _make_predict_function(model: Any, force: bool = False) -> Any:
     return model.predict_function
 
 
-#: Per traced graph (weakly held): the optimizers (by id) whose ``scale_loss`` ran in it, or in
-#: a graph inside it (a loss computed in a nested function).
-_scaled_graphs: "weakref.WeakKeyDictionary[Any, set[int]]" = weakref.WeakKeyDictionary()
+#: Per traced function graph (weakly held): the optimizers (weakly held) whose ``scale_loss`` ran
+#: in it, or in a function graph inside it (a loss computed in a nested function).
+_scaled_graphs: "weakref.WeakKeyDictionary[Any, weakref.WeakSet[Any]]" = weakref.WeakKeyDictionary()
+
+
+def _function_graphs(graph: Any) -> Iterator[Any]:
+    """``graph`` and the graphs around it, while they are function graphs being traced (not
+    the process's global graph, which an eager call would name)."""
+    while graph is not None and getattr(graph, "building_function", False):
+        yield graph
+        graph = getattr(graph, "outer_graph", None)
 
 
 def _note_scaled_in(optimizer: Any, graph: Any) -> None:
-    """Record that ``optimizer`` scaled a loss in ``graph`` and the graphs around it."""
-    while graph is not None:
-        try:
-            _scaled_graphs.setdefault(graph, set()).add(id(optimizer))
-        except TypeError:  # not weak-referenceable (eagerly: no graph to record)
-            return
-        graph = getattr(graph, "outer_graph", None)
+    """Record that ``optimizer`` scaled a loss in ``graph`` and the function graphs around it
+    (nothing eagerly)."""
+    for traced in _function_graphs(graph):
+        _scaled_graphs.setdefault(traced, weakref.WeakSet()).add(optimizer)
 
 
 def _scaled_in(optimizer: Any, graph: Any) -> bool:
-    """Whether ``optimizer`` scaled a loss in ``graph`` or a graph around it."""
-    while graph is not None:
-        if id(optimizer) in _scaled_graphs.get(graph, ()):
-            return True
-        graph = getattr(graph, "outer_graph", None)
-    return False
+    """Whether ``optimizer`` scaled a loss in ``graph`` or a function graph around it."""
+    return any(optimizer in _scaled_graphs.get(traced, ()) for traced in _function_graphs(graph))
 
 
 def _layers_of(model: Any) -> list[Any]:
@@ -464,14 +466,59 @@ def _layers_of(model: Any) -> list[Any]:
 
 #: Stands for "no instance attribute" when one is restored.
 _ABSENT = object()
+#: id(layer) -> [layer, its own ``_open_name_scope`` before (or _ABSENT), how many recordings
+#: need the wrapper]: one wrapper per layer, however many threads trace the model at once.
+_installed: dict[int, list[Any]] = {}
+_INSTALL_LOCK = threading.Lock()
+
+
+def _wrap_scope_of(layer: Any) -> None:
+    """Wrap ``layer``'s ``_open_name_scope`` so that each scope it opens in a traced graph is
+    noted for that graph (:func:`.tf_function.note_layer_scopes`), or count one more user of
+    the wrapper already there.  Under :data:`_INSTALL_LOCK`; mutates the layer instance."""
+    entry = _installed.get(id(layer))
+    if entry is not None:
+        entry[2] += 1
+        return
+    original = getattr(layer, "_open_name_scope", None)
+    if not callable(original):
+        return
+
+    @contextlib.contextmanager
+    def open_name_scope() -> Iterator[Any]:
+        with original() as scope:
+            # Eager calls meanwhile (another thread) have no graph scope worth keeping.
+            if not tf.executing_eagerly():
+                note_layer_scopes(tf.compat.v1.get_default_graph(), {tf.get_current_name_scope(): layer.name})
+            yield scope
+
+    _installed[id(layer)] = [layer, layer.__dict__.get("_open_name_scope", _ABSENT), 1]
+    # object.__setattr__: Keras's own __setattr__ would track the function as state.
+    object.__setattr__(layer, "_open_name_scope", open_name_scope)
+
+
+def _unwrap_scope_of(layer: Any) -> None:
+    """One user fewer of ``layer``'s wrapper; the last one restores what was there.  Under
+    :data:`_INSTALL_LOCK`; mutates the layer instance."""
+    entry = _installed.get(id(layer))
+    if entry is None:
+        return
+    entry[2] -= 1
+    if entry[2]:
+        return
+    del _installed[id(layer)]
+    if entry[1] is _ABSENT:
+        object.__delattr__(layer, "_open_name_scope")
+    else:
+        object.__setattr__(layer, "_open_name_scope", entry[1])
 
 
 @contextlib.contextmanager
 def _recorded_layer_scopes(model: Any) -> Iterator[None]:
     """Record, while a step of ``model`` is traced in this block, the name scope each of its
-    layers opens in the graph, and note them for that graph's rewrite
-    (:func:`.tf_function.note_layer_scopes`), so that ``exclude="dense_1"`` takes the layer
-    ``dense_1``.  To be entered inside the traced function.
+    layers opens in the graph, for that graph's rewrite (:func:`.tf_function.note_layer_scopes`),
+    so that ``exclude="dense_1"`` takes the layer ``dense_1``.  To be entered inside the traced
+    function.
 
     Why record rather than derive: Keras 3 opens a layer's scope twice per call (to build it,
     then to call it), and TensorFlow makes each opening unique in the graph, so the layers
@@ -479,42 +526,22 @@ def _recorded_layer_scopes(model: Any) -> Iterator[None]:
     what suffix a layer gets depends on every scope opened before it (a layer called twice, a
     model called in a custom ``train_step``).  The scope TensorFlow chose is read as each layer
     opens it (``tf.get_current_name_scope()`` inside ``Layer._open_name_scope``, wrapped on the
-    layer instances for the length of the block).  Mutates the layers only for that length
-    (the wrappers are removed on exit, exception or not); a Keras whose layers do not open
-    their scopes that way records nothing, and the rewrite falls back on its rules for names.
+    layer instances while any such block is open) and noted for the graph it is opened in, so
+    the replicas of a distribution strategy, and two threads tracing the same model, each note
+    their own graph's.  Mutates the layers only for that long (the last block to leave removes
+    the wrappers, exception or not); a Keras whose layers do not open their scopes that way
+    records nothing, and the rewrite falls back on its rules for names.
     """
-    scopes: dict[str, str] = {}
-    wrapped: list[tuple[Any, Any]] = []
-
-    def wrap(layer: Any) -> None:
-        original = getattr(layer, "_open_name_scope", None)
-        if not callable(original):
-            return
-
-        @contextlib.contextmanager
-        def open_name_scope() -> Iterator[Any]:
-            with original() as scope:
-                # Eager calls from another thread meanwhile have no graph scope worth keeping.
-                if not tf.executing_eagerly():
-                    scopes.setdefault(tf.get_current_name_scope(), layer.name)
-                yield scope
-
-        wrapped.append((layer, layer.__dict__.get("_open_name_scope", _ABSENT)))
-        # object.__setattr__: Keras's own __setattr__ would track the function as state.
-        object.__setattr__(layer, "_open_name_scope", open_name_scope)
-
+    layers = _layers_of(model)
+    with _INSTALL_LOCK:
+        for layer in layers:
+            _wrap_scope_of(layer)
     try:
-        for layer in _layers_of(model):
-            wrap(layer)
         yield
-        if scopes:
-            note_layer_scopes(tf.compat.v1.get_default_graph(), scopes)
     finally:
-        for layer, before in reversed(wrapped):
-            if before is _ABSENT:
-                object.__delattr__(layer, "_open_name_scope")
-            else:
-                object.__setattr__(layer, "_open_name_scope", before)
+        with _INSTALL_LOCK:
+            for layer in reversed(layers):
+                _unwrap_scope_of(layer)
 
 
 def _without_optionals(data: Any) -> Any:

@@ -28,9 +28,10 @@ from __future__ import annotations
 import abc
 import logging
 import math
-import re
 from dataclasses import dataclass
 from typing import Any, Iterable
+
+from ..graph.training_ops import LOSS_SCALE_SCOPE, loss_scale_scope_nodes
 
 __all__ = [
     "LossScale",
@@ -208,22 +209,14 @@ def all_finite(grads: Iterable[Any]) -> Any:
 
 
 #: The name scope of the ops that apply the loss scale to a loss or a gradient
-#: (:func:`unscale`, the Keras optimizer's ``scale_loss``).  The training paths keep every op
-#: under it float32 when they rewrite the step (:func:`scope_nodes`, the rewrite's
-#: ``keep_float32``): the scale starts at 2**15 and doubles while steps stay finite, and in
-#: float16 (largest value 65504) it is ``inf`` from 2**16 on.  A division by it converted with
-#: the float16 gradient it divides (an infer-list op fed by one) turned every gradient into 0,
-#: the finite check passed, and no weight moved again, from the 2000th step of the default
-#: dynamic scale; below that, small unscaled gradients flushed to zero in float16.
-SCOPE = "amp_rewrite_loss_scale"
-_SCOPED = re.compile(rf"(^|/){SCOPE}(_\d+)?/")
+#: (:func:`unscale`, the optimizers' loss multiply); every rewrite keeps what is under it
+#: float32 (:data:`amp_rewrite.graph.training_ops.LOSS_SCALE_SCOPE` says why).
+SCOPE = LOSS_SCALE_SCOPE
 
 
 def scope_nodes(graph_def: Any) -> set[str]:
-    """Names of the nodes under :data:`SCOPE` in ``graph_def``'s main graph and its library's
-    functions (a ``tf.cond`` branch holds the update of a loss-scaled Keras step).  Pure."""
-    nodes = list(graph_def.node) + [n for f in graph_def.library.function for n in f.node_def]
-    return {n.name for n in nodes if _SCOPED.search(n.name)}
+    """Names of the nodes under :data:`SCOPE` in ``graph_def`` and its functions.  Pure."""
+    return loss_scale_scope_nodes(graph_def)
 
 
 def unscale(grad: Any, scale: Any) -> Any:

@@ -37,7 +37,6 @@ from tensorflow.python.framework import stack as tf_stack
 
 from ..api import RewriteResult, rewrite_graph_def
 from ..errors import AmpRewriteError
-from . import loss_scale as loss_scale_module
 from ._common import (
     check_rewrite_options,
     mark_graph_rewritten,
@@ -94,9 +93,9 @@ def rewrite_graph_with_result(
     with graph.as_default():  # TensorFlow exports meta graphs only in graph mode
         meta = tf.compat.v1.train.export_meta_graph(graph=graph, clear_devices=False)
     options = without_training_options(options, "a TF1 graph")
-    # The loss-scale multiply and unscale divisions stay float32 (loss_scale_nodes, and
-    # loss_scale.SCOPE, say why).
-    keep = loss_scale_nodes(graph) | loss_scale_module.scope_nodes(meta.graph_def)
+    # The loss-scale multiply and unscale divisions stay float32 (loss_scale_nodes says why;
+    # rewrite_graph_def keeps those under loss_scale.SCOPE too).
+    keep = loss_scale_nodes(graph)
     if keep:
         options["keep_float32"] = sorted(keep | set(options.get("keep_float32") or ()))
     result = rewrite_graph_def(meta.graph_def, fetches=fetches, **options)

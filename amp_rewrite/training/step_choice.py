@@ -188,8 +188,8 @@ class MeasuredChoice:
         the steps not counted because they skipped their update (``planned 10.2 ms (3 steps
         that skipped their update not counted)``)."""
         def one(c: Candidate) -> str:
-            skipped = (f" ({c.discarded} step{'s' if c.discarded != 1 else ''} that skipped its update not counted)"
-                       if c.discarded else "")
+            skipped = (f" ({c.discarded} step{' that skipped its' if c.discarded == 1 else 's that skipped their'} "
+                       "update not counted)" if c.discarded else "")
             return f"{c.name} {c.median_ms:.2f} ms{skipped}"
 
         return ", ".join(one(c) for c in self.candidates if c.median_ms is not None)

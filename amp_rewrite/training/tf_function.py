@@ -70,7 +70,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import AmpRewriteError
 from ..plan.exclude import NameMatcher, unmatched_warned_once
-from . import loss_scale as loss_scale_module
 from ._common import (
     TRAINING_OPTIONS,
     check_rewrite_options,
@@ -376,12 +375,8 @@ class _Runner:
         # are matched against the layers they belong to.
         if options.get("exclude"):
             options["exclude"] = _exclude_for(graph, options["exclude"])
-        traced_def = graph.as_graph_def()
-        # The ops that apply the loss scale stay float32 (loss_scale.SCOPE says why).
-        scale_ops = loss_scale_module.scope_nodes(traced_def)
-        if scale_ops:
-            options["keep_float32"] = sorted(scale_ops | set(options.get("keep_float32") or ()))
-        self.result = rewrite_graph_def(traced_def, fetches=fetches, **options)
+        # (The ops applying the loss scale stay float32: rewrite_graph_def keeps them.)
+        self.result = rewrite_graph_def(graph.as_graph_def(), fetches=fetches, **options)
         self.graph_def = rename_functions(self.result.graph_def, f"_amp{next(_suffixes)}")
         if gate_updates:
             self.graph_def, _ = updates_after_inputs(self.graph_def)
@@ -761,7 +756,8 @@ class Function:
                         self, self._description, runner.result.report, runner.result.graph_def,
                         "wrap its optimizer with amp_rewrite.enable_mixed_precision_graph_rewrite, whose "
                         "scale_loss and apply (get_scaled_loss and get_unscaled_gradients for a TF1 optimizer) "
-                        "scale the loss, or rewrite to bfloat16")
+                        "scale the loss, or rewrite to bfloat16",
+                        variable_names=[v.name for v in concrete.graph.variables])
                 if measure:
                     choice = self._measured(concrete, runner, options)
                     if choice is not None:
@@ -1015,7 +1011,12 @@ class Function:
         if chosen.name == "float32":
             warn_once(self, f"measured-float32-{signature}", f"{message}, {faster}: the rewrite does not run")
         else:
-            log.info("%s, %s", message, faster)
+            # What the step that runs converts: the summary line logged for the planned step
+            # describes that one (and a second summary of the same kind goes to DEBUG).
+            report = chosen.run.result.report  # type: ignore[attr-defined]
+            log.info("%s, %s: it converts %d of %d ops to %s, %d cast(s) to %s and %d to float32", message, faster,
+                     report["converted_nodes"], report["total_nodes"], report.get("precision"),
+                     report["casts_to_low"], report.get("precision"), report["casts_to_high"])
 
     def _log_summary(self, signature: str, candidate: Candidate) -> None:
         """Log the summary line (:func:`report_rewrite`) of ``candidate``, a measured

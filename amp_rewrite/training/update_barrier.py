@@ -48,18 +48,44 @@ def _downstream(graph_def: Any, roots: set[str]) -> set[str]:
     return seen
 
 
+def _called(node: Any) -> set[str]:
+    """The functions ``node`` (a NodeDef) calls through its attributes (``If``'s branches,
+    ``While``'s body, a call's ``f``).  Pure."""
+    names = {value.func.name for value in node.attr.values() if value.HasField("func")}
+    names |= {f.name for value in node.attr.values() if value.HasField("list") for f in value.list.func}
+    return names - {""}
+
+
+def _writing_functions(graph_def: Any) -> set[str]:
+    """The functions of ``graph_def``'s library that write a variable, themselves or through a
+    function they call.  Pure."""
+    library = {f.signature.name: f for f in graph_def.library.function}
+    calls = {name: set().union(*(_called(n) for n in f.node_def)) & library.keys() for name, f in library.items()}
+    writing = {name for name, f in library.items() if any(WRITE_OPS.match(n.op) for n in f.node_def)}
+    grew = True
+    while grew:
+        more = {name for name, called in calls.items() if name not in writing and called & writing}
+        writing |= more
+        grew = bool(more)
+    return writing
+
+
 def updates_after_inputs(graph_def: Any) -> tuple[Any, int]:
-    """A copy of ``graph_def`` whose variable writes (:data:`WRITE_OPS`, main graph) wait for
-    :data:`BARRIER`, which waits for every node outside the writes and what follows them that
-    feeds them, placeholders aside (module docstring); and how many writes it gates.  ``graph_def`` is unchanged;
-    one without writes, or already gated, comes back as it is (a copy).
+    """A copy of ``graph_def`` whose variable writes wait for :data:`BARRIER`, which waits for
+    every node outside the writes and what follows them that feeds them, placeholders aside
+    (module docstring); and how many writes it gates.  A write is a main-graph op of
+    :data:`WRITE_OPS`, or a call of a function that writes (a ``tf.cond`` around the update, as
+    Keras's gradient accumulation builds it): TensorFlow runs a lowered branch's ops as their
+    own inputs allow, and an inlined call's too, but passes the call's control inputs on to
+    them.  ``graph_def`` is unchanged; one without writes, or already gated, comes back as it
+    is (a copy).
 
     No cycle is possible: the barrier waits only for nodes that no write reaches, and only
-    writes (and so what follows them) wait for it.  Function bodies are left as they are (a
-    write inside a called function runs when the call does, which waits for its inputs)."""
+    writes (and so what follows them) wait for it."""
     out = type(graph_def)()
     out.CopyFrom(graph_def)
-    writes = {node.name for node in out.node if WRITE_OPS.match(node.op)}
+    writing = _writing_functions(out)
+    writes = {node.name for node in out.node if WRITE_OPS.match(node.op) or _called(node) & writing}
     if not writes or any(node.name == BARRIER for node in out.node):
         return out, 0
     after = _downstream(out, writes)
