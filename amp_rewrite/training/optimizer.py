@@ -55,7 +55,6 @@ __all__ = [
     "LossScaleOptimizerV1",
     "ScaledGradientsError",
     "graph_rewrite_options",
-    "loss_scale_nodes",
 ]
 
 log = logging.getLogger(__name__)
@@ -72,7 +71,7 @@ _graph_options: "weakref.WeakKeyDictionary[Any, dict[str, Any]]" = weakref.WeakK
 # the scale, and the read of the scale it was multiplied by).  apply_gradients walks a
 # gradient's inputs back to them (_gradient_origin), so gradients clipped or averaged after
 # compute_gradients still count as the optimizer's; the rewrite keeps them float32
-# (loss_scale_nodes).  Weak, as _graph_options.
+# (their ops are under loss_scale.SCOPE).  Weak, as _graph_options.
 _UNSCALED, _SCALED_LOSS = "unscaled", "scaled_loss"
 _marks: "weakref.WeakKeyDictionary[Any, dict[str, str]]" = weakref.WeakKeyDictionary()
 
@@ -161,34 +160,6 @@ def _gradient_origin(grad: Any, scale_variables: list[Any]) -> str:
         if origin in found:
             return "scaled" if origin == _SCALED_LOSS else origin
     return "none"
-
-
-def loss_scale_nodes(graph: Any) -> set[str]:
-    """Names of the ops of ``graph`` that multiply a loss by the loss scale or divide a
-    gradient by it, made by a loss-scaled optimizer (``compute_gradients``,
-    ``get_scaled_loss``, ``get_unscaled_gradients``).  Pure.
-
-    The rewrite must keep them float32 (``keep_float32``): the division is an infer-list op
-    fed by a gradient that is float16 once rewritten, and converted with it the scale (2**15,
-    doubled as steps stay finite) is cast to float16, whose largest value is 65504.  From
-    2**16 on it is ``inf``, every gradient divides to 0, the finite check passes and no weight
-    ever moves again; below that, small unscaled gradients flush to zero.  (TensorFlow's own
-    ``GATE_OP`` grouping happens to keep the division float32; ``tf.gradients`` with
-    ``get_unscaled_gradients``, or ``gate_gradients=GATE_NONE``, does not.)
-    """
-    names = set()
-    for tensor_name in _marks.get(graph, {}):
-        op_name = tensor_name.rsplit(":", 1)[0]
-        try:
-            op = graph.get_operation_by_name(op_name)
-        except KeyError:  # pragma: no cover - marks only name ops of this graph
-            continue
-        # unscale() casts a gradient that is float16 at build time back after dividing in
-        # float32: the division is then float32 already, and the Cast is not the rewrite's.
-        # The marked read of the scale variable is float32 whatever the rewrite does.
-        if op.type not in ("Cast", "ReadVariableOp"):
-            names.add(op_name)
-    return names
 
 
 def graph_rewrite_options(graph: Any) -> dict[str, Any] | None:

@@ -44,7 +44,7 @@ from ._common import (
     warn_if_float16_without_loss_scaling,
     without_training_options,
 )
-from .optimizer import graph_rewrite_options, loss_scale_nodes
+from .optimizer import graph_rewrite_options
 
 __all__ = ["rewrite_graph", "rewrite_graph_with_result", "graph_options", "Session"]
 
@@ -83,9 +83,9 @@ def rewrite_graph_with_result(
     (``.report`` says what was converted, or in ``skipped`` why nothing was).
 
     Logs one INFO line per graph with what was converted, or one WARNING with the reason when
-    nothing was (the graph would train in float32).  The ops that apply the loss scale
-    (:func:`~amp_rewrite.training.optimizer.loss_scale_nodes`) are kept float32, besides any
-    ``keep_float32`` given.
+    nothing was (the graph would train in float32).  The ops that apply the loss scale stay
+    float32 (:func:`amp_rewrite.rewrite_graph_def` keeps what is under
+    :data:`amp_rewrite.training.loss_scale.SCOPE`).
     """
     options, fetches = graph_options(graph, rewrite_options, fetches)
     mark_graph_rewritten(graph)
@@ -93,11 +93,6 @@ def rewrite_graph_with_result(
     with graph.as_default():  # TensorFlow exports meta graphs only in graph mode
         meta = tf.compat.v1.train.export_meta_graph(graph=graph, clear_devices=False)
     options = without_training_options(options, "a TF1 graph")
-    # The loss-scale multiply and unscale divisions stay float32 (loss_scale_nodes says why;
-    # rewrite_graph_def keeps those under loss_scale.SCOPE too).
-    keep = loss_scale_nodes(graph)
-    if keep:
-        options["keep_float32"] = sorted(keep | set(options.get("keep_float32") or ()))
     result = rewrite_graph_def(meta.graph_def, fetches=fetches, **options)
     meta.graph_def.CopyFrom(result.graph_def)
     _drop_dangling_collection_entries(meta)
