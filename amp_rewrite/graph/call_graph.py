@@ -13,8 +13,10 @@ from typing import Any
 from ..errors import InvalidGraphError
 
 
-def _called_functions(node_defs: Any, library: set[str]) -> set[str]:
-    called = set()
+def called_functions(node_defs: Any, library: set[str]) -> set[str]:
+    """The functions of ``library`` (names) that ``node_defs`` call: as their op, or through a
+    function attribute (``If``'s branches, ``While``'s body, a call's ``f``).  Pure."""
+    called: set[str] = set()
     if not library:
         return called
     for nd in node_defs:
@@ -39,7 +41,7 @@ def _calls_closure(graph_def: Any, start: set[str]) -> set[str]:
     seen = set(todo)
     while todo:
         fdef = by_name[todo.pop()]
-        for callee in _called_functions(fdef.node_def, names) - seen:
+        for callee in called_functions(fdef.node_def, names) - seen:
             seen.add(callee)
             todo.append(callee)
     return seen
@@ -66,7 +68,7 @@ def check_call_graph(graph_def: Any) -> None:
     if not fdefs:
         return
     names = {f.signature.name for f in fdefs}
-    callees = {f.signature.name: _called_functions(f.node_def, names) for f in fdefs}
+    callees = {f.signature.name: called_functions(f.node_def, names) for f in fdefs}
     # Longest chain of calls below each function, computed from the callees up: a function is
     # done once everything it calls is.
     pending = {name: len(callees[name]) for name in names}
@@ -106,7 +108,7 @@ def reachable_functions(graph_def: Any) -> set[str]:
     bodies, If branches, PartitionedCall targets).  Grappler optimizes exactly these.
     """
     names = {f.signature.name for f in graph_def.library.function}
-    return _calls_closure(graph_def, _called_functions(graph_def.node, names))
+    return _calls_closure(graph_def, called_functions(graph_def.node, names))
 
 
 #: Ops whose ``cond``/``body`` functions run once per iteration.
@@ -120,4 +122,4 @@ def loop_functions(graph_def: Any) -> set[str]:
     loops = [nd for nd in graph_def.node if nd.op in _LOOP_OPS]
     for fdef in graph_def.library.function:
         loops.extend(nd for nd in fdef.node_def if nd.op in _LOOP_OPS)
-    return _calls_closure(graph_def, _called_functions(loops, names))
+    return _calls_closure(graph_def, called_functions(loops, names))

@@ -19,7 +19,7 @@ from __future__ import annotations
 from .call_graph import (  # noqa: F401
     _LOOP_OPS,
     MAX_CALL_DEPTH,
-    _called_functions,
+    called_functions,
     _calls_closure,
     check_call_graph,
     loop_functions,
@@ -58,6 +58,7 @@ __all__ = [
     "import_graph_def",
     "export_graph_def",
     "reachable_functions",
+    "called_functions",
     "check_call_graph",
     "check_binary_readable",
     "MAX_CALL_DEPTH",

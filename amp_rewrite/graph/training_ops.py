@@ -11,9 +11,10 @@ Reads graphs only; knows nothing of who built them but the names they leave.
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
-__all__ = ["LOSS_SCALE_SCOPE", "WRITE_OPS", "loss_scale_scope_nodes", "updates_from_gradients", "scales_loss"]
+__all__ = ["LOSS_SCALE_SCOPE", "WRITE_OPS", "float16_training_unscaled", "loss_scale_scope_nodes",
+           "updates_from_gradients", "scales_loss"]
 
 #: The name scope of the ops that apply a loss scale to a loss or a gradient (amp_rewrite's
 #: loss-scaled optimizers build them under it: ``amp_rewrite.training.loss_scale``).  Every
@@ -77,3 +78,11 @@ def scales_loss(graph_def: Any, variable_names: Iterable[str] = ()) -> bool:
         if _LOSS_SCALE.search(shared.decode("utf-8", "replace")):
             return True
     return False
+
+
+def float16_training_unscaled(report: Mapping[str, Any], graph_def: Any, variable_names: Iterable[str] = ()) -> bool:
+    """Whether ``graph_def`` trains (:func:`updates_from_gradients`) in float16 -- its rewrite's
+    ``report`` converted something to it -- with nothing that scales the loss
+    (:func:`scales_loss`).  Pure."""
+    return (report.get("precision") == "float16" and bool(report.get("converted_nodes"))
+            and updates_from_gradients(graph_def) and not scales_loss(graph_def, variable_names))

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from ..api import Precision, RewriteResult, resolve_lists, resolve_target, rewrite_graph_def
 from ..errors import AmpRewriteError
 from ..graph.tensor_names import parse_graph_input
-from ..graph.training_ops import scales_loss, updates_from_gradients
+from ..graph.training_ops import float16_training_unscaled
 from ..plan.targets import Target
 from ..progress import Progress
 from .formats import ModelFile
@@ -196,9 +196,7 @@ def _warn_if_training_without_loss_scaling(label: str, graph_def: Any, report: M
     variables from gradients, as an exported TF1 training graph does -- and the rewrite put it
     in float16 without anything scaling its loss: trained so, gradients below float16's
     smallest value become 0.  Pure but for the log."""
-    if report.get("precision") != "float16" or not report.get("converted_nodes"):
-        return
-    if not updates_from_gradients(graph_def) or scales_loss(graph_def):
+    if not float16_training_unscaled(report, graph_def):
         return
     log.warning("amp_rewrite: %s trains (it updates variables from gradients) and was rewritten to float16 without "
                 "loss scaling: gradients smaller than float16's smallest value (6e-8) become 0 when it trains; "

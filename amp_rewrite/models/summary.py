@@ -87,11 +87,11 @@ def _scope_counts(before: Any, result: RewriteResult, main_nodes: Iterable[str],
 
 def _reach(graph_def: Any, roots: Iterable[str]) -> tuple[set[str], set[str]]:
     """The main-graph nodes ``roots`` depend on and the library functions those call."""
-    from ..graph.io import _called_functions, _calls_closure
+    from ..graph.io import _calls_closure, called_functions
 
     closure = _closure(graph_def, roots)
     library = {f.signature.name for f in graph_def.library.function}
-    called = _called_functions((nd for nd in graph_def.node if nd.name in closure), library)
+    called = called_functions((nd for nd in graph_def.node if nd.name in closure), library)
     return closure, _calls_closure(graph_def, called)
 
 

@@ -366,11 +366,9 @@ def warn_if_float16_without_loss_scaling(owner: object, label: str, report: Mapp
     (``report`` converted something to it) and nothing in it scales the loss (nor among
     ``variable_names``, the variables a traced step captured); ``hint`` says what to do
     instead.  Returns whether it warned (or had warned before).  Pure but for the log."""
-    from ..graph.training_ops import scales_loss, updates_from_gradients
+    from ..graph.training_ops import float16_training_unscaled
 
-    if report.get("precision") != "float16" or not report.get("converted_nodes"):
-        return False
-    if not updates_from_gradients(graph_def) or scales_loss(graph_def, variable_names):
+    if not float16_training_unscaled(report, graph_def, variable_names):
         return False
     warn_once(owner, "float16-without-loss-scaling", (
         f"amp_rewrite: {label} trains in float16 without loss scaling: gradients smaller than float16's "

@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from ..graph.training_ops import LOSS_SCALE_SCOPE, loss_scale_scope_nodes
+from ..graph.training_ops import LOSS_SCALE_SCOPE
 
 __all__ = [
     "LossScale",
@@ -44,7 +44,6 @@ __all__ = [
     "unscale",
     "next_state",
     "SCOPE",
-    "scope_nodes",
 ]
 
 log = logging.getLogger(__name__)
@@ -212,11 +211,6 @@ def all_finite(grads: Iterable[Any]) -> Any:
 #: (:func:`unscale`, the optimizers' loss multiply); every rewrite keeps what is under it
 #: float32 (:data:`amp_rewrite.graph.training_ops.LOSS_SCALE_SCOPE` says why).
 SCOPE = LOSS_SCALE_SCOPE
-
-
-def scope_nodes(graph_def: Any) -> set[str]:
-    """Names of the nodes under :data:`SCOPE` in ``graph_def`` and its functions.  Pure."""
-    return loss_scale_scope_nodes(graph_def)
 
 
 def unscale(grad: Any, scale: Any) -> Any:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..graph.io import called_functions
 from ..graph.tensor_names import node_name
 from ..graph.training_ops import WRITE_OPS
 
@@ -48,19 +49,11 @@ def _downstream(graph_def: Any, roots: set[str]) -> set[str]:
     return seen
 
 
-def _called(node: Any) -> set[str]:
-    """The functions ``node`` (a NodeDef) calls through its attributes (``If``'s branches,
-    ``While``'s body, a call's ``f``).  Pure."""
-    names = {value.func.name for value in node.attr.values() if value.HasField("func")}
-    names |= {f.name for value in node.attr.values() if value.HasField("list") for f in value.list.func}
-    return names - {""}
-
-
 def _writing_functions(graph_def: Any) -> set[str]:
     """The functions of ``graph_def``'s library that write a variable, themselves or through a
     function they call.  Pure."""
     library = {f.signature.name: f for f in graph_def.library.function}
-    calls = {name: set().union(*(_called(n) for n in f.node_def)) & library.keys() for name, f in library.items()}
+    calls = {name: called_functions(f.node_def, set(library)) for name, f in library.items()}
     writing = {name for name, f in library.items() if any(WRITE_OPS.match(n.op) for n in f.node_def)}
     grew = True
     while grew:
@@ -85,7 +78,7 @@ def updates_after_inputs(graph_def: Any) -> tuple[Any, int]:
     out = type(graph_def)()
     out.CopyFrom(graph_def)
     writing = _writing_functions(out)
-    writes = {node.name for node in out.node if WRITE_OPS.match(node.op) or _called(node) & writing}
+    writes = {node.name for node in out.node if WRITE_OPS.match(node.op) or called_functions([node], writing)}
     if not writes or any(node.name == BARRIER for node in out.node):
         return out, 0
     after = _downstream(out, writes)
