@@ -28,12 +28,14 @@ import networkx as nx
 from .plan.painter import DecideOptions, Painting, Placement, Plan
 from .errors import AmpRewriteError, InvalidGraphError, ListError, RewriteError, TargetError
 from .plan.exclude import NameMatcher, warn_unmatched
-from .graph.io import export_graph_def, import_graph_def, loop_functions, parse_graph_def, reachable_functions
+from .graph.io import (export_graph_def, functions_named_outside, import_graph_def, loop_functions, parse_graph_def,
+                       reachable_functions)
 from .plan.preserve import excluded_nodes, preserved_nodes
 from .plan.normalization import find_normalizations
 from .plan.lists import PLANNERS, ListContext, ListEdit, OpLists, edits_from_environ, load_lists, tf_major_minor
 from .graph.op_registry import OpRegistry, default_registry
 from .report.build import build_report
+from .loop_hoist import HoistedCast, hoist_loop_invariant_casts, loop_invariant_tensors
 from .rewrite import RewriteStats, apply_plan
 from .rewrite_check import TypeCheckFailed, check_rewritten
 from .step_check import checked_plan, device_costs
@@ -552,10 +554,13 @@ def _rewrite_graph_def(
     plans: dict[str, Plan] = {}
     stats: dict[str, RewriteStats] = {}
     timings["import"] += clock() - t0 - timings.get("price", 0.0)
+    if optimal and op_lists.hoist_loop_casts and not tensorflow_bugs:
+        _mark_loop_invariants(imported)
     stage = _Stage(op_lists, tgt, precision, registry, _placement(chosen_planner), not tensorflow_bugs, timings)
     plans[""], stats[""] = stage.run(g, options)
     skipped_functions = _rewrite_functions(imported, stage, options, excluder, scope_keep, excluded_counts,
                                            plans, stats, kept)
+    hoisted = _hoist(imported, op_lists, tensorflow_bugs, timings)
     step_estimates = None
     if pricing is not None:
         t_price = clock()
@@ -569,6 +574,8 @@ def _rewrite_graph_def(
         skipped_functions=skipped_functions,
     )
     report["precision_reason"] = precision_reason
+    if hoisted:
+        report["hoisted_casts"] = [h.as_dict() for h in hoisted]
     if excluder:
         report["excluded"] = excluded_counts
     # Free the IR now, by reference counting.  networkx graphs cache their views (g.nodes,
@@ -581,6 +588,31 @@ def _rewrite_graph_def(
     _log_outcome(report, precision, precision_reason, tgt, op_lists)
     converted = {name: frozenset(n for n, _ in s.converted) for name, s in stats.items()}
     return RewriteResult(out, report, plans, timings, converted, step_estimates)
+
+
+def _mark_loop_invariants(imported: Any) -> None:
+    """Tell the cost-aware planner which tensors of each loop body the rewrite will cast once,
+    before the loop (:func:`~amp_rewrite.loop_hoist.loop_invariant_tensors`, as each body's
+    ``loop_invariant`` graph attribute).  **Mutates** the bodies' graph attributes."""
+    invariants = loop_invariant_tensors(
+        imported.graph, imported.functions,
+        called_elsewhere=functions_named_outside(imported.source, set(imported.functions)))
+    for fname, tensors in invariants.items():
+        imported.functions[fname].graph["loop_invariant"] = tensors
+
+
+def _hoist(imported: Any, op_lists: OpLists, tensorflow_bugs: bool, timings: dict[str, float]) -> list[HoistedCast]:
+    """Hoist the rewrite's loop-invariant Casts out of loop bodies where the profile asks for it
+    (its ``[loops]`` table) and TensorFlow's own graph was not asked for (``tensorflow_bugs``),
+    adding the time to ``timings["rewrite"]``.  **Mutates** ``imported``'s IR."""
+    if not op_lists.hoist_loop_casts or tensorflow_bugs:
+        return []
+    t0 = time.perf_counter()
+    hoisted = hoist_loop_invariant_casts(
+        imported.graph, imported.functions,
+        called_elsewhere=functions_named_outside(imported.source, set(imported.functions)))
+    timings["rewrite"] += time.perf_counter() - t0
+    return hoisted
 
 
 class _StepPricing:
@@ -886,10 +918,12 @@ def _log_outcome(report: Mapping[str, Any], precision: str, precision_reason: st
     if report["skipped"]:
         log.info("amp_rewrite: graph unchanged: %s", report["skipped"])
     else:
+        hoisted = len(report.get("hoisted_casts", ()))
         log.info(
-            "amp_rewrite: converted %d of %d nodes to %s using %d cast(s) to %s and %d to float32 "
+            "amp_rewrite: converted %d of %d nodes to %s using %d cast(s) to %s and %d to float32%s "
             "(target %s, lists %s; %s: %s)",
             report["converted_nodes"], report["total_nodes"], precision, report["casts_to_low"],
-            precision, report["casts_to_high"], tgt.description, op_lists.profile, precision,
-            precision_reason,
+            precision, report["casts_to_high"],
+            f", {hoisted} of them hoisted out of loop bodies" if hoisted else "",
+            tgt.description, op_lists.profile, precision, precision_reason,
         )

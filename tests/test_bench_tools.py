@@ -467,3 +467,21 @@ def test_redo_numerics_replaces_a_columns_casts_and_errors_and_drops_its_step_ti
     assert g["rel_error_batches"]["ours_fp16"] == redone["every"]
     assert g["rel_error"]["ours_fp16"] == pytest.approx(float(np.median(redone["every"])))
     assert g["nonfinite_batches"]["ours_fp16"] == 0
+
+
+def test_the_loop_hoist_bench_runs_in_its_reduced_form(tmp_path):
+    """bench/loop_hoist.py --small: every variant runs, the hoisted and unhoisted decoders
+    compute bitwise the same tokens, the hoisted graphs keep fewer Casts in their loops, and
+    the tables are written."""
+    import loop_hoist
+
+    results = loop_hoist.run(rounds=1, calls=1, small=True)
+    assert set(results) == {"lstm-train", "decode-b1", "decode-b8"}
+    for name, r in results.items():
+        assert set(r["ms"]) == set(loop_hoist.VARIANTS)
+        left = r["casts_left_in_forward_bodies"]
+        assert r["casts_hoisted"] > 0 and left["hoisted"] < left["unhoisted"], name
+        if name.startswith("decode"):
+            assert r["decoded_tokens_bitwise_equal"] is True
+    loop_hoist.write(results, str(tmp_path), type("Args", (), {"rounds": 1, "calls": 1})())
+    assert "hoisted/unhoisted" in (tmp_path / "results.md").read_text()

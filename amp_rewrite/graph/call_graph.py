@@ -8,7 +8,7 @@ messages only.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Collection
 
 from ..errors import InvalidGraphError
 
@@ -109,6 +109,21 @@ def reachable_functions(graph_def: Any) -> set[str]:
     """
     names = {f.signature.name for f in graph_def.library.function}
     return _calls_closure(graph_def, called_functions(graph_def.node, names))
+
+
+def functions_named_outside(graph_def: Any, graphs: Collection[str]) -> set[str]:
+    """The library functions that something besides ``graphs`` (names of functions whose IR
+    the caller holds, and the main graph) refers to: called by a library function not among
+    them, or named by the library's gradient table.  Their signatures are not the caller's to
+    change.  Pure."""
+    names = {f.signature.name for f in graph_def.library.function}
+    named: set[str] = set()
+    for fdef in graph_def.library.function:
+        if fdef.signature.name not in graphs:
+            named |= called_functions(fdef.node_def, names)
+    for grad in graph_def.library.gradient:
+        named.update((grad.function_name, grad.gradient_func))
+    return named
 
 
 #: Ops whose ``cond``/``body`` functions run once per iteration.

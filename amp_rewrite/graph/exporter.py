@@ -125,9 +125,42 @@ def _apply_changes(
         dtypes = data["dtypes"]
         for attr in sorted(changed):
             _set_type_attr(attr_map, attr, dtypes[attr])
+    appended = data.get("appended_output_shapes")
+    if appended:
+        _append_output_shapes(nd, appended)
     if data.get("inputs_changed"):
         del nd.input[:]
         nd.input.extend(_inputs_from(g, name, pred, registry))
+
+
+def _append_output_shapes(nd: Any, appended: list[int | tuple[int | None, ...] | None]) -> None:
+    """Give loop ``nd`` (a copy of a ``While``'s NodeDef whose ``T`` has grown by
+    ``len(appended)``) an ``output_shapes`` entry per new loop variable: a copy of loop
+    variable ``i``'s for an int ``i``, a shape (dims, ``None`` unknown), or an unknown shape
+    for ``None``.  A loop without ``output_shapes`` (or with one that does not match its old
+    ``T``) is left without them.  Mutates ``nd`` only."""
+    if "output_shapes" not in nd.attr:
+        return
+    shapes = nd.attr["output_shapes"].list.shape
+    if len(shapes) != len(nd.attr["T"].list.type) - len(appended):
+        return
+    for source in appended:
+        new = shapes.add()
+        if isinstance(source, int):
+            new.CopyFrom(shapes[source])
+        else:
+            _fill_shape(new, source)
+
+
+def _fill_shape(proto: Any, shape: tuple[int | None, ...] | None) -> None:
+    """Write ``shape`` (dims, ``None`` for an unknown one; ``None``: unknown rank) into the
+    empty TensorShapeProto ``proto``.  Mutates ``proto``."""
+    if shape is None:
+        proto.unknown_rank = True
+        return
+    proto.SetInParent()  # a scalar has a shape with no dims, not an unknown one
+    for d in shape:
+        proto.dim.add().size = -1 if d is None else d
 
 
 def _export_nodes(g: nx.MultiDiGraph, registry: OpRegistry, container: Any) -> None:
@@ -203,11 +236,40 @@ def _export_function(fg: nx.MultiDiGraph, registry: OpRegistry) -> Any:
     fdef.CopyFrom(source)
     del fdef.node_def[:]
     _export_nodes(fg, registry, fdef.node_def)
+    _append_arguments(fg, fdef)
     for name, data in fg.nodes(data=True):
         if data["synthetic"] == "retval":
             (text,) = _node_inputs(fg, name, registry)
             fdef.ret[data["ret_key"]] = text
     return fdef
+
+
+def _append_arguments(fg: nx.MultiDiGraph, fdef: Any) -> None:
+    """Append to ``fdef``'s signature the arguments and results ``fg`` has beyond it (the
+    loop variables :mod:`amp_rewrite.loop_hoist` adds), in index order: an argument is named
+    after its node, a result after its ``ret_key``, each of its fixed type.  Mutates ``fdef``."""
+    sig = fdef.signature
+    args = sorted((d["ints"]["index"], n, d) for n, d in fg.nodes(data=True) if d["synthetic"])
+    for index, name, data in args:
+        if data["synthetic"] == "arg" and index >= len(sig.input_arg):
+            _declare_shape(fdef, index, data.get("arg_shape"))
+            sig.input_arg.add(name=name, type=data["dtypes"]["T"])
+        elif data["synthetic"] == "retval" and index >= len(sig.output_arg):
+            sig.output_arg.add(name=data["ret_key"], type=data["dtypes"]["T"])
+
+
+def _declare_shape(fdef: Any, index: int, shape: int | tuple[int | None, ...] | None) -> None:
+    """Declare argument ``index``'s shape as TensorFlow's function builders do (its
+    ``arg_attr`` ``_output_shapes``): a copy of argument ``i``'s for an int ``i`` (nothing
+    where it declares none), a shape, or nothing for ``None``.  Mutates ``fdef``."""
+    if shape is None:
+        return
+    if isinstance(shape, int):
+        if shape not in fdef.arg_attr or "_output_shapes" not in fdef.arg_attr[shape].attr:
+            return
+        fdef.arg_attr[index].attr["_output_shapes"].CopyFrom(fdef.arg_attr[shape].attr["_output_shapes"])
+        return
+    _fill_shape(fdef.arg_attr[index].attr["_output_shapes"].list.shape.add(), shape)
 
 
 def export_graph_def(imported: ImportedGraph, registry: OpRegistry) -> Any:

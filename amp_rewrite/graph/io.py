@@ -22,6 +22,7 @@ from .call_graph import (  # noqa: F401
     called_functions,
     _calls_closure,
     check_call_graph,
+    functions_named_outside,
     loop_functions,
     reachable_functions,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "reachable_functions",
     "called_functions",
     "check_call_graph",
+    "functions_named_outside",
     "check_binary_readable",
     "MAX_CALL_DEPTH",
 ]

@@ -49,6 +49,8 @@ __all__ = [
     "add_node",
     "add_new_node",
     "add_data_edge",
+    "function_args",
+    "passed_through",
 ]
 
 
@@ -261,3 +263,21 @@ def iter_data_edges(g: nx.MultiDiGraph) -> Iterator[tuple[str, str, int, int]]:
     for u, v, d in g.edges(data=True):
         if d["dst_port"] != CONTROL:
             yield u, v, d["src_port"], d["dst_port"]
+
+
+def function_args(fg: nx.MultiDiGraph, kind: str = "arg") -> dict[int, str]:
+    """The argument (``kind="arg"``) or result (``"retval"``) nodes of function body ``fg``,
+    by index.  Reads ``fg`` only."""
+    return {d["ints"]["index"]: n for n, d in fg.nodes(data=True) if d["synthetic"] == kind}
+
+
+def passed_through(fg: nx.MultiDiGraph) -> set[int]:
+    """Indices ``i`` where function body ``fg`` returns its argument ``i`` unchanged as its
+    result ``i``: as a loop body, loop variable ``i`` is the same in every iteration.  Reads
+    ``fg`` only."""
+    args = function_args(fg, "arg")
+    same = set()
+    for i, ret in function_args(fg, "retval").items():
+        if i in args and data_inputs(fg, ret) == [(args[i], 0)]:
+            same.add(i)
+    return same

@@ -453,15 +453,21 @@ _LOOPS = frozenset({"While", "StatelessWhile", "_While"})
 
 
 def call_arguments(caller: Any, shapes: Mapping[str, tuple[Shape, ...]], variables: Mapping[str, Shape],
-                   functions: Collection[str]) -> dict[str, list[CallArguments | None]]:
+                   functions: Collection[str],
+                   loop_invariant: Callable[[str], Collection[int]] | None = None,
+                   ) -> dict[str, list[CallArguments | None]]:
     """The arguments each call in the imported graph ``caller`` (a networkx graph of
     :mod:`amp_rewrite.graph.ir`) passes to a function of ``functions``: per call, the shape
     of every argument (from ``shapes``, the caller's) and, where the argument is a resource
     placeholder or argument with a variable of known shape (``variables``: its name -> the
     value's shape), that shape.  Calls are the conditionals and function-call ops of
-    ``_CALL_OFFSET`` and ops named after a function.  Any other reference to a function (a
-    loop's body or condition, a dataset op's function) is a call whose arguments are unknown:
-    ``None``, which :func:`merge_call_arguments` lets no shape through.  Pure."""
+    ``_CALL_OFFSET`` and ops named after a function.  A loop's body and condition learn, where
+    ``loop_invariant`` (body name -> the loop variables it passes through unchanged) is given,
+    the variables behind the resources among those, and no shape (each iteration may change a
+    loop variable's shape; the body declares its own): the same variable in every iteration.
+    Any other reference to a function (a loop without such a variable, a dataset op's
+    function) is a call whose arguments are unknown: ``None``, which
+    :func:`merge_call_arguments` lets no shape through.  Pure."""
     from .ir import data_inputs
 
     out: dict[str, list[CallArguments | None]] = {}
@@ -480,9 +486,33 @@ def call_arguments(caller: Any, shapes: Mapping[str, tuple[Shape, ...]], variabl
             for src, port in data_inputs(caller, name)[_CALL_OFFSET.get(op, 0):]:
                 outs = shapes.get(src)
                 args.append((outs[port] if outs is not None and port < len(outs) else None, variables.get(src)))
+        loop = _loop_arguments(caller, name, node, variables, loop_invariant) if op in _LOOPS else None
         for f in sorted(referenced):
+            if loop is not None and f in loop[0]:
+                out.setdefault(f, []).append(loop[1])
+                continue
             out.setdefault(f, []).append(args if positional and (op in _CALL_OFFSET or op == f) else None)
     return out
+
+
+def _loop_arguments(caller: Any, name: str, node: Mapping[str, Any], variables: Mapping[str, Shape],
+                    loop_invariant: Callable[[str], Collection[int]] | None,
+                    ) -> tuple[tuple[str, str], CallArguments] | None:
+    """``((body, cond), arguments)`` of loop ``name`` of ``caller``: no shapes, and the variable
+    shapes (``variables``) behind the resources the body passes through unchanged; ``None``
+    when it has none of those (or no ``loop_invariant``).  Pure."""
+    from .ir import data_inputs
+
+    callees = dict(node.get("func_attrs") or ())
+    body, cond = callees.get("body"), callees.get("cond")
+    if loop_invariant is None or body is None or cond is None:
+        return None
+    through = loop_invariant(body)
+    args: CallArguments = [(None, variables.get(src) if i in through and port == 0 else None)
+                           for i, (src, port) in enumerate(data_inputs(caller, name))]
+    if all(v is None for _, v in args):
+        return None
+    return (body, cond), args
 
 
 def merge_call_arguments(calls: list[CallArguments | None], n_args: int) -> CallArguments | None:
@@ -524,6 +554,8 @@ def _with_call_shapes(fdef: Any, declared: list[Any] | None, call: CallArguments
     for i, (arg, (shape, _)) in enumerate(zip(fdef.signature.input_arg, call)):
         if shapes[i] is None and shape is not None and arg.type != types_pb2.DT_RESOURCE:
             shapes[i] = tf.TensorShape(list(shape))
+    if declared is None and all(shape is None for shape in shapes):
+        return None  # a call that says no shape (a loop's: only its variables) declares none
     return shapes
 
 
@@ -670,6 +702,11 @@ def assign_function_shapes(main: Any, functions: Mapping[str, Any], fdefs: Mappi
         # One entry per calling node and function, as call_arguments counts them in visit.
         return [f for f, entries in call_arguments(g, {}, {}, functions).items() for _ in entries]
 
+    from .ir import passed_through
+
+    def loop_invariant(body: str) -> set[int]:
+        return passed_through(functions[body]) if body in functions else set()
+
     reachable, todo = set(), callees(main)
     while todo:
         f = todo.pop()
@@ -683,7 +720,8 @@ def assign_function_shapes(main: Any, functions: Mapping[str, Any], fdefs: Mappi
     calls: dict[str, list[CallArguments | None]] = {f: [] for f in reachable}
 
     def visit(caller: Any, arg_variables: Mapping[str, Shape], ready: list[str]) -> None:
-        for f, entries in call_arguments(caller, caller.graph.get("shapes") or {}, arg_variables, reachable).items():
+        for f, entries in call_arguments(caller, caller.graph.get("shapes") or {}, arg_variables, reachable,
+                                         loop_invariant).items():
             calls[f].extend(entries)
             callers_left[f] -= len(entries)
             if callers_left[f] == 0:

@@ -43,6 +43,12 @@ Profile schema (version 1)
                                        # the last layer of the chain (or a user file) with it
                                        # wins
 
+    [loops]                            # optional: whether the rewrite hoists the Casts it
+    hoist_invariant_casts = true       # puts in a loop body out of the loop where what they
+    reason = "one-line reason"         # cast is the same every iteration (loop_hoist.py);
+                                       # both keys required; the last layer with it wins;
+                                       # without one (tensorflow): not hoisted
+
     [float16.bounded]                  # optional: a deny-list op inferred where its input 0
     Exp = { input_max = 0.0, reason = "..." }    # is proven at most input_max
                                        # (amp_rewrite.plan.ranges); -inf turns an entry off,

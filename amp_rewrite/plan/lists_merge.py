@@ -145,8 +145,8 @@ def _op_lists(
     level: str = "DEFAULT",
     edited: frozenset[str] = frozenset(),
 ) -> OpLists:
-    """The immutable :class:`OpLists` of the final ``lists``; the planner and the
-    normalization policy (for ``context``'s precision and backend) are those of the last layer
+    """The immutable :class:`OpLists` of the final ``lists``; the planner, the loop policy and
+    the normalization policy (for ``context``'s precision and backend) are those of the last layer
     that sets each (``"greedy"`` and ``"float32"`` when none does).  An ``identity`` or
     ``bounded`` entry counts for the backends it names only.  A ``bounded`` or ``identity`` entry is
     the last layer's for its op, and is dropped where a later statement about the op overrides
@@ -159,6 +159,7 @@ def _op_lists(
     precision = context.precision
     apply, why = next(((layer.normalization.apply, layer.normalization.reason) for layer in reversed(layers)
                        if layer.normalization and layer.normalization.applies(context)), ("float32", ""))
+    hoist, hoist_why = next((layer.loops for layer in reversed(layers) if layer.loops), (False, ""))
     bounded: dict[str, tuple[float, str]] = {}
     identity: dict[str, str] = {}
     if level != "TREAT_INFER_AS_DENY":
@@ -192,6 +193,8 @@ def _op_lists(
         planner=next((layer.planner for layer in reversed(layers) if layer.planner), "greedy"),
         normalization_apply=apply,
         normalization_reason=why,
+        hoist_loop_casts=hoist,
+        hoist_loop_casts_reason=hoist_why,
         bounded=MappingProxyType(bounded),
         identity=MappingProxyType(identity),
         float32_inputs=MappingProxyType(float32_inputs),

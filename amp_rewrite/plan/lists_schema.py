@@ -25,7 +25,8 @@ from .lists_types import (_OP_NAME, BACKENDS, CATEGORIES, IDENTITY_REDUCTIONS, N
 
 _SCHEMA_VERSION = 1
 _TOP_KEYS = frozenset({"schema_version", "name", "description", "source", "extends", "planner",
-                       "normalization", "tf_version", "versions", *PRECISIONS})
+                       "normalization", "loops", "tf_version", "versions", *PRECISIONS})
+_LOOPS_KEYS = frozenset({"hoist_invariant_casts", "reason"})
 _NORMALIZATION_KEYS = frozenset({"apply", "reason", "precisions", "backends"})
 _VERSION_KEYS = frozenset({"note", *PRECISIONS})
 # A TensorFlow release as the lists are keyed: major.minor ("2.16"); the patch level never
@@ -116,6 +117,8 @@ class _Layer:
     planner: str | None = None
     # [normalization], or None.
     normalization: _Normalization | None = None
+    # [loops]: (hoist_invariant_casts, reason), or None.
+    loops: tuple[bool, str] | None = None
     # [<precision>.bounded]: precision -> op -> entry.
     bounded: dict[str, dict[str, _Bounded]] = field(default_factory=dict)
     # [<precision>.identity]: precision -> op -> entry.
@@ -259,6 +262,7 @@ def _parse_layer(data: dict[str, Any], label: str, location: str, base_dir: Trav
         raise ListError(f"'planner' must be one of {', '.join(PLANNERS)}, got {data['planner']!r}",
                         path=location)
     normalization = _parse_normalization(data.get("normalization"), location)
+    loops = _parse_loops(data.get("loops"), location)
     entries, removes = _parse_tables(data, "", label, location)
     bounded = _parse_bounded(data, location)
     identity = _parse_identity(data, location)
@@ -278,12 +282,32 @@ def _parse_layer(data: dict[str, Any], label: str, location: str, base_dir: Trav
         removes=removes,
         planner=data.get("planner"),
         normalization=normalization,
+        loops=loops,
         bounded=bounded,
         identity=identity,
         float32_inputs=float32_inputs,
         tf_version=tf_version,
         versions=versions,
     )
+
+
+def _parse_loops(table: Any, location: str) -> tuple[bool, str] | None:
+    """The ``[loops]`` table (``hoist_invariant_casts``, a bool, and ``reason``, both
+    required), or ``None`` when the file has none.  Pure."""
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise ListError(f"[loops] must be a table, got {type(table).__name__}", path=location)
+    _check_keys(table, _LOOPS_KEYS, "[loops]", location)
+    hoist = table.get("hoist_invariant_casts")
+    if not isinstance(hoist, bool):
+        raise ListError(f"[loops].hoist_invariant_casts must be true or false, got {hoist!r}"
+                        + (" (missing)" if "hoist_invariant_casts" not in table else ""), path=location)
+    reason = table.get("reason")
+    if not isinstance(reason, str) or not reason.strip():
+        raise ListError(f"[loops].reason must be a non-empty string (every policy says why), got {reason!r}",
+                        path=location)
+    return hoist, reason
 
 
 def _parse_normalization(table: Any, location: str) -> _Normalization | None:

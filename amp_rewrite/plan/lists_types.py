@@ -127,6 +127,12 @@ class OpLists:
     normalization_apply: str = "float32"
     #: That layer's reason for it (empty when no layer sets it).
     normalization_reason: str = ""
+    #: Whether the rewrite hoists its loop-invariant Casts out of loop bodies
+    #: (:mod:`amp_rewrite.loop_hoist`); the last layer with a ``[loops]`` table wins, and
+    #: without one they stay where TensorFlow's pass puts them.
+    hoist_loop_casts: bool = False
+    #: That layer's reason for it (empty when no layer sets it).
+    hoist_loop_casts_reason: str = ""
     #: Deny-list ops that are inferred where their input is proven at most a limit
     #: (``[<precision>.bounded]``: op -> (input_max, reason)), e.g. ``Exp`` of a non-positive
     #: number cannot overflow float16.  Only ops on the final deny list are kept; empty under

@@ -383,6 +383,9 @@ def _tensors(p: PaintingState, freedom: _Freedom, pricing: _Pricing, consts: fro
     Pure."""
     free = freedom.free
     node_of = p.tg.node
+    # Tensors of a loop body that are the same every iteration: the rewrite makes their Casts
+    # once, before the loop (amp_rewrite.loop_hoist; api sets this where the profile hoists).
+    invariant = p.g.graph.get("loop_invariant") or frozenset()
     tensors = []
     cast_bytes = []
     for (src, sp), members in _tensor_members(p).items():
@@ -403,9 +406,10 @@ def _tensors(p: PaintingState, freedom: _Freedom, pricing: _Pricing, consts: fro
         if min_casts:
             # Bytes, plus one per Cast so that fewer Casts win a tie.
             cost = 1.0 + nbytes
-        elif src in consts:  # type: ignore[operator]
+        elif src in consts or (src, sp) in invariant:  # type: ignore[operator]
             # A Cast of a constant is folded by Grappler when the graph is loaded: it costs
             # nothing per step (weights of frozen graphs; variables are read every step).
+            # One of a loop-invariant tensor runs once per loop, not once per iteration.
             cost = _token_cost(c)
         else:
             cost = cast_cost(pricing.out_shape(src, sp), 2, c, compiled=compiled)

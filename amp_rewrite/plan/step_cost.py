@@ -386,6 +386,9 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
     fetches = g.graph.get("fetches")
     live = live_nodes(g, registry, fetches)
     results = frozenset(fetches or ())
+    # Tensors of a loop body the same every iteration, whose Casts the rewrite hoists before
+    # the loop (amp_rewrite.loop_hoist; set by api for a profile that hoists).
+    invariant = g.graph.get("loop_invariant") or frozenset()
     ns = {"dense": 0.0, "elementwise": 0.0, "cast": 0.0, "overhead": 0.0, "host": 0.0}
     kernels = low_nodes = casts = 0
     for name in order:
@@ -401,6 +404,8 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
         outs = list(shapes.get(name, ()))
         costs = costs_of(node.get("device", ""))
         kind = "cast" if is_cast else "dense" if op in DENSE_OPS else "elementwise"
+        if is_cast and invariant and node["proto"] is None and data_inputs(g, name)[0] in invariant:
+            continue  # made once per run of the loop, before it: not priced per iteration
         casts += kind == "cast"
         low_nodes += kind != "cast" and precision == "low"
         if kind == "cast" and not compiled:

@@ -391,6 +391,12 @@ def add_rewrite_listener(listener: Callable[[str, Mapping[str, Any]], None]) -> 
     return remove
 
 
+def _hoisted_clause(report: Mapping[str, Any]) -> str:
+    """", N of them hoisted out of loop bodies" where the rewrite hoisted Casts, else ""."""
+    hoisted = len(report.get("hoisted_casts", ()))
+    return f", {hoisted} of them hoisted out of loop bodies" if hoisted else ""
+
+
 def report_rewrite(owner: object, label: str, report: Mapping[str, Any], seconds: float, *,
                    unscaled: bool = False, scale_not_needed: bool = False) -> str:
     """Log the outcome of rewriting one training function; returns the summary line.
@@ -414,7 +420,8 @@ def report_rewrite(owner: object, label: str, report: Mapping[str, Any], seconds
         message = (
             f"amp_rewrite: {label}: converted {report['converted_nodes']} of "
             f"{report['total_nodes']} ops to {precision}, {report['casts_to_low']} cast(s) to "
-            f"{precision} and {report['casts_to_high']} to float32 (target {report.get('target')}; "
+            f"{precision} and {report['casts_to_high']} to float32{_hoisted_clause(report)} "
+            f"(target {report.get('target')}; "
             f"rewritten in {seconds:.2f} s)"
             f"{'; no loss scaling: bfloat16 has the range of float32' if scale_not_needed else ''}"
         )

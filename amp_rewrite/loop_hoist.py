@@ -1,0 +1,460 @@
+"""Hoist the rewrite's loop-invariant Casts out of loop bodies.
+
+A Cast the rewrite inserts in the body of a functional loop (``While``, ``StatelessWhile``)
+runs once per iteration.  Where what it casts is the same in every iteration, that is work
+done again for nothing, and often the largest part of the iteration: a recurrent layer or a
+decoding loop reads its weights inside the body (Keras's LSTM on a CPU, a ``tf.while_loop``
+that generates tokens), and casting a weight matrix reads four bytes and writes two per
+element, more memory traffic than the low-precision MatMul that then reads it.  TensorFlow's
+pass leaves these Casts in the body.
+
+A Cast is hoisted when its input is
+
+* a loop variable the body passes through unchanged (the body returns its argument ``i`` as
+  its result ``i``): the Cast then reads the loop's input ``i`` once, before the loop; or
+* a ``ReadVariableOp`` of such a loop variable holding a resource, when nothing in the loop
+  (its body and condition, and loops nested in them) writes through any resource the loop is
+  handed: a read before the loop gives the value every iteration would have read.  The read
+  made before the loop waits for what the loop waits for (the loop's control inputs), so a
+  write ordered before the loop stays before it.
+
+The cast value enters the loop as a new loop variable, appended after the others (so every
+existing output keeps its index), which the body passes through unchanged and which the
+condition ignores.  The Cast and, where nothing else reads it, the body's read are removed.
+Numerically nothing changes: the same Cast of the same value, made once.
+
+Only bodies and conditions that nothing else calls are changed (their signatures grow), and
+loops whose functions the library has gradients for, or that a function left out of the
+rewrite calls, are left alone.  Loops of TensorFlow 1 frames (``Enter``/``Exit``) are not
+touched.
+
+Part of the rewrite stage: imports only :mod:`amp_rewrite.graph` and the errors.  Each loop it
+changes is checked after (its types, its inputs and its functions' signatures one for one), and
+a mismatch is a :class:`~amp_rewrite.errors.RewriteError` before anything is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+import networkx as nx
+
+from .errors import RewriteError
+from .graph import dtypes as dt
+from .graph import ir
+from .graph.op_registry import ArgSpec, OpSignature
+from .graph.tensor_names import CONTROL
+
+__all__ = ["LOOP_OPS", "HoistedCast", "hoist_loop_invariant_casts", "loop_invariant_tensors"]
+
+log = logging.getLogger(__name__)
+
+#: The functional loops whose bodies this looks into.
+LOOP_OPS = frozenset({"While", "StatelessWhile"})
+
+#: The read this hoists: a variable's whole value.
+_READ = "ReadVariableOp"
+
+#: Ops that only read the resource they are handed (TensorFlow registers them as reading
+#: their variable, never assigning it): a loop whose resources reach nothing else writes none.
+_READS_ONLY = frozenset({"ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape",
+                         "VarIsInitializedOp"})
+
+#: More loop variables than one loop could be given (orders the nodes added before a loop).
+_MOST_HOISTED = 1 << 30
+
+#: Prefix of the loop variables this adds (TensorFlow wants ``[a-z][a-z0-9_]*`` arg names).
+_ARG_PREFIX = "amp_rewrite_hoisted_"
+
+
+@dataclass(frozen=True)
+class HoistedCast:
+    """One Cast moved out of a loop body: ``cast`` (removed from function ``body``) is now
+    ``outer_cast`` in ``graph`` (``""`` for the main graph, else a function's name), feeding
+    loop ``loop`` as its loop variable ``index``.  ``source`` says what it casts."""
+
+    graph: str
+    loop: str
+    body: str
+    cast: str
+    outer_cast: str
+    index: int
+    source: str
+
+    def as_dict(self) -> dict[str, object]:
+        """The report's entry (``hoisted_casts``)."""
+        return dataclasses.asdict(self)
+
+
+def loop_invariant_tensors(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph], *,
+                           called_elsewhere: Iterable[str] = ()) -> dict[str, frozenset[tuple[str, int]]]:
+    """Per loop body whose Casts :func:`hoist_loop_invariant_casts` may hoist, the tensors of it
+    (``(node, port)``) that are the same in every iteration: the arguments it passes through,
+    and its reads of the resources among them when the loop writes none.  A Cast of one of
+    them is made once per run of the loop, not once per iteration, so the cost-aware planner
+    prices it so (its graph's ``loop_invariant`` attribute, which ``api`` sets).  Only loops in
+    the main graph and in functions as given are looked at (not the loops a hoist leaves in an
+    enclosing body).  Pure."""
+    graphs: dict[str, nx.MultiDiGraph] = {"": main, **functions}
+    found: dict[str, frozenset[tuple[str, int]]] = {}
+    for _, _, body, cond in _hoistable_loops(graphs, functions, set(called_elsewhere)):
+        tensors = _invariant_tensors(functions[body], functions[cond], functions)
+        if tensors:
+            found[body] = frozenset(tensors)
+    return found
+
+
+def _hoistable_loops(graphs: Mapping[str, nx.MultiDiGraph], functions: Mapping[str, nx.MultiDiGraph],
+                     frozen: set[str]) -> Iterable[tuple[str, str, str, str]]:
+    """``(graph, loop, body, cond)`` for each functional loop of ``graphs`` whose body and
+    condition may change signature: both are rewritten functions, distinct, named by that loop
+    alone and by nothing outside (``frozen``).  Graphs callees first, loops by name.  Reads the
+    graphs as they are when each is reached (the caller may change them in between)."""
+    calls = _call_counts(graphs.values())
+    for gname in _callees_first(graphs):
+        g = graphs[gname]
+        for loop in sorted(n for n, d in g.nodes(data=True) if d["op"] in LOOP_OPS):
+            callees = dict(g._node[loop]["func_attrs"])
+            body, cond = callees.get("body"), callees.get("cond")
+            if body is None or cond is None or body == cond:
+                continue
+            if any(f not in functions or calls.get(f, 0) != 1 or f in frozen for f in (body, cond)):
+                continue
+            yield gname, loop, body, cond
+
+
+def hoist_loop_invariant_casts(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph], *,
+                               called_elsewhere: Iterable[str] = ()) -> list[HoistedCast]:
+    """Hoist the loop-invariant Casts the rewrite inserted (nodes with no ``proto`` whose op is
+    ``Cast``) out of every functional loop of ``main`` and of ``functions`` (the rewritten IR
+    of a GraphDef and its library).  ``called_elsewhere``: functions something outside this IR
+    calls or names (a function not rewritten, a gradient), whose signatures must not change.
+
+    Inner loops are done first, so a Cast hoisted out of an inner loop into its enclosing body
+    is hoisted again where that body's loop allows.  **Mutates** ``main`` and ``functions``
+    (and the shared ``signatures`` mapping of the graphs).  Returns what it moved, in order.
+    """
+    graphs: dict[str, nx.MultiDiGraph] = {"": main, **functions}
+    hoisted: list[HoistedCast] = []
+    for gname, loop, body, cond in _hoistable_loops(graphs, functions, set(called_elsewhere)):
+        hoisted += _hoist_loop(graphs[gname], gname, loop, functions[body], functions[cond], functions)
+    if hoisted:
+        log.debug("amp_rewrite: hoisted %d loop-invariant cast(s) out of loop bodies", len(hoisted))
+    return hoisted
+
+
+def _call_counts(graphs: Iterable[nx.MultiDiGraph]) -> dict[str, int]:
+    """How many nodes of ``graphs`` name each function (as their op or in a function
+    attribute).  Pure."""
+    counts: dict[str, int] = {}
+    for g in graphs:
+        signatures = g.graph["signatures"]
+        for _, data in g.nodes(data=True):
+            names = list(data["funcs"])
+            if data["op"] in signatures:
+                names.append(data["op"])
+            for name in names:
+                counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def _callees_first(graphs: Mapping[str, nx.MultiDiGraph]) -> list[str]:
+    """The names of ``graphs`` ordered so that a function comes before every graph calling
+    it (the library has no recursion: import refuses it), ties by name.  Pure."""
+    deps = nx.DiGraph()
+    deps.add_nodes_from(graphs)
+    for name, g in graphs.items():
+        signatures = g.graph["signatures"]
+        for _, data in g.nodes(data=True):
+            for callee in (*data["funcs"], *((data["op"],) if data["op"] in signatures else ())):
+                if callee in graphs and callee != name:
+                    deps.add_edge(callee, name)
+    return list(nx.lexicographical_topological_sort(deps))
+
+
+def _writes_no_resource(body: nx.MultiDiGraph, cond: nx.MultiDiGraph,
+                        functions: Mapping[str, nx.MultiDiGraph]) -> bool:
+    """Whether a loop with ``body`` and ``cond`` only reads the resources it is handed: every
+    consumer of a resource argument is an op that only reads it (:data:`_READS_ONLY`), the
+    body's own result passing it through, or a nested loop of which the same holds.  Anything
+    else (an assignment, a call, an op this does not know) counts as a write.  Pure."""
+    through = ir.passed_through(body)
+    for fg, own in ((body, through), (cond, set())):
+        for i, arg in ir.function_args(fg, "arg").items():
+            if fg._node[arg]["dtypes"]["T"] != dt.RESOURCE:
+                continue
+            if not _only_read(fg, arg, i, own, functions):
+                return False
+    return True
+
+
+def _only_read(fg: nx.MultiDiGraph, arg: str, index: int, through: set[int],
+               functions: Mapping[str, nx.MultiDiGraph]) -> bool:
+    """Whether every consumer of argument ``arg`` (number ``index``) of ``fg`` only reads it
+    (:func:`_writes_no_resource`).  Pure."""
+    for dst, keyed in fg._succ[arg].items():
+        data = fg._node[dst]
+        for edge in keyed.values():
+            port = edge["dst_port"]
+            if data["op"] in _READS_ONLY and port == 0:
+                continue
+            if data["synthetic"] == "retval" and data["ints"]["index"] == index and index in through:
+                continue
+            if data["op"] in LOOP_OPS and port != CONTROL:
+                callees = dict(data["func_attrs"])
+                inner = [functions.get(callees.get(k, "")) for k in ("body", "cond")]
+                if all(f is not None for f in inner) and _nested_only_reads(inner[0], inner[1], port, functions):
+                    continue
+            return False
+    return True
+
+
+def _nested_only_reads(body: nx.MultiDiGraph, cond: nx.MultiDiGraph, port: int,
+                       functions: Mapping[str, nx.MultiDiGraph]) -> bool:
+    """Whether a nested loop only reads the resource it is handed at ``port``.  Pure."""
+    through = ir.passed_through(body)
+    for fg, own in ((body, through), (cond, set())):
+        arg = ir.function_args(fg, "arg").get(port)
+        if arg is None or not _only_read(fg, arg, port, own, functions):
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """A Cast of a body that can be hoisted: ``cast`` reads loop variable ``index``, through
+    the body's ``read`` of it (a resource) or directly (``read`` is ``None``)."""
+
+    cast: str
+    index: int
+    read: str | None
+    src_dtype: int
+    dst_dtype: int
+
+
+def _invariant_tensors(body: nx.MultiDiGraph, cond: nx.MultiDiGraph,
+                       functions: Mapping[str, nx.MultiDiGraph]) -> dict[tuple[str, int], tuple[int, str | None]]:
+    """The tensors of ``body`` that are the same in every iteration, each with the loop
+    variable it comes from and the read it is (``None``: the argument itself): the arguments
+    the body passes through, and the ``ReadVariableOp`` reads of those holding a resource
+    when the loop writes through none of its resources (:func:`_writes_no_resource`).  Pure."""
+    args = ir.function_args(body, "arg")
+    through = ir.passed_through(body)
+    found: dict[tuple[str, int], tuple[int, str | None]] = {(args[i], 0): (i, None) for i in sorted(through)}
+    reads = []
+    for i in sorted(through):
+        if body._node[args[i]]["dtypes"]["T"] != dt.RESOURCE:
+            continue
+        for dst, keyed in body._succ[args[i]].items():
+            if body._node[dst]["op"] == _READ and any(e["dst_port"] == 0 for e in keyed.values()):
+                reads.append(((dst, 0), (i, dst)))
+    if reads and _writes_no_resource(body, cond, functions):
+        found.update(reads)
+    return found
+
+
+def _candidates(body: nx.MultiDiGraph, cond: nx.MultiDiGraph,
+                functions: Mapping[str, nx.MultiDiGraph]) -> list[_Candidate]:
+    """The inserted Casts of ``body`` whose input is the same in every iteration
+    (:func:`_invariant_tensors`), in name order.  Pure."""
+    invariant = _invariant_tensors(body, cond, functions)
+    found = []
+    for name in sorted(body.nodes):
+        data = body._node[name]
+        if data["op"] != "Cast" or data["proto"] is not None:
+            continue
+        ins = ir.data_inputs(body, name)
+        if len(ins) != 1 or ins[0] not in invariant or ir.control_inputs(body, name) or any(
+                e["dst_port"] == CONTROL for keyed in body._succ[name].values() for e in keyed.values()):
+            continue
+        index, read = invariant[ins[0]]
+        found.append(_Candidate(name, index, read, data["dtypes"]["SrcT"], data["dtypes"]["DstT"]))
+    return found
+
+
+def _hoist_loop(g: nx.MultiDiGraph, gname: str, loop: str, body: nx.MultiDiGraph, cond: nx.MultiDiGraph,
+                functions: Mapping[str, nx.MultiDiGraph]) -> list[HoistedCast]:
+    """Hoist what can be of ``body`` (the body of ``loop``, a node of ``g``; ``cond`` its
+    condition).  **Mutates** ``g``, ``body``, ``cond`` and the graphs' signatures."""
+    loop_data = g._node[loop]
+    types = tuple(loop_data["dtypes"].get("T", ()))
+    n = len(types)
+    outer_ins = ir.data_inputs(g, loop)
+    indices = list(range(n))
+    if (len(outer_ins) != n or sorted(ir.function_args(body, "arg")) != indices
+            or sorted(ir.function_args(body, "retval")) != indices
+            or sorted(ir.function_args(cond, "arg")) != indices):
+        return []
+    candidates = _candidates(body, cond, functions)
+    if not candidates:
+        return []
+    added: dict[tuple[int, bool, int], tuple[str, str, str]] = {}  # -> (body arg, outer cast, source)
+    hoisted = []
+    for c in candidates:
+        key = (c.index, c.read is not None, c.dst_dtype)
+        if key not in added:
+            index = n + len(added)
+            shape = _value_shape(body, c)
+            outer_cast = _outer_cast(g, loop, loop_data, outer_ins[c.index], c, body, len(added), shape)
+            arg = _new_loop_variable(g, loop, loop_data, outer_cast, index, body, cond, c.dst_dtype,
+                                     shape if c.read is not None or shape is not None else c.index)
+            what = (f"the read of the variable that is loop variable {c.index}" if c.read is not None
+                    else f"loop variable {c.index}, which the body passes through unchanged")
+            added[key] = (arg, outer_cast, what)
+        arg, outer_cast, what = added[key]
+        _replace_with_arg(body, c, arg)
+        hoisted.append(HoistedCast(gname, loop, body.graph["name"], c.cast, outer_cast,
+                                   n + list(added).index(key), what))
+    _extend_signatures(g, body, cond, n, [(added[k][0], k[2]) for k in added])
+    _check_loop(g, loop, body, cond)
+    return hoisted
+
+
+def _check_loop(g: nx.MultiDiGraph, loop: str, body: nx.MultiDiGraph, cond: nx.MultiDiGraph) -> None:
+    """Raise :class:`RewriteError` unless ``loop``'s types are its inputs', its body's arguments'
+    and results', and its condition's arguments', one for one (what TensorFlow checks when it
+    instantiates the loop).  Reads only."""
+    types = tuple(g._node[loop]["dtypes"]["T"])
+    signatures = g.graph["signatures"]
+    found = {
+        "inputs": len(ir.data_inputs(g, loop)),
+        "body arguments": tuple(a.fixed_type for a in signatures[body.graph["name"]].inputs),
+        "body results": tuple(a.fixed_type for a in signatures[body.graph["name"]].outputs),
+        "condition arguments": tuple(a.fixed_type for a in signatures[cond.graph["name"]].inputs),
+    }
+    bad = [what for what, got in found.items() if got != (len(types) if what == "inputs" else types)]
+    if bad:
+        raise RewriteError(f"hoisting Casts out of loop {loop!r} left its types and its {', '.join(bad)} apart. "
+                           "This is a bug in amp_rewrite; please report it with the graph", node=loop)
+
+
+def _value_shape(body: nx.MultiDiGraph, c: _Candidate) -> tuple[int | None, ...] | None:
+    """The static shape of what ``c.cast`` casts, where ``body``'s inferred shapes (those the
+    import gave the cost-aware planner) know it; else ``None``.  Pure."""
+    src = c.read if c.read is not None else ir.function_args(body, "arg")[c.index]
+    outs = (body.graph.get("shapes") or {}).get(src)
+    return outs[0] if outs else None
+
+
+def _set_shape(g: nx.MultiDiGraph, name: str, shape: tuple[int | None, ...] | None) -> None:
+    """Record ``shape`` as node ``name``'s output shape where ``g`` has inferred shapes (the
+    step estimate reads them).  **Mutates** ``g``'s shapes."""
+    shapes = g.graph.get("shapes")
+    if shapes is not None and shape is not None:
+        shapes[name] = (shape,)
+
+
+def _unique(g: nx.MultiDiGraph, base: str) -> str:
+    name, k = base, 0
+    while name in g:
+        k += 1
+        name = f"{base}_{k}"
+    return name
+
+
+def _outer_cast(g: nx.MultiDiGraph, loop: str, loop_data: dict, source: tuple[str, int], c: _Candidate,
+                body: nx.MultiDiGraph, seq: int, shape: tuple[int | None, ...] | None) -> str:
+    """Add to ``g`` the Cast (and, for a resource, the read) of ``source``, the loop's input
+    ``c.index``, that replaces ``c.cast``; returns the Cast's name.  A read waits for the
+    loop's control inputs.  ``seq``: how many this loop has had added before (their place in
+    node order: just before the loop); ``shape``: the value's, where known.  **Mutates** ``g``."""
+    producer, port = source
+    # Before the loop in node order, in the order added: (loop's index, negative).
+    order = (loop_data["order"][0], -_MOST_HOISTED + 2 * seq)
+    device = loop_data["device"]
+    if c.read is not None:
+        read = _unique(g, f"{loop}/{_ARG_PREFIX}read_{c.index}")
+        # The body's read's device ("" in a function body: TensorFlow's placer puts a read
+        # beside its resource).
+        read_data = body._node[c.read]
+        ir.add_node(g, read, op=_READ, device=read_data["device"], order=order,
+                    dtypes={"dtype": read_data["dtypes"]["dtype"]})
+        g._node[read]["dirty"] = True
+        _set_shape(g, read, shape)
+        ir.add_data_edge(g, producer, port, read, 0, None)
+        for pos, ctrl in enumerate(ir.control_inputs(g, loop)):
+            g.add_edge(ctrl, read, key=-1 - pos, src_port=CONTROL, dst_port=CONTROL, pos=pos, text=None)
+        producer, port = read, 0
+    cast = _unique(g, f"{loop}/{_ARG_PREFIX}{c.index}-CastTo-{dt.name(c.dst_dtype)}-AutoMixedPrecision")
+    ir.add_node(g, cast, op="Cast", device=device, order=(order[0], order[1] + 1),
+                dtypes={"SrcT": c.src_dtype, "DstT": c.dst_dtype})
+    g._node[cast]["bools"] = {"Truncate": False}
+    g._node[cast]["dirty"] = True
+    ir.add_data_edge(g, producer, port, cast, 0, None)
+    return cast
+
+
+def _new_loop_variable(g: nx.MultiDiGraph, loop: str, loop_data: dict, outer_cast: str, index: int,
+                       body: nx.MultiDiGraph, cond: nx.MultiDiGraph, dtype: int,
+                       shape: int | tuple[int | None, ...] | None) -> str:
+    """Append loop variable ``index`` (of ``dtype``, fed by ``outer_cast``) to ``loop``: its
+    type, its input, its shape (``shape``: a shape, that of loop variable ``shape`` for an
+    int, or ``None`` for unknown) as the loop's output shape and its arguments' declared one,
+    an argument the body returns unchanged and one the condition ignores.  Returns the body's
+    argument.  **Mutates** ``g``, ``body`` and ``cond``."""
+    ir.add_data_edge(g, outer_cast, 0, loop, index, None)
+    loop_data["dtypes"]["T"] = tuple(loop_data["dtypes"]["T"]) + (dtype,)
+    loop_data.setdefault("changed_attrs", set()).add("T")
+    loop_data.setdefault("appended_output_shapes", []).append(shape)
+    outer_shapes = g.graph.get("shapes")
+    if outer_shapes is not None and loop in outer_shapes:
+        outs = outer_shapes[loop]
+        value = outs[shape] if isinstance(shape, int) and shape < len(outs) else (
+            None if isinstance(shape, int) else shape)
+        outer_shapes[loop] = tuple(outs) + (value,)
+    loop_data["dirty"] = True
+    loop_data["inputs_changed"] = True
+    taken = {d.get("ret_key") for _, d in body.nodes(data=True)} | set(body) | set(cond)
+    k = index
+    while f"{_ARG_PREFIX}{k}" in taken or f"{_ARG_PREFIX}{k}_out" in taken:
+        k += 1
+    arg = f"{_ARG_PREFIX}{k}"
+    for fg in (body, cond):
+        ir.add_node(fg, arg, op="_Arg", device="", order=(-1_000_000 - index, 0), dtypes={"T": dtype},
+                    ints={"index": index}, synthetic="arg")
+        fg._node[arg]["dirty"] = True  # export rebuilds the function and appends the argument
+        fg._node[arg]["arg_shape"] = shape  # what export declares (its _output_shapes)
+        _set_shape(fg, arg, shape if not isinstance(shape, int) else _arg_shape(fg, shape))
+    ret = _unique(body, f"{arg}_out_RetVal")
+    ir.add_node(body, ret, op="_Retval", device="", order=(1_000_000 + index, 0), dtypes={"T": dtype},
+                ints={"index": index}, synthetic="retval")
+    body._node[ret]["ret_key"] = f"{arg}_out"
+    body._node[ret]["dirty"] = True
+    ir.add_data_edge(body, arg, 0, ret, 0, None)
+    return arg
+
+
+def _arg_shape(fg: nx.MultiDiGraph, index: int) -> tuple[int | None, ...] | None:
+    """Argument ``index``'s inferred shape in ``fg``, or ``None``.  Pure."""
+    outs = (fg.graph.get("shapes") or {}).get(ir.function_args(fg, "arg")[index])
+    return outs[0] if outs else None
+
+
+def _replace_with_arg(body: nx.MultiDiGraph, c: _Candidate, arg: str) -> None:
+    """Move the consumers of ``c.cast`` onto ``arg`` and remove the Cast, and the body's read
+    where nothing else needs it.  **Mutates** ``body``."""
+    for dst, keyed in list(body._succ[c.cast].items()):
+        for key, edge in list(keyed.items()):
+            ir.add_data_edge(body, arg, 0, dst, edge["dst_port"], None)
+            body._node[dst]["dirty"] = True
+            body._node[dst]["inputs_changed"] = True
+    body.remove_node(c.cast)
+    if c.read is not None and not body._succ[c.read]:
+        body.remove_node(c.read)
+
+
+def _extend_signatures(g: nx.MultiDiGraph, body: nx.MultiDiGraph, cond: nx.MultiDiGraph, n: int,
+                       added: list[tuple[str, int]]) -> None:
+    """Append the new loop variables to the signatures the graphs share.  **Mutates** the
+    ``signatures`` mapping."""
+    signatures = g.graph["signatures"]
+    extra_in = tuple(ArgSpec(name=arg, type_attr="", type_list_attr="", number_attr="", fixed_type=dtype,
+                             is_ref=False) for arg, dtype in added)
+    extra_out = tuple(dataclasses.replace(a, name=f"{a.name}_out") for a in extra_in)
+    for fg, outs in ((body, extra_out), (cond, ())):
+        old: OpSignature = signatures[fg.graph["name"]]
+        signatures[fg.graph["name"]] = dataclasses.replace(
+            old, inputs=old.inputs[:n] + extra_in, outputs=old.outputs + outs)
