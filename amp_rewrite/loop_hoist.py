@@ -25,8 +25,13 @@ Numerically nothing changes: the same Cast of the same value, made once.
 
 Only bodies and conditions that nothing else calls are changed (their signatures grow), and
 loops whose functions the library has gradients for, or that a function left out of the
-rewrite calls, are left alone.  Loops of TensorFlow 1 frames (``Enter``/``Exit``) are not
-touched.
+rewrite calls, are left alone.
+
+TensorFlow 1 loops (frames of ``Enter``/``Merge``/``Switch``/``NextIteration``/``Exit`` in one
+graph) hand a loop-invariant value in through an ``Enter`` with ``is_constant``: a Cast of
+one (a ref variable's read, entered; a placeholder), or of a read of a resource so entered
+where no resource entering the frame reaches anything but reads, moves before the ``Enter``,
+and a new constant ``Enter`` hands the frame the cast value.
 
 Part of the rewrite stage: imports only :mod:`amp_rewrite.graph` and the errors.  Each loop it
 changes is checked after (its types, its inputs and its functions' signatures one for one), and
@@ -45,6 +50,7 @@ import networkx as nx
 from .errors import RewriteError
 from .graph import dtypes as dt
 from .graph import ir
+from .graph.node_values import bool_attr, bytes_attr, int_attr
 from .graph.op_registry import ArgSpec, OpSignature
 from .graph.tensor_names import CONTROL
 
@@ -74,14 +80,16 @@ _ARG_PREFIX = "amp_rewrite_hoisted_"
 class HoistedCast:
     """One Cast moved out of a loop body: ``cast`` (removed from function ``body``) is now
     ``outer_cast`` in ``graph`` (``""`` for the main graph, else a function's name), feeding
-    loop ``loop`` as its loop variable ``index``.  ``source`` says what it casts."""
+    loop ``loop`` as its loop variable ``index``.  Out of a TensorFlow 1 loop: ``loop`` is the
+    frame's name, ``body`` is ``""``, ``cast`` was in ``graph`` and ``index`` is ``None`` (a new
+    ``Enter`` hands the frame ``outer_cast``).  ``source`` says what it casts."""
 
     graph: str
     loop: str
     body: str
     cast: str
     outer_cast: str
-    index: int
+    index: int | None
     source: str
 
     def as_dict(self) -> dict[str, object]:
@@ -141,6 +149,9 @@ def hoist_loop_invariant_casts(main: nx.MultiDiGraph, functions: Mapping[str, nx
     hoisted: list[HoistedCast] = []
     for gname, loop, body, cond in _hoistable_loops(graphs, functions, set(called_elsewhere)):
         hoisted += _hoist_loop(graphs[gname], gname, loop, functions[body], functions[cond], functions)
+    for gname in sorted(graphs):
+        if any(d["op"] == _ENTER for _, d in graphs[gname].nodes(data=True)):
+            hoisted += _hoist_frames(graphs[gname], gname)
     if hoisted:
         log.debug("amp_rewrite: hoisted %d loop-invariant cast(s) out of loop bodies", len(hoisted))
     return hoisted
@@ -458,3 +469,136 @@ def _extend_signatures(g: nx.MultiDiGraph, body: nx.MultiDiGraph, cond: nx.Multi
         old: OpSignature = signatures[fg.graph["name"]]
         signatures[fg.graph["name"]] = dataclasses.replace(
             old, inputs=old.inputs[:n] + extra_in, outputs=old.outputs + outs)
+
+
+# ---------------------------------------------------------------------------------------------
+# TensorFlow 1 loops: frames of Enter / Merge / Switch / NextIteration / Exit in one graph
+# ---------------------------------------------------------------------------------------------
+
+#: What hands a TensorFlow 1 loop (a frame) a value; with ``is_constant`` the same value in
+#: every iteration.
+_ENTER = "Enter"
+
+
+def _hoist_frames(g: nx.MultiDiGraph, gname: str) -> list[HoistedCast]:
+    """Hoist the rewrite's Casts of loop-invariant values out of the TensorFlow 1 loops of
+    ``g``: a Cast of an ``Enter`` with ``is_constant`` (a weight entered as a constant: a ref
+    variable's read, a placeholder), or of a read of a resource so entered where the frame
+    writes through none of its resources, becomes a Cast before the ``Enter`` and a new
+    ``Enter`` of the cast value.  Repeated until nothing moves, so a Cast leaves nested frames
+    one at a time.  **Mutates** ``g``.  Returns what it moved."""
+    hoisted: list[HoistedCast] = []
+    reads_only: dict[bytes, bool] = {}
+    while True:
+        moved = False
+        for name in sorted(n for n, d in g.nodes(data=True) if d["op"] == "Cast" and d["proto"] is None):
+            found = _frame_candidate(g, name, reads_only)
+            if found is not None:
+                hoisted.append(_hoist_out_of_frame(g, gname, name, *found, seq=len(hoisted)))
+                moved = True
+        if not moved:
+            return hoisted
+
+
+def _frame_candidate(g: nx.MultiDiGraph, cast: str,
+                     reads_only: dict[bytes, bool]) -> tuple[str, str | None, bytes] | None:
+    """``(enter, read, frame)`` where inserted Cast ``cast`` of ``g`` reads the same value in
+    every iteration of a TensorFlow 1 loop: the output of constant ``enter`` (``read`` None),
+    or ``read``, a ``ReadVariableOp`` of it in a frame that writes no resource (cached per frame
+    in ``reads_only``); else ``None``.  Mutates only the cache."""
+    ins = ir.data_inputs(g, cast)
+    if len(ins) != 1 or _has_control_edges(g, cast):
+        return None
+    (src, port), = ins
+    read = None
+    if g._node[src]["op"] == _READ and port == 0:
+        read_ins = ir.data_inputs(g, src)
+        if len(read_ins) != 1:
+            return None
+        read, (src, port) = src, read_ins[0]
+    enter = g._node[src]
+    if enter["op"] != _ENTER or port != 0 or not bool_attr(enter, "is_constant"):
+        return None
+    frame = bytes_attr(enter, "frame_name")
+    if frame is None or (read is None) != (enter["dtypes"].get("T") != dt.RESOURCE):
+        return None
+    if read is not None:
+        if frame not in reads_only:
+            reads_only[frame] = _frame_writes_no_resource(g, frame)
+        if not reads_only[frame]:
+            return None
+    return src, read, frame
+
+
+def _has_control_edges(g: nx.MultiDiGraph, name: str) -> bool:
+    """Whether ``name`` has a control input or a control output.  Pure."""
+    return bool(ir.control_inputs(g, name)) or any(
+        e["dst_port"] == CONTROL for keyed in g._succ[name].values() for e in keyed.values())
+
+
+def _frame_writes_no_resource(g: nx.MultiDiGraph, frame: bytes) -> bool:
+    """Whether every resource entering ``frame`` reaches only ops that read it
+    (:data:`_READS_ONLY`).  A handle that enters a nested frame, or anything else, counts as a
+    write.  Pure."""
+    for name, data in g.nodes(data=True):
+        if data["op"] != _ENTER or data["dtypes"].get("T") != dt.RESOURCE or bytes_attr(data, "frame_name") != frame:
+            continue
+        for dst, keyed in g._succ[name].items():
+            if any(e["dst_port"] != 0 for e in keyed.values()) or g._node[dst]["op"] not in _READS_ONLY:
+                return False
+    return True
+
+
+def _hoist_out_of_frame(g: nx.MultiDiGraph, gname: str, cast: str, enter: str, read: str | None, frame: bytes,
+                        *, seq: int) -> HoistedCast:
+    """Move inserted Cast ``cast`` (of ``enter``'s output, or of ``read`` of it) before
+    ``enter``: a Cast (after a new read, for a resource) of what ``enter`` enters, and a new
+    constant ``Enter`` of its result into the same frame, which ``cast``'s consumers read.
+    ``enter`` and ``read`` go where nothing else reads them.  **Mutates** ``g``."""
+    cast_data, enter_data = g._node[cast], g._node[enter]
+    (producer, port), = ir.data_inputs(g, enter)
+    waits = ir.control_inputs(g, enter)
+    order = (enter_data["order"][0], -_MOST_HOISTED + 3 * seq)
+    if read is not None:
+        read_data = g._node[read]
+        new_read = _unique(g, f"{enter}/{_ARG_PREFIX}read")
+        ir.add_node(g, new_read, op=_READ, device=read_data["device"], order=order,
+                    dtypes={"dtype": read_data["dtypes"]["dtype"]})
+        g._node[new_read]["dirty"] = True
+        ir.add_data_edge(g, producer, port, new_read, 0, None)
+        _add_control_inputs(g, new_read, waits)
+        producer, port = new_read, 0
+    low = cast_data["dtypes"]["DstT"]
+    new_cast = _unique(g, f"{enter}/{_ARG_PREFIX}cast-CastTo-{dt.name(low)}-AutoMixedPrecision")
+    ir.add_node(g, new_cast, op="Cast", device=cast_data["device"], order=(order[0], order[1] + 1),
+                dtypes=dict(cast_data["dtypes"]))
+    g._node[new_cast]["bools"] = dict(cast_data.get("bools", {"Truncate": False}))
+    g._node[new_cast]["dirty"] = True
+    ir.add_data_edge(g, producer, port, new_cast, 0, None)
+    new_enter = _unique(g, f"{enter}/{_ARG_PREFIX}enter")
+    ir.add_node(g, new_enter, op=_ENTER, device=enter_data["device"], order=(order[0], order[1] + 2),
+                dtypes={"T": low})
+    g._node[new_enter]["scalars"] = {"frame_name": frame, "is_constant": True,
+                                     "parallel_iterations": int_attr(enter_data, "parallel_iterations") or 10}
+    g._node[new_enter]["dirty"] = True
+    ir.add_data_edge(g, new_cast, 0, new_enter, 0, None)
+    if read is None:
+        _add_control_inputs(g, new_enter, waits)
+    for dst, keyed in list(g._succ[cast].items()):
+        for edge in list(keyed.values()):
+            ir.add_data_edge(g, new_enter, 0, dst, edge["dst_port"], None)
+            g._node[dst]["dirty"] = True
+            g._node[dst]["inputs_changed"] = True
+    g.remove_node(cast)
+    for gone in (read, enter):
+        if gone is not None and not g._succ[gone]:
+            g.remove_node(gone)
+    what = ("the read of a variable entered as a constant" if read is not None
+            else "a value entered as a constant (Enter with is_constant)")
+    return HoistedCast(gname, frame.decode("utf-8", "replace"), "", cast, new_cast, None, what)
+
+
+def _add_control_inputs(g: nx.MultiDiGraph, name: str, waits: list[str]) -> None:
+    """Give new node ``name`` control inputs from ``waits``, in order.  **Mutates** ``g``."""
+    for pos, ctrl in enumerate(waits):
+        g.add_edge(ctrl, name, key=-1 - pos, src_port=CONTROL, dst_port=CONTROL, pos=pos, text=None)

@@ -413,3 +413,107 @@ def test_a_loop_body_learns_the_shapes_of_the_variables_it_reads():
     assert not any(t.known_shape for t in body_matmuls())
     known = body_matmuls(variable_shapes=shapes)
     assert len(known) == 2 and all(t.known_shape for t in known)
+
+
+# --- TensorFlow 1 loops (frames) ------------------------------------------------------------
+
+
+def _tf1_loop_graph(resource, *, write=False, nested=False, d=16):
+    """A TF1 while loop (control flow v1: Enter/Merge/Switch/NextIteration/Exit) whose body
+    multiplies by a weight variable; an ``init`` op and an ``out`` fetch."""
+    from tensorflow.python.ops import control_flow_util
+
+    g = tf.Graph()
+    old = control_flow_util.ENABLE_CONTROL_FLOW_V2
+    control_flow_util.ENABLE_CONTROL_FLOW_V2 = False
+    try:
+        with g.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [4, d], name="x")
+            w = tf.compat.v1.get_variable(
+                "w", initializer=np.random.default_rng(0).normal(0, 0.3, (d, d)).astype("float32"),
+                use_resource=resource)
+            counter = tf.compat.v1.get_variable("counter", initializer=0.0, use_resource=resource)
+
+            def step(h):
+                deps = [counter.assign_add(1.0)] if write else []
+                with tf.control_dependencies(deps):
+                    return tf.tanh(tf.matmul(h, w))
+
+            def body(i, h):
+                if nested:
+                    h = tf.while_loop(lambda j, k: j < 2, lambda j, k: (j + 1, step(k)), (0, h))[1]
+                else:
+                    h = step(h)
+                return i + 1, h
+
+            tf.identity(tf.while_loop(lambda i, h: i < 3, body, (0, x))[1], name="out")
+            tf.group(tf.compat.v1.global_variables_initializer(), name="init")
+    finally:
+        control_flow_util.ENABLE_CONTROL_FLOW_V2 = old
+    return g.as_graph_def()
+
+
+def _run_tf1(gd, x):
+    g = tf.Graph()
+    with g.as_default():
+        tf.graph_util.import_graph_def(gd, name="")
+    with tf.compat.v1.Session(graph=g) as sess:
+        sess.run("init")
+        return sess.run("out:0", {"x:0": x})
+
+
+def _frame_casts(gd):
+    """Inserted Casts that read an Enter (or a read of one) inside a frame."""
+    nodes = {n.name: n for n in gd.node}
+    found = []
+    for n in gd.node:
+        if n.op == "Cast" and "AutoMixedPrecision" in n.name:
+            src = nodes[n.input[0].split(":")[0]]
+            if src.op == "ReadVariableOp":
+                src = nodes[src.input[0].split(":")[0]]
+            if src.op == "Enter":
+                found.append(n.name)
+    return found
+
+
+@pytest.mark.parametrize("resource", [False, True], ids=["ref-variable", "resource-variable"])
+def test_a_tf1_loop_casts_its_weight_once_before_the_frame(resource, no_hoist):
+    gd = _tf1_loop_graph(resource)
+    opts = dict(target="gpu:8.0", precision="float16", fetches=["out"], use_env=False)
+    hoisted = amp_rewrite.rewrite_graph_def(gd, **opts)
+    plain = amp_rewrite.rewrite_graph_def(gd, lists_file=no_hoist, **opts)
+    (entry,) = hoisted.report["hoisted_casts"]
+    assert entry["body"] == "" and entry["index"] is None and entry["loop"].startswith("while")
+    assert _frame_casts(plain.graph_def) and not _frame_casts(hoisted.graph_def)
+    nodes = {n.name: n for n in hoisted.graph_def.node}
+    enters = [n for n in hoisted.graph_def.node if n.op == "Enter" and n.attr["is_constant"].b
+              and n.attr["T"].type == tf.float16.as_datatype_enum]
+    assert len(enters) == 1
+    assert enters[0].attr["frame_name"].s == nodes["while/Enter"].attr["frame_name"].s
+    assert nodes[enters[0].input[0]].name == entry["outer_cast"]
+    x = np.random.default_rng(1).normal(size=(4, 16)).astype("float32")
+    got = _run_tf1(hoisted.graph_def, x)
+    ref = _run_tf1(plain.graph_def, x)
+    f32 = _run_tf1(gd, x)
+    assert np.array_equal(got, ref) and not np.array_equal(got, f32)
+    np.testing.assert_allclose(got, f32, atol=0.02)
+
+
+def test_a_tf1_loop_that_writes_a_resource_keeps_its_reads_in_the_frame():
+    gd = _tf1_loop_graph(True, write=True)
+    result = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", precision="float16", fetches=["out"],
+                                           use_env=False)
+    assert "hoisted_casts" not in result.report
+    assert _frame_casts(result.graph_def)
+
+
+def test_a_weight_in_nested_tf1_loops_leaves_both_frames(no_hoist):
+    gd = _tf1_loop_graph(False, nested=True)
+    opts = dict(target="gpu:8.0", precision="float16", fetches=["out"], use_env=False)
+    hoisted = amp_rewrite.rewrite_graph_def(gd, **opts)
+    frames = [h["loop"] for h in hoisted.report["hoisted_casts"]]
+    assert len(frames) == 2 and frames[0] != frames[1]  # out of the inner frame, then the outer
+    assert not _frame_casts(hoisted.graph_def)
+    x = np.random.default_rng(2).normal(size=(4, 16)).astype("float32")
+    plain = amp_rewrite.rewrite_graph_def(gd, lists_file=no_hoist, **opts)
+    assert np.array_equal(_run_tf1(hoisted.graph_def, x), _run_tf1(plain.graph_def, x))

@@ -27,6 +27,15 @@ def _set_type_attr(attr_map: Any, name: str, value: int | tuple[int, ...]) -> No
         attr_map[name].type = value
 
 
+def _set_scalar_attr(attr_map: Any, name: str, value: bool | int | bytes) -> None:
+    if isinstance(value, bool):
+        attr_map[name].b = value
+    elif isinstance(value, int):
+        attr_map[name].i = value
+    else:
+        attr_map[name].s = value
+
+
 def _edge_text(
     g: nx.MultiDiGraph, src: str, src_port: int, registry: OpRegistry
 ) -> str:
@@ -96,8 +105,10 @@ def _fill_from(
         _apply_changes(g, name, data, pred, registry, nd)
         return
     dtypes = data["dtypes"]
-    bools = data.get("bools", {})
-    key = (data["op"], data["device"], tuple(sorted(dtypes.items())), tuple(sorted(bools.items())))
+    # Other attributes of a node the rewrite made: bools (a Cast's Truncate) and scalars
+    # (bool, int or bytes: an Enter's is_constant, parallel_iterations, frame_name).
+    scalars = {**data.get("bools", {}), **data.get("scalars", {})}
+    key = (data["op"], data["device"], tuple(sorted(dtypes.items())), tuple(sorted(scalars.items())))
     template = templates.get(key)
     if template is None:
         template = templates[key] = type(nd)()
@@ -106,8 +117,8 @@ def _fill_from(
         attr_map = template.attr
         for attr in sorted(dtypes):
             _set_type_attr(attr_map, attr, dtypes[attr])
-        for attr, value in sorted(bools.items()):
-            attr_map[attr].b = value
+        for attr, value in sorted(scalars.items()):
+            _set_scalar_attr(attr_map, attr, value)
     nd.CopyFrom(template)
     nd.name = name
     nd.input.extend(_inputs_from(g, name, pred, registry))

@@ -1,5 +1,5 @@
-"""Values the IR keeps only inside a node's opaque ``proto``: bool attributes and the range
-of a float constant.
+"""Values the IR keeps only inside a node's opaque ``proto``: bool, int and string attributes
+and the range of a float constant.
 
 The IR (:mod:`amp_rewrite.graph.ir`) holds what every pass reads (op, dtypes, int attrs); a
 value only one analysis needs is read from the original NodeDef on demand, here, because the
@@ -19,7 +19,7 @@ import numpy as np
 
 from . import dtypes as dt
 
-__all__ = ["bool_attr", "float_const_range", "MAX_CONST_ELEMENTS"]
+__all__ = ["bool_attr", "bytes_attr", "int_attr", "float_const_range", "MAX_CONST_ELEMENTS"]
 
 #: Largest constant whose values are read for a range (elements); a larger one counts as
 #: unknown.  A range proof needs the few scalars of an expression (``-0.5``, ``1/sqrt(2)``),
@@ -36,6 +36,26 @@ def bool_attr(data: Mapping[str, Any], key: str) -> bool | None:
         return None
     value = proto.attr[key]
     return bool(value.b) if value.WhichOneof("value") == "b" else None
+
+
+def int_attr(data: Mapping[str, Any], key: str) -> int | None:
+    """The int attribute ``key`` of the node whose IR dict is ``data`` (an ``Enter``'s
+    ``parallel_iterations``), or ``None`` as for :func:`bool_attr`.  Pure."""
+    proto = data.get("proto")
+    if proto is None or key not in proto.attr:
+        return None
+    value = proto.attr[key]
+    return int(value.i) if value.WhichOneof("value") == "i" else None
+
+
+def bytes_attr(data: Mapping[str, Any], key: str) -> bytes | None:
+    """The string attribute ``key`` of the node whose IR dict is ``data`` (an ``Enter``'s
+    ``frame_name``), as bytes, or ``None`` as for :func:`bool_attr`.  Pure."""
+    proto = data.get("proto")
+    if proto is None or key not in proto.attr:
+        return None
+    value = proto.attr[key]
+    return bytes(value.s) if value.WhichOneof("value") == "s" else None
 
 
 def float_const_range(data: Mapping[str, Any]) -> tuple[float, float] | None:
