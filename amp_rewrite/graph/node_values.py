@@ -31,31 +31,32 @@ def bool_attr(data: Mapping[str, Any], key: str) -> bool | None:
     """The bool attribute ``key`` of the node whose IR dict is ``data`` (``keep_dims`` of a
     reduction), or ``None`` when the node has no NodeDef, no such attribute, or one of
     another kind.  Pure."""
-    proto = data.get("proto")
-    if proto is None or key not in proto.attr:
-        return None
-    value = proto.attr[key]
-    return bool(value.b) if value.WhichOneof("value") == "b" else None
+    value = _attr_value(data, key, "b")
+    return None if value is None else bool(value)
 
 
 def int_attr(data: Mapping[str, Any], key: str) -> int | None:
     """The int attribute ``key`` of the node whose IR dict is ``data`` (an ``Enter``'s
     ``parallel_iterations``), or ``None`` as for :func:`bool_attr`.  Pure."""
-    proto = data.get("proto")
-    if proto is None or key not in proto.attr:
-        return None
-    value = proto.attr[key]
-    return int(value.i) if value.WhichOneof("value") == "i" else None
+    value = _attr_value(data, key, "i")
+    return None if value is None else int(value)
 
 
 def bytes_attr(data: Mapping[str, Any], key: str) -> bytes | None:
     """The string attribute ``key`` of the node whose IR dict is ``data`` (an ``Enter``'s
     ``frame_name``), as bytes, or ``None`` as for :func:`bool_attr`.  Pure."""
+    value = _attr_value(data, key, "s")
+    return None if value is None else bytes(value)
+
+
+def _attr_value(data: Mapping[str, Any], key: str, kind: str) -> Any:
+    """Field ``kind`` (``"b"``, ``"i"``, ``"s"``) of attribute ``key`` of the node's NodeDef,
+    or ``None`` where there is no NodeDef, no such attribute, or one of another kind.  Pure."""
     proto = data.get("proto")
     if proto is None or key not in proto.attr:
         return None
     value = proto.attr[key]
-    return bytes(value.s) if value.WhichOneof("value") == "s" else None
+    return getattr(value, kind) if value.WhichOneof("value") == kind else None
 
 
 def float_const_range(data: Mapping[str, Any]) -> tuple[float, float] | None:

@@ -291,22 +291,32 @@ def _parse_layer(data: dict[str, Any], label: str, location: str, base_dir: Trav
     )
 
 
-def _parse_loops(table: Any, location: str) -> tuple[bool, str] | None:
-    """The ``[loops]`` table (``hoist_invariant_casts``, a bool, and ``reason``, both
-    required), or ``None`` when the file has none.  Pure."""
+def _policy_table(table: Any, name: str, keys: frozenset[str], location: str) -> str | None:
+    """Check a policy table (``[loops]``, ``[normalization]``): a table, only ``keys``, a
+    non-empty ``reason``; return the reason, or ``None`` when the file has no such table.
+    Pure."""
     if table is None:
         return None
     if not isinstance(table, dict):
-        raise ListError(f"[loops] must be a table, got {type(table).__name__}", path=location)
-    _check_keys(table, _LOOPS_KEYS, "[loops]", location)
+        raise ListError(f"[{name}] must be a table, got {type(table).__name__}", path=location)
+    _check_keys(table, keys, f"[{name}]", location)
+    reason = table.get("reason")
+    if not isinstance(reason, str) or not reason.strip():
+        raise ListError(f"[{name}].reason must be a non-empty string (every policy says why), got {reason!r}",
+                        path=location)
+    return reason
+
+
+def _parse_loops(table: Any, location: str) -> tuple[bool, str] | None:
+    """The ``[loops]`` table (``hoist_invariant_casts``, a bool, and ``reason``, both
+    required), or ``None`` when the file has none.  Pure."""
+    reason = _policy_table(table, "loops", _LOOPS_KEYS, location)
+    if reason is None:
+        return None
     hoist = table.get("hoist_invariant_casts")
     if not isinstance(hoist, bool):
         raise ListError(f"[loops].hoist_invariant_casts must be true or false, got {hoist!r}"
                         + (" (missing)" if "hoist_invariant_casts" not in table else ""), path=location)
-    reason = table.get("reason")
-    if not isinstance(reason, str) or not reason.strip():
-        raise ListError(f"[loops].reason must be a non-empty string (every policy says why), got {reason!r}",
-                        path=location)
     return hoist, reason
 
 
@@ -314,19 +324,13 @@ def _parse_normalization(table: Any, location: str) -> _Normalization | None:
     """The ``[normalization]`` table (``apply`` and ``reason`` required; ``precisions`` a list,
     default both; ``backends`` an inline table limiting a listed precision to some backends,
     ``{ bfloat16 = ["cuda"] }``), or ``None`` when the file has none.  Pure."""
-    if table is None:
+    reason = _policy_table(table, "normalization", _NORMALIZATION_KEYS, location)
+    if reason is None:
         return None
-    if not isinstance(table, dict):
-        raise ListError(f"[normalization] must be a table, got {type(table).__name__}", path=location)
-    _check_keys(table, _NORMALIZATION_KEYS, "[normalization]", location)
     apply = table.get("apply")
     if apply not in NORMALIZATION_APPLY:
         raise ListError(f"[normalization].apply must be one of {', '.join(map(repr, NORMALIZATION_APPLY))}, "
                         f"got {apply!r}" + (" (missing)" if "apply" not in table else ""), path=location)
-    reason = table.get("reason")
-    if not isinstance(reason, str) or not reason.strip():
-        raise ListError(f"[normalization].reason must be a non-empty string (every policy says why), got {reason!r}",
-                        path=location)
     precisions = table.get("precisions", list(PRECISIONS))
     if (not isinstance(precisions, list) or not precisions
             or any(not isinstance(p, str) or p not in PRECISIONS for p in precisions)
