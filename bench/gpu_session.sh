@@ -45,6 +45,11 @@
 #             first (its steps without XLA priced 1.9x short, and its depthwise convolutions
 #             run TensorFlow's own kernels in float32 and cuDNN's in float16), then ResNet50
 #             and BERT; then which element-wise ops Grappler folds into a frozen convolution.
+#   loops     Casts hoisted out of loop bodies (amp_rewrite/loop_hoist.py, 2026-11-28) on the
+#             GPU: a recurrent decoder's greedy decoding at batch 1 and 8, float32 (TF32), the
+#             Casts left in the loop (where TensorFlow's pass puts them), hoisted twice (A/A),
+#             and the optimal profile.  On this CPU (bfloat16) the Casts in the loop made
+#             decoding 1.2-1.8x slower than float32 and hoisted 0.67-0.90 of it.  About 3 min.
 #   profile   Whatever still separates ours from Keras's mixed_float16 on BERT under XLA (on
 #             2026-11-27, before the fixes, the float32 gradients into the layer norms): both
 #             steps, and ours with reductions over no element denied again (the fence's input
@@ -60,7 +65,7 @@
 # gpu_profile after each variant), so a command stopped by its timeout keeps what it finished.
 # The stage's exit status is the first failing command's (0 when all succeeded).
 set -u
-stage=${1:?usage: bench/gpu_session.sh measure|misses|more_xla|nodes|norm|more|bf16|train|profile OUT}
+stage=${1:?usage: bench/gpu_session.sh measure|misses|more_xla|nodes|norm|more|bf16|train|loops|profile OUT}
 out=${2:?usage: bench/gpu_session.sh STAGE OUT}
 mkdir -p "$out" && out=$(cd "$out" && pwd) || exit 2
 cd "$(dirname "$0")/.." || exit 2
@@ -169,8 +174,12 @@ measure)
         --repeats 5 --steps 10 --warmup 2 --no-predict --time-budget 520 \
         --out "$out/gpu_measure.md"
     ;;
+loops)
+    step timeout 300 python3 bench/loop_hoist.py --target auto --precision float16 \
+        --only decode-b1,decode-b8 --rounds 9 --calls 5 --out "$out/loop_hoist"
+    ;;
 *)
-    echo "unknown stage $stage: measure, misses, more_xla, nodes, norm, more, bf16, train or profile" >&2
+    echo "unknown stage $stage: measure, misses, more_xla, nodes, norm, more, bf16, train, loops or profile" >&2
     exit 2
     ;;
 esac

@@ -3,6 +3,7 @@
 Usage::
 
     python bench/loop_hoist.py [--rounds 9] [--calls 5] [--out DIR] [--small]
+                               [--target cpu --precision bfloat16] [--only decode-b1,...]
 
 A Cast the rewrite puts in a loop body runs every iteration; ``amp_rewrite.loop_hoist`` moves
 those whose input is the same every iteration (a weight read from a variable) before the
@@ -16,7 +17,9 @@ loop.  This times, in one process, round robin with the order rotated every roun
 * ``optimal``: ``amp_rewrite.function`` with the optimal profile (which hoists, and whose
   planner prices a hoisted Cast once per loop).
 
-Workloads (bfloat16 on this CPU, ``target="cpu"``):
+Workloads (by default bfloat16 on this CPU, ``target="cpu"``; on a GPU ``--target auto
+--precision float16``, the ``loops`` stage of ``bench/gpu_session.sh``; ``lstm-train`` is a
+loop only where Keras does not use cuDNN's LSTM, so on a GPU only the decoders mean anything):
 
 * ``lstm-train``: a training step of two stacked Keras LSTMs (Keras builds a loop of its cell
   on a CPU, reading both weight matrices every time step);
@@ -56,6 +59,10 @@ reason = "bench/loop_hoist.py: the Casts where TensorFlow's pass puts them"
 """
 
 VARIANTS = ("float32", "unhoisted", "hoisted", "hoisted_again", "optimal")
+
+
+#: Where the rewritten variants plan for (``--target``, ``--precision``).
+TARGET = {"target": "cpu", "precision": "bfloat16"}
 
 
 def lstm_train(size: dict[str, int], variant: str, no_hoist: str) -> tuple[Callable[[], Any], Any]:
@@ -134,7 +141,7 @@ def _wrap(step: Callable[..., Any], variant: str, no_hoist: str) -> Any:
         return tf.function(step)
     extra = ({"lists_file": no_hoist} if variant == "unhoisted" else {"lists": "optimal"} if variant == "optimal"
              else {})
-    return amp_rewrite.function(step, target="cpu", precision="bfloat16", **extra)
+    return amp_rewrite.function(step, **TARGET, **extra)
 
 
 def loop_casts(fn: Any, args: tuple[Any, ...], lists_file: str | None) -> tuple[int, int]:
@@ -143,8 +150,7 @@ def loop_casts(fn: Any, args: tuple[Any, ...], lists_file: str | None) -> tuple[
     import amp_rewrite
 
     concrete = fn.get_concrete_function(*args)
-    result = amp_rewrite.rewrite_graph_def(concrete.graph.as_graph_def(), target="cpu", precision="bfloat16",
-                                           lists_file=lists_file,
+    result = amp_rewrite.rewrite_graph_def(concrete.graph.as_graph_def(), **TARGET, lists_file=lists_file,
                                            fetches=[t.name for t in concrete.outputs])
     gd = result.graph_def
     bodies = {n.attr["body"].func.name for n in gd.node if n.op in ("While", "StatelessWhile")}
@@ -224,12 +230,16 @@ def write(results: dict[str, Any], out: str, args: argparse.Namespace) -> None:
     import tensorflow as tf
 
     os.makedirs(out, exist_ok=True)
+    gpus = [d.name for d in tf.config.list_physical_devices("GPU")]
     meta = {"date": time.strftime("%Y-%m-%d"), "tensorflow": tf.__version__, "machine": platform.processor()
-            or platform.machine(), "cpus": os.cpu_count(), "rounds": args.rounds, "calls": args.calls}
+            or platform.machine(), "cpus": os.cpu_count(), "gpus": gpus, "rounds": args.rounds, "calls": args.calls,
+            **TARGET, "cuda": tf.sysconfig.get_build_info().get("cuda_version"),
+            "cudnn": tf.sysconfig.get_build_info().get("cudnn_version")}
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump({"meta": meta, "results": results}, f, indent=1, sort_keys=True)
+    where = ", ".join(meta["gpus"]) or f"{meta['cpus']} CPUs"
     lines = [f"# Loop-invariant Casts: hoisted against left in the loop ({meta['date']}, TF {meta['tensorflow']}, "
-             f"{meta['cpus']} CPUs, bfloat16)", "",
+             f"{where}, target {meta['target']}, {meta['precision']})", "",
              f"{args.rounds} rounds of {args.calls} calls, variants round robin; ms per call, median of the rounds' "
              "medians.", "",
              "| workload | float32 | unhoisted | hoisted | hoisted/unhoisted | A/A gap | optimal | Casts in the loop "
@@ -252,8 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--small", action="store_true")
     parser.add_argument("--only", default="", help="comma-separated workloads")
+    parser.add_argument("--target", default="cpu", help="what the rewritten variants plan for (auto: this machine)")
+    parser.add_argument("--precision", default="bfloat16", choices=("bfloat16", "float16"))
     parser.add_argument("--out", default=os.path.join(HERE, "cpu_runs", time.strftime("%Y-%m-%d") + "-loop-hoist"))
     args = parser.parse_args(argv)
+    TARGET.update(target=args.target, precision=args.precision)
     results = run(args.rounds, args.calls, args.small, [w for w in args.only.split(",") if w] or None)
     write(results, args.out, args)
     return 0
