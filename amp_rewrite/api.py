@@ -555,12 +555,12 @@ def _rewrite_graph_def(
     stats: dict[str, RewriteStats] = {}
     timings["import"] += clock() - t0 - timings.get("price", 0.0)
     if optimal and op_lists.hoist_loop_casts and not tensorflow_bugs:
-        _mark_loop_invariants(imported)
+        _mark_loop_invariants(imported, registry)
     stage = _Stage(op_lists, tgt, precision, registry, _placement(chosen_planner), not tensorflow_bugs, timings)
     plans[""], stats[""] = stage.run(g, options)
     skipped_functions = _rewrite_functions(imported, stage, options, excluder, scope_keep, excluded_counts,
                                            plans, stats, kept)
-    hoisted = _hoist(imported, op_lists, tensorflow_bugs, timings)
+    hoisted = _hoist(imported, op_lists, tensorflow_bugs, registry, timings)
     step_estimates = None
     if pricing is not None:
         t_price = clock()
@@ -590,18 +590,19 @@ def _rewrite_graph_def(
     return RewriteResult(out, report, plans, timings, converted, step_estimates)
 
 
-def _mark_loop_invariants(imported: Any) -> None:
+def _mark_loop_invariants(imported: Any, registry: OpRegistry) -> None:
     """Tell the cost-aware planner which tensors of each loop body the rewrite will cast once,
     before the loop (:func:`~amp_rewrite.loop_hoist.loop_invariant_tensors`, as each body's
     ``loop_invariant`` graph attribute).  **Mutates** the bodies' graph attributes."""
     invariants = loop_invariant_tensors(
-        imported.graph, imported.functions,
+        imported.graph, imported.functions, registry,
         called_elsewhere=functions_named_outside(imported.source, set(imported.functions)))
     for fname, tensors in invariants.items():
         imported.functions[fname].graph["loop_invariant"] = tensors
 
 
-def _hoist(imported: Any, op_lists: OpLists, tensorflow_bugs: bool, timings: dict[str, float]) -> list[HoistedCast]:
+def _hoist(imported: Any, op_lists: OpLists, tensorflow_bugs: bool, registry: OpRegistry,
+           timings: dict[str, float]) -> list[HoistedCast]:
     """Hoist the rewrite's loop-invariant Casts out of loop bodies where the profile asks for it
     (its ``[loops]`` table) and TensorFlow's own graph was not asked for (``tensorflow_bugs``),
     adding the time to ``timings["rewrite"]``.  **Mutates** ``imported``'s IR."""
@@ -609,7 +610,7 @@ def _hoist(imported: Any, op_lists: OpLists, tensorflow_bugs: bool, timings: dic
         return []
     t0 = time.perf_counter()
     hoisted = hoist_loop_invariant_casts(
-        imported.graph, imported.functions,
+        imported.graph, imported.functions, registry,
         called_elsewhere=functions_named_outside(imported.source, set(imported.functions)))
     timings["rewrite"] += time.perf_counter() - t0
     return hoisted

@@ -13,10 +13,13 @@ A Cast is hoisted when its input is
 * a loop variable the body passes through unchanged (the body returns its argument ``i`` as
   its result ``i``): the Cast then reads the loop's input ``i`` once, before the loop; or
 * a ``ReadVariableOp`` of such a loop variable holding a resource, when nothing in the loop
-  (its body and condition, and loops nested in them) writes through any resource the loop is
-  handed: a read before the loop gives the value every iteration would have read.  The read
-  made before the loop waits for what the loop waits for (the loop's control inputs), so a
-  write ordered before the loop stays before it.
+  can write a variable: every resource the loop is handed reaches only reads, and the loop
+  (its body and condition, the loops and functions they call) holds no stateful op but reads,
+  random number generators, printing and assertions, no op with a ref argument, and no op
+  TensorFlow's registry does not know (a ``py_function`` may assign any variable it closes
+  over).  A read before the loop then gives the value every iteration would have read.  The
+  read made before the loop waits for what the loop waits for (the loop's control inputs),
+  so a write ordered before the loop stays before it.
 
 The cast value enters the loop as a new loop variable, appended after the others (so every
 existing output keeps its index), which the body passes through unchanged and which the
@@ -25,13 +28,27 @@ Numerically nothing changes: the same Cast of the same value, made once.
 
 Only bodies and conditions that nothing else calls are changed (their signatures grow), and
 loops whose functions the library has gradients for, or that a function left out of the
-rewrite calls, are left alone.
+rewrite calls, are left alone.  The shapes TensorFlow records grow with the signature (the
+loop's ``output_shapes`` and ``_output_shapes``, the functions' ``_input_shapes`` and their
+arguments' ``_output_shapes``), and a loop with no values saved for a gradient counts the
+new loop variables among its ``_num_original_outputs``, so that differentiating a loaded
+model reaches what they were cast from.
+
+Two things differ from the Casts left in the loop.  A read hoisted out of a loop that runs no
+iteration still runs, once (an uninitialized variable fails there).  And a gradient taken
+through the rewritten graph (a loaded SavedModel fine-tuned) sums a hoisted weight's
+gradient over the iterations in the low precision, the new loop variable's type, where the
+Cast in the loop handed back a float32 one each iteration.  The training paths rewrite a step
+whose gradient is already built, so neither arises there.
 
 TensorFlow 1 loops (frames of ``Enter``/``Merge``/``Switch``/``NextIteration``/``Exit`` in one
 graph) hand a loop-invariant value in through an ``Enter`` with ``is_constant``: a Cast of
 one (a ref variable's read, entered; a placeholder), or of a read of a resource so entered
 where no resource entering the frame reaches anything but reads, moves before the ``Enter``,
-and a new constant ``Enter`` hands the frame the cast value.
+and a new constant ``Enter`` hands the frame the cast value, where the frame (nested frames
+included) writes no variable by the same rules (a ref variable's read shares the variable's
+buffer).  The frame's own ``Enter`` and read stay, unused: a MetaGraphDef's while_context
+names them.
 
 Part of the rewrite stage: imports only :mod:`amp_rewrite.graph` and the errors.  Each loop it
 changes is checked after (its types, its inputs and its functions' signatures one for one), and
@@ -51,7 +68,7 @@ from .errors import RewriteError
 from .graph import dtypes as dt
 from .graph import ir
 from .graph.node_values import bool_attr, bytes_attr, int_attr
-from .graph.op_registry import ArgSpec, OpSignature
+from .graph.op_registry import ArgSpec, OpRegistry, OpSignature
 from .graph.tensor_names import CONTROL
 
 __all__ = ["LOOP_OPS", "HoistedCast", "hoist_loop_invariant_casts", "loop_invariant_tensors"]
@@ -68,6 +85,13 @@ _READ = "ReadVariableOp"
 #: their variable, never assigning it): a loop whose resources reach nothing else writes none.
 _READS_ONLY = frozenset({"ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape",
                          "VarIsInitializedOp"})
+
+#: Stateful ops a loop may hold and still write no variable: reads, and ops whose state is
+#: their own (random number generators), only output (printing) or a check (assertions).
+_HARMLESS_STATEFUL = _READS_ONLY | frozenset({
+    "RandomUniform", "RandomUniformInt", "RandomStandardNormal", "TruncatedNormal",
+    "ParameterizedTruncatedNormal", "Multinomial", "RandomGamma", "RandomPoisson", "RandomPoissonV2",
+    "RandomShuffle", "Print", "PrintV2", "Assert"})
 
 #: More loop variables than one loop could be given (orders the nodes added before a loop).
 _MOST_HOISTED = 1 << 30
@@ -97,7 +121,7 @@ class HoistedCast:
         return dataclasses.asdict(self)
 
 
-def loop_invariant_tensors(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph], *,
+def loop_invariant_tensors(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph], registry: OpRegistry, *,
                            called_elsewhere: Iterable[str] = ()) -> dict[str, frozenset[tuple[str, int]]]:
     """Per loop body whose Casts :func:`hoist_loop_invariant_casts` may hoist, the tensors of it
     (``(node, port)``) that are the same in every iteration: the arguments it passes through,
@@ -109,7 +133,7 @@ def loop_invariant_tensors(main: nx.MultiDiGraph, functions: Mapping[str, nx.Mul
     graphs: dict[str, nx.MultiDiGraph] = {"": main, **functions}
     found: dict[str, frozenset[tuple[str, int]]] = {}
     for _, _, body, cond in _hoistable_loops(graphs, functions, set(called_elsewhere)):
-        tensors = _invariant_tensors(functions[body], functions[cond], functions)
+        tensors = _invariant_tensors(functions[body], functions[cond], functions, registry)
         if tensors:
             found[body] = frozenset(tensors)
     return found
@@ -134,12 +158,13 @@ def _hoistable_loops(graphs: Mapping[str, nx.MultiDiGraph], functions: Mapping[s
             yield gname, loop, body, cond
 
 
-def hoist_loop_invariant_casts(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph], *,
-                               called_elsewhere: Iterable[str] = ()) -> list[HoistedCast]:
+def hoist_loop_invariant_casts(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph],
+                               registry: OpRegistry, *, called_elsewhere: Iterable[str] = ()) -> list[HoistedCast]:
     """Hoist the loop-invariant Casts the rewrite inserted (nodes with no ``proto`` whose op is
     ``Cast``) out of every functional loop of ``main`` and of ``functions`` (the rewritten IR
-    of a GraphDef and its library).  ``called_elsewhere``: functions something outside this IR
-    calls or names (a function not rewritten, a gradient), whose signatures must not change.
+    of a GraphDef and its library; ``registry`` says which ops are stateful).
+    ``called_elsewhere``: functions something outside this IR calls or names (a function not
+    rewritten, a gradient), whose signatures must not change.
 
     Inner loops are done first, so a Cast hoisted out of an inner loop into its enclosing body
     is hoisted again where that body's loop allows.  **Mutates** ``main`` and ``functions``
@@ -148,10 +173,10 @@ def hoist_loop_invariant_casts(main: nx.MultiDiGraph, functions: Mapping[str, nx
     graphs: dict[str, nx.MultiDiGraph] = {"": main, **functions}
     hoisted: list[HoistedCast] = []
     for gname, loop, body, cond in _hoistable_loops(graphs, functions, set(called_elsewhere)):
-        hoisted += _hoist_loop(graphs[gname], gname, loop, functions[body], functions[cond], functions)
+        hoisted += _hoist_loop(graphs[gname], gname, loop, functions[body], functions[cond], functions, registry)
     for gname in sorted(graphs):
         if any(d["op"] == _ENTER for _, d in graphs[gname].nodes(data=True)):
-            hoisted += _hoist_frames(graphs[gname], gname)
+            hoisted += _hoist_frames(graphs[gname], gname, functions, registry)
     if hoisted:
         log.debug("amp_rewrite: hoisted %d loop-invariant cast(s) out of loop bodies", len(hoisted))
     return hoisted
@@ -202,6 +227,40 @@ def _writes_no_resource(body: nx.MultiDiGraph, cond: nx.MultiDiGraph,
     return True
 
 
+def _holds_only_reads(graphs: Iterable[nx.MultiDiGraph], functions: Mapping[str, nx.MultiDiGraph],
+                      registry: OpRegistry) -> bool:
+    """Whether ``graphs`` (a loop's body and condition, or a TensorFlow 1 frame's nodes) and
+    every function they call hold no stateful op (by ``registry``) but reads and ops whose
+    state is no variable (:data:`_HARMLESS_STATEFUL`), no op taking or making a ref, and no
+    op ``registry`` does not know: a
+    ``py_function`` may assign any variable it closes over, a ``VarHandleOp`` may name one the
+    loop reads, and neither shows as a consumer of the loop's resources.  Pure."""
+    todo, seen = list(graphs), set()
+    while todo:
+        fg = todo.pop()
+        if id(fg) in seen:
+            continue
+        seen.add(id(fg))
+        signatures = fg.graph["signatures"]
+        for _, data in fg.nodes(data=True):
+            if data["synthetic"]:
+                continue
+            op = data["op"]
+            callees = (*data["funcs"], *((op,) if op in signatures else ()))
+            if callees:  # a call or a functional loop or conditional: what it runs is checked
+                if any(f not in functions for f in callees):
+                    return False
+                todo.extend(functions[f] for f in callees)
+                continue
+            sig = registry.op(op)
+            # A ref variable's assignment (Assign, AssignAdd, ScatterUpdate ...) is not marked
+            # stateful; it takes the variable as a ref, and so does what enters one into a
+            # TensorFlow 1 loop (RefEnter).
+            if sig is None or sig.has_ref_args() or (sig.is_stateful and op not in _HARMLESS_STATEFUL):
+                return False
+    return True
+
+
 def _only_read(fg: nx.MultiDiGraph, arg: str, index: int, through: set[int],
                functions: Mapping[str, nx.MultiDiGraph]) -> bool:
     """Whether every consumer of argument ``arg`` (number ``index``) of ``fg`` only reads it
@@ -246,12 +305,13 @@ class _Candidate:
     dst_dtype: int
 
 
-def _invariant_tensors(body: nx.MultiDiGraph, cond: nx.MultiDiGraph,
-                       functions: Mapping[str, nx.MultiDiGraph]) -> dict[tuple[str, int], tuple[int, str | None]]:
+def _invariant_tensors(body: nx.MultiDiGraph, cond: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph],
+                       registry: OpRegistry) -> dict[tuple[str, int], tuple[int, str | None]]:
     """The tensors of ``body`` that are the same in every iteration, each with the loop
     variable it comes from and the read it is (``None``: the argument itself): the arguments
     the body passes through, and the ``ReadVariableOp`` reads of those holding a resource
-    when the loop writes through none of its resources (:func:`_writes_no_resource`).  Pure."""
+    (with no control input: nothing orders them after anything) when the loop writes no
+    variable (:func:`_writes_no_resource`, :func:`_holds_only_reads`).  Pure."""
     args = ir.function_args(body, "arg")
     through = ir.passed_through(body)
     found: dict[tuple[str, int], tuple[int, str | None]] = {(args[i], 0): (i, None) for i in sorted(through)}
@@ -260,18 +320,19 @@ def _invariant_tensors(body: nx.MultiDiGraph, cond: nx.MultiDiGraph,
         if body._node[args[i]]["dtypes"]["T"] != dt.RESOURCE:
             continue
         for dst, keyed in body._succ[args[i]].items():
-            if body._node[dst]["op"] == _READ and any(e["dst_port"] == 0 for e in keyed.values()):
+            if (body._node[dst]["op"] == _READ and any(e["dst_port"] == 0 for e in keyed.values())
+                    and not ir.control_inputs(body, dst)):
                 reads.append(((dst, 0), (i, dst)))
-    if reads and _writes_no_resource(body, cond, functions):
+    if reads and _writes_no_resource(body, cond, functions) and _holds_only_reads([body, cond], functions, registry):
         found.update(reads)
     return found
 
 
-def _candidates(body: nx.MultiDiGraph, cond: nx.MultiDiGraph,
-                functions: Mapping[str, nx.MultiDiGraph]) -> list[_Candidate]:
+def _candidates(body: nx.MultiDiGraph, cond: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph],
+                registry: OpRegistry) -> list[_Candidate]:
     """The inserted Casts of ``body`` whose input is the same in every iteration
     (:func:`_invariant_tensors`), in name order.  Pure."""
-    invariant = _invariant_tensors(body, cond, functions)
+    invariant = _invariant_tensors(body, cond, functions, registry)
     found = []
     for name in sorted(body.nodes):
         data = body._node[name]
@@ -287,7 +348,7 @@ def _candidates(body: nx.MultiDiGraph, cond: nx.MultiDiGraph,
 
 
 def _hoist_loop(g: nx.MultiDiGraph, gname: str, loop: str, body: nx.MultiDiGraph, cond: nx.MultiDiGraph,
-                functions: Mapping[str, nx.MultiDiGraph]) -> list[HoistedCast]:
+                functions: Mapping[str, nx.MultiDiGraph], registry: OpRegistry) -> list[HoistedCast]:
     """Hoist what can be of ``body`` (the body of ``loop``, a node of ``g``; ``cond`` its
     condition).  **Mutates** ``g``, ``body``, ``cond`` and the graphs' signatures."""
     loop_data = g._node[loop]
@@ -299,7 +360,7 @@ def _hoist_loop(g: nx.MultiDiGraph, gname: str, loop: str, body: nx.MultiDiGraph
             or sorted(ir.function_args(body, "retval")) != indices
             or sorted(ir.function_args(cond, "arg")) != indices):
         return []
-    candidates = _candidates(body, cond, functions)
+    candidates = _candidates(body, cond, functions, registry)
     if not candidates:
         return []
     added: dict[tuple[int, bool, int], tuple[str, str, str]] = {}  # -> (body arg, outer cast, source)
@@ -480,38 +541,47 @@ def _extend_signatures(g: nx.MultiDiGraph, body: nx.MultiDiGraph, cond: nx.Multi
 _ENTER = "Enter"
 
 
-def _hoist_frames(g: nx.MultiDiGraph, gname: str) -> list[HoistedCast]:
+def _hoist_frames(g: nx.MultiDiGraph, gname: str, functions: Mapping[str, nx.MultiDiGraph],
+                  registry: OpRegistry) -> list[HoistedCast]:
     """Hoist the rewrite's Casts of loop-invariant values out of the TensorFlow 1 loops of
     ``g``: a Cast of an ``Enter`` with ``is_constant`` (a weight entered as a constant: a ref
-    variable's read, a placeholder), or of a read of a resource so entered where the frame
-    writes through none of its resources, becomes a Cast before the ``Enter`` and a new
-    ``Enter`` of the cast value.  Repeated until nothing moves, so a Cast leaves nested frames
-    one at a time.  **Mutates** ``g``.  Returns what it moved."""
+    variable's read, a placeholder), or of a read of a resource so entered, becomes a Cast
+    before the ``Enter`` and a new ``Enter`` of the cast value, where the frame writes no
+    variable (:func:`_frame_writes_nothing`: a ref variable's read shares the variable's
+    buffer, so an assignment in the frame would change it between iterations).  Repeated
+    until nothing moves, so a Cast leaves nested frames one at a time.  **Mutates** ``g``.
+    Returns what it moved."""
     hoisted: list[HoistedCast] = []
-    reads_only: dict[bytes, bool] = {}
+    writes_nothing: dict[bytes, bool] = {}
     while True:
         moved = False
         for name in sorted(n for n, d in g.nodes(data=True) if d["op"] == "Cast" and d["proto"] is None):
-            found = _frame_candidate(g, name, reads_only)
-            if found is not None:
+            found = _frame_candidate(g, name)
+            if found is None:
+                continue
+            frame = found[2]
+            if frame not in writes_nothing:
+                writes_nothing[frame] = _frame_writes_nothing(g, frame, functions, registry)
+            if writes_nothing[frame]:
                 hoisted.append(_hoist_out_of_frame(g, gname, name, *found, seq=len(hoisted)))
                 moved = True
         if not moved:
             return hoisted
 
 
-def _frame_candidate(g: nx.MultiDiGraph, cast: str,
-                     reads_only: dict[bytes, bool]) -> tuple[str, str | None, bytes] | None:
-    """``(enter, read, frame)`` where inserted Cast ``cast`` of ``g`` reads the same value in
-    every iteration of a TensorFlow 1 loop: the output of constant ``enter`` (``read`` None),
-    or ``read``, a ``ReadVariableOp`` of it in a frame that writes no resource (cached per frame
-    in ``reads_only``); else ``None``.  Mutates only the cache."""
+def _frame_candidate(g: nx.MultiDiGraph, cast: str) -> tuple[str, str | None, bytes] | None:
+    """``(enter, read, frame)`` where inserted Cast ``cast`` of ``g`` reads a value entered
+    into TensorFlow 1 loop ``frame`` as a constant: the output of constant ``enter`` (``read``
+    None), or ``read``, a ``ReadVariableOp`` of it; else ``None``.
+    Whether the frame writes that value is for the caller.  Pure."""
     ins = ir.data_inputs(g, cast)
     if len(ins) != 1 or _has_control_edges(g, cast):
         return None
     (src, port), = ins
     read = None
     if g._node[src]["op"] == _READ and port == 0:
+        # Its control input is the frame's pivot, which puts it in the loop; a frame that
+        # writes nothing (checked by the caller) has nothing else to order it after.
         read_ins = ir.data_inputs(g, src)
         if len(read_ins) != 1:
             return None
@@ -522,11 +592,6 @@ def _frame_candidate(g: nx.MultiDiGraph, cast: str,
     frame = bytes_attr(enter, "frame_name")
     if frame is None or (read is None) != (enter["dtypes"].get("T") != dt.RESOURCE):
         return None
-    if read is not None:
-        if frame not in reads_only:
-            reads_only[frame] = _frame_writes_no_resource(g, frame)
-        if not reads_only[frame]:
-            return None
     return src, read, frame
 
 
@@ -536,17 +601,42 @@ def _has_control_edges(g: nx.MultiDiGraph, name: str) -> bool:
         e["dst_port"] == CONTROL for keyed in g._succ[name].values() for e in keyed.values())
 
 
-def _frame_writes_no_resource(g: nx.MultiDiGraph, frame: bytes) -> bool:
-    """Whether every resource entering ``frame`` reaches only ops that read it
-    (:data:`_READS_ONLY`).  A handle that enters a nested frame, or anything else, counts as a
-    write.  Pure."""
-    for name, data in g.nodes(data=True):
-        if data["op"] != _ENTER or data["dtypes"].get("T") != dt.RESOURCE or bytes_attr(data, "frame_name") != frame:
+def _frame_writes_nothing(g: nx.MultiDiGraph, frame: bytes, functions: Mapping[str, nx.MultiDiGraph],
+                          registry: OpRegistry) -> bool:
+    """Whether TensorFlow 1 loop ``frame`` of ``g`` writes no variable: its nodes (those of
+    frames nested in it too) hold only reads and harmless stateful ops
+    (:func:`_holds_only_reads`), and every resource entering it reaches only ops that read it
+    (:data:`_READS_ONLY`).  Pure."""
+    # RefEnter too: a ref variable assigned in the loop enters as one.
+    enters = [n for n, d in g.nodes(data=True)
+              if d["op"] in (_ENTER, "RefEnter") and bytes_attr(d, "frame_name") == frame]
+    for name in enters:
+        if g._node[name]["dtypes"].get("T") != dt.RESOURCE:
             continue
         for dst, keyed in g._succ[name].items():
             if any(e["dst_port"] != 0 for e in keyed.values()) or g._node[dst]["op"] not in _READS_ONLY:
                 return False
-    return True
+    # A view, whose graph attributes (the signatures) are g's.
+    return _holds_only_reads([g.subgraph(_frame_nodes(g, enters))], functions, registry)
+
+
+def _frame_nodes(g: nx.MultiDiGraph, enters: list[str]) -> set[str]:
+    """The nodes of ``g`` inside the TensorFlow 1 loop that ``enters`` (all its ``Enter``
+    nodes) start, nested loops included: everything reachable from them (data and control
+    edges) without leaving through the loop's own ``Exit``; an ``Enter`` goes one frame deeper,
+    an ``Exit`` one out.  Pure."""
+    depth = {name: 0 for name in enters}
+    todo = list(enters)
+    while todo:
+        u = todo.pop()
+        for v in g._succ[u]:
+            op = g._node[v]["op"]
+            d = depth[u] + (1 if op in ("Enter", "RefEnter") else -1 if op in ("Exit", "RefExit") else 0)
+            if d < 0 or v in depth:
+                continue
+            depth[v] = d
+            todo.append(v)
+    return set(depth)
 
 
 def _hoist_out_of_frame(g: nx.MultiDiGraph, gname: str, cast: str, enter: str, read: str | None, frame: bytes,
@@ -554,7 +644,7 @@ def _hoist_out_of_frame(g: nx.MultiDiGraph, gname: str, cast: str, enter: str, r
     """Move inserted Cast ``cast`` (of ``enter``'s output, or of ``read`` of it) before
     ``enter``: a Cast (after a new read, for a resource) of what ``enter`` enters, and a new
     constant ``Enter`` of its result into the same frame, which ``cast``'s consumers read.
-    ``enter`` and ``read`` go where nothing else reads them.  **Mutates** ``g``."""
+    **Mutates** ``g``."""
     cast_data, enter_data = g._node[cast], g._node[enter]
     (producer, port), = ir.data_inputs(g, enter)
     waits = ir.control_inputs(g, enter)
@@ -589,10 +679,10 @@ def _hoist_out_of_frame(g: nx.MultiDiGraph, gname: str, cast: str, enter: str, r
             ir.add_data_edge(g, new_enter, 0, dst, edge["dst_port"], None)
             g._node[dst]["dirty"] = True
             g._node[dst]["inputs_changed"] = True
+    # The frame's own Enter and read stay, unused, where nothing else reads them: a
+    # MetaGraphDef's while_context collection names them, and importing it looks them up
+    # (a session runs only what its fetches need, so they cost nothing).
     g.remove_node(cast)
-    for gone in (read, enter):
-        if gone is not None and not g._succ[gone]:
-            g.remove_node(gone)
     what = ("the read of a variable entered as a constant" if read is not None
             else "a value entered as a constant (Enter with is_constant)")
     return HoistedCast(gname, frame.decode("utf-8", "replace"), "", cast, new_cast, None, what)

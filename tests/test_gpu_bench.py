@@ -655,7 +655,13 @@ def test_the_gpu_session_script_names_only_known_workloads_and_variants_and_fits
                 if re.search(r"timeout \d+ python3 bench/gpu_(bench|profile)\.py", line)]
     assert len(commands) >= 4
     stages = re.findall(r"^(\w+)\)$", text, flags=re.M)
-    assert stages == ["norm", "profile", "misses", "train", "nodes", "bf16", "more", "more_xla", "measure"]
+    assert stages == ["norm", "profile", "misses", "train", "nodes", "bf16", "more", "more_xla", "measure", "loops"]
+    # bench/loop_hoist.py's workloads too (the loops stage).
+    import loop_hoist
+
+    for command in re.findall(r"timeout \d+ python3 bench/loop_hoist\.py[^\n]*", text):
+        only = shlex.split(command)[shlex.split(command).index("--only") + 1]
+        assert set(only.split(",")) <= set(loop_hoist.WORKLOADS), command
     for command in commands:
         words = shlex.split(command.split(">")[0])
         timeout = int(words[1])

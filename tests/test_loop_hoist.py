@@ -517,3 +517,196 @@ def test_a_weight_in_nested_tf1_loops_leaves_both_frames(no_hoist):
     x = np.random.default_rng(2).normal(size=(4, 16)).astype("float32")
     plain = amp_rewrite.rewrite_graph_def(gd, lists_file=no_hoist, **opts)
     assert np.array_equal(_run_tf1(hoisted.graph_def, x), _run_tf1(plain.graph_def, x))
+
+
+# --- What a review found (2026-11-28): files that must still load, writes that must be seen ---
+
+
+def _decoder_module(d=16):
+    rng = np.random.default_rng(0)
+
+    class Decoder(tf.Module):
+        def __init__(self):
+            self.w = tf.Variable(rng.normal(0, 0.3, (d, d)).astype("float32"))
+            self.u = tf.Variable(rng.normal(0, 0.3, (d, d)).astype("float32"))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, d], tf.float32)])
+        def __call__(self, x):
+            def body(i, h):
+                return i + 1, tf.tanh(tf.matmul(h, self.w) + tf.matmul(x, self.u))
+            return tf.while_loop(lambda i, h: i < 5, body, (0, tf.zeros_like(x)))[1]
+
+    return Decoder()
+
+
+def test_a_rewritten_saved_model_with_a_loop_loads_runs_and_differentiates(tmp_path, no_hoist):
+    """A TF2 SavedModel whose loop's signature grew: ``tf.saved_model.load`` checks each
+    function's ``_input_shapes`` against its arguments, and differentiating the loaded function
+    rebuilds the loop's gradient from its ``_num_original_outputs``: it must load, compute what
+    the Casts left in the loop compute, and give the weight its gradient (it came out 0)."""
+    from amp_rewrite.models.saved_model import rewrite_saved_model
+
+    tf.saved_model.save(_decoder_module(), str(tmp_path / "f32"))
+    x = tf.constant(np.random.default_rng(1).normal(size=(3, 16)).astype("float32"))
+    got = {}
+    for label, opts in (("hoisted", {}), ("plain", {"lists_file": no_hoist})):
+        report = rewrite_saved_model(str(tmp_path / "f32"), str(tmp_path / label), target="cpu", precision="bfloat16",
+                                     use_env=False, **opts)
+        assert (sum(len(g.get("hoisted_casts", ())) for g in report["graphs"]) > 0) == (label == "hoisted")
+        model = tf.saved_model.load(str(tmp_path / label))
+        with tf.GradientTape() as tape:
+            y = model(x)
+            loss = tf.reduce_sum(y)
+        got[label] = (y.numpy(), tape.gradient(loss, model.w).numpy(),
+                      list(model.signatures["serving_default"](x=x).values())[0].numpy())
+    model = tf.saved_model.load(str(tmp_path / "f32"))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(model(x))
+    f32_grad = tape.gradient(loss, model.w).numpy()
+    assert np.array_equal(got["hoisted"][0], got["plain"][0])
+    assert np.array_equal(got["hoisted"][2], got["plain"][2])
+
+    def err(g):
+        return float(np.abs(g - f32_grad).max() / np.abs(f32_grad).max())
+
+    # The hoisted weight's gradient is summed over the iterations in bfloat16 (the loop variable's
+    # type), where the Cast in the loop summed float32 ones: a little further from float32.
+    assert err(got["hoisted"][1]) < max(3 * err(got["plain"][1]), 0.05)
+
+
+def test_a_graph_def_that_records_every_output_shape_still_imports(no_hoist):
+    """``as_graph_def(add_shapes=True)`` gives every node ``_output_shapes``; importing checks
+    that a loop has one per output."""
+    fn, _ = _decoder()
+    x = tf.constant(np.ones((4, 16), "float32"))
+    concrete = tf.function(fn).get_concrete_function(x)
+    gd = concrete.graph.as_graph_def(add_shapes=True)
+    result = amp_rewrite.rewrite_graph_def(gd, fetches=[t.name for t in concrete.outputs], **OPTS)
+    assert result.report["hoisted_casts"]
+    (loop,) = _loop_bodies(result.graph_def)[1]
+    assert len(loop.attr["_output_shapes"].list.shape) == len(loop.attr["T"].list.type)
+    with tf.Graph().as_default():
+        tf.graph_util.import_graph_def(result.graph_def, name="")
+
+
+def test_a_tf1_meta_graph_and_saved_model_with_a_hoisted_frame_still_load(tmp_path):
+    """TensorFlow 1's while_context collection names the frame's nodes; importing looks each
+    one up, so the frame's Enter and read stay (unused) when the Cast leaves."""
+    from tensorflow.python.ops import control_flow_util
+
+    from amp_rewrite.models.saved_model import rewrite_saved_model
+
+    old = control_flow_util.ENABLE_CONTROL_FLOW_V2
+    control_flow_util.ENABLE_CONTROL_FLOW_V2 = False
+    try:
+        g = tf.Graph()
+        with g.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [None, 16], name="x")
+            w = tf.compat.v1.get_variable(
+                "w", initializer=np.random.default_rng(0).normal(0, 0.3, (16, 16)).astype("float32"), use_resource=True)
+            out = tf.identity(tf.while_loop(lambda i, h: i < 3, lambda i, h: (i + 1, tf.tanh(tf.matmul(h, w))),
+                                            (0, x))[1], name="out")
+            init = tf.compat.v1.global_variables_initializer()
+            tf.compat.v1.train.export_meta_graph(str(tmp_path / "m.meta"))
+            with tf.compat.v1.Session() as sess:
+                sess.run(init)
+                builder = tf.compat.v1.saved_model.Builder(str(tmp_path / "sm"))
+                builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={
+                    "serving_default": tf.compat.v1.saved_model.predict_signature_def({"x": x}, {"out": out})})
+                builder.save()
+    finally:
+        control_flow_util.ENABLE_CONTROL_FLOW_V2 = old
+    opts = dict(target="gpu:8.0", precision="float16", use_env=False)
+    report = rewrite_saved_model(str(tmp_path / "m.meta"), str(tmp_path / "out.meta"), **opts)
+    assert report["graphs"][0]["hoisted_casts"]
+    with tf.Graph().as_default():
+        tf.compat.v1.train.import_meta_graph(str(tmp_path / "out.meta"))
+    report = rewrite_saved_model(str(tmp_path / "sm"), str(tmp_path / "sm_out"), **opts)
+    assert report["graphs"][0]["hoisted_casts"]
+    xv = np.ones((2, 16), "float32")
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        tf.compat.v1.saved_model.load(sess, ["serve"], str(tmp_path / "sm_out"))
+        assert np.isfinite(sess.run("out:0", {"x:0": xv})).all()
+
+
+def _py_function_write():
+    v = tf.Variable(np.full((8, 8), 0.05, "float32"))
+
+    def bump():
+        v.assign_add(tf.ones([8, 8]) * 0.05)
+        return tf.constant(0.0)
+
+    def fn(x):
+        def body(i, h):
+            t = tf.py_function(bump, [], tf.float32)
+            with tf.control_dependencies([t]):
+                w = tf.raw_ops.ReadVariableOp(resource=v.handle, dtype=tf.float32)
+            return i + 1, tf.matmul(h, w)
+        return tf.while_loop(lambda i, h: i < 3, body, (0, x))[1]
+
+    return fn, lambda: v.assign(np.full((8, 8), 0.05, "float32"))
+
+
+def _handle_made_in_the_body_write():
+    w = tf.Variable(np.full((8, 8), 0.05, "float32"))
+
+    def fn(x):
+        def body(i, h):
+            hn = tf.matmul(h, w)
+            alias = tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=[8, 8], shared_name="unrelated")
+            with tf.control_dependencies([hn]):
+                a = tf.raw_ops.AssignVariableOp(resource=alias, value=tf.ones([8, 8]))
+            with tf.control_dependencies([a]):
+                return i + 1, tf.identity(hn)
+        return tf.while_loop(lambda i, h: i < 3, body, (0, x))[1]
+
+    return fn, lambda: w.assign(np.full((8, 8), 0.05, "float32"))
+
+
+@pytest.mark.parametrize("build", [_py_function_write, _handle_made_in_the_body_write],
+                         ids=["py_function", "VarHandleOp"])
+def test_a_loop_that_may_write_a_variable_unseen_keeps_its_reads(build, no_hoist):
+    """A ``py_function`` may assign any variable it closes over, and a handle made in the body
+    may name one the loop reads: neither is a consumer of the loop's resources, so the loop's
+    stateful ops are what tells.  Here the py_function does write the weight the body reads."""
+    fn, reset = build()
+    x = tf.ones((4, 8))
+    assert "hoisted_casts" not in _rewrite(fn, x).report
+    reset()
+    got = amp_rewrite.function(fn, **OPTS)(x).numpy()
+    reset()
+    plain = amp_rewrite.function(fn, **OPTS, lists_file=no_hoist)(x).numpy()
+    assert np.array_equal(got, plain)
+
+
+def test_a_tf1_loop_that_assigns_a_ref_variable_keeps_its_cast_in_the_frame(no_hoist):
+    """A ref variable's read shares the variable's buffer: assigned in the loop (through a
+    RefEnter; Assign ops are not marked stateful), the value entered as a constant changes
+    between iterations, and a Cast made once before the loop would miss it."""
+    from tensorflow.python.ops import control_flow_util
+
+    old = control_flow_util.ENABLE_CONTROL_FLOW_V2
+    control_flow_util.ENABLE_CONTROL_FLOW_V2 = False
+    try:
+        g = tf.Graph()
+        with g.as_default():
+            x = tf.compat.v1.placeholder(tf.float32, [4, 16], name="x")
+            w = tf.compat.v1.get_variable("w", initializer=np.full((16, 16), 0.05, "float32"), use_resource=False)
+
+            def body(i, h):
+                h2 = tf.matmul(h, w)
+                with tf.control_dependencies([h2]):
+                    a = tf.compat.v1.assign_add(w, tf.ones([16, 16]) * 0.05)
+                with tf.control_dependencies([a]):
+                    return i + 1, tf.identity(h2)
+
+            tf.identity(tf.while_loop(lambda i, h: i < 3, body, (0, x))[1], name="out")
+            tf.group(tf.compat.v1.global_variables_initializer(), name="init")
+    finally:
+        control_flow_util.ENABLE_CONTROL_FLOW_V2 = old
+    gd = g.as_graph_def()
+    opts = dict(target="gpu:8.0", precision="float16", fetches=["out"], use_env=False)
+    result = amp_rewrite.rewrite_graph_def(gd, **opts)
+    assert "hoisted_casts" not in result.report
+    xv = np.ones((4, 16), "float32")
+    np.testing.assert_allclose(_run_tf1(result.graph_def, xv), _run_tf1(gd, xv), rtol=0.01)

@@ -150,10 +150,25 @@ def _append_output_shapes(nd: Any, appended: list[int | tuple[int | None, ...] |
     variable ``i``'s for an int ``i``, a shape (dims, ``None`` unknown), or an unknown shape
     for ``None``.  A loop without ``output_shapes`` (or with one that does not match its old
     ``T``) is left without them.  Mutates ``nd`` only."""
-    if "output_shapes" not in nd.attr:
-        return
-    shapes = nd.attr["output_shapes"].list.shape
-    if len(shapes) != len(nd.attr["T"].list.type) - len(appended):
+    old_count = len(nd.attr["T"].list.type) - len(appended)
+    # The loop's own output_shapes, and _output_shapes where the graph records every node's
+    # (as_graph_def(add_shapes=True)): importing checks there is one per output.
+    for attr in ("output_shapes", "_output_shapes"):
+        if attr in nd.attr:
+            _append_shapes(nd.attr[attr].list.shape, old_count, appended)
+    # TensorFlow's gradient of a loop (while_v2, when a loaded model is differentiated) takes
+    # its first _num_original_outputs outputs for its loop variables and the rest for values
+    # saved for an earlier gradient; a loop that had none gets the new ones counted, so the
+    # gradient reaches what they were cast from.
+    if "_num_original_outputs" in nd.attr and nd.attr["_num_original_outputs"].i == old_count:
+        nd.attr["_num_original_outputs"].i = len(nd.attr["T"].list.type)
+
+
+def _append_shapes(shapes: Any, old_count: int, appended: list[int | tuple[int | None, ...] | None]) -> None:
+    """Append to ``shapes`` (a repeated TensorShapeProto of ``old_count`` entries; left alone
+    otherwise) one entry per ``appended``: a copy of entry ``i`` for an int ``i``, a shape,
+    or an unknown shape for ``None``.  Mutates ``shapes``."""
+    if len(shapes) != old_count:
         return
     for source in appended:
         new = shapes.add()
@@ -261,12 +276,19 @@ def _append_arguments(fg: nx.MultiDiGraph, fdef: Any) -> None:
     after its node, a result after its ``ret_key``, each of its fixed type.  Mutates ``fdef``."""
     sig = fdef.signature
     args = sorted((d["ints"]["index"], n, d) for n, d in fg.nodes(data=True) if d["synthetic"])
+    old_count = len(sig.input_arg)
+    added = []
     for index, name, data in args:
         if data["synthetic"] == "arg" and index >= len(sig.input_arg):
             _declare_shape(fdef, index, data.get("arg_shape"))
             sig.input_arg.add(name=name, type=data["dtypes"]["T"])
+            added.append(data.get("arg_shape"))
         elif data["synthetic"] == "retval" and index >= len(sig.output_arg):
             sig.output_arg.add(name=data["ret_key"], type=data["dtypes"]["T"])
+    # A function TensorFlow's tf.function traced declares its arguments' shapes once more in
+    # _input_shapes, which loading a SavedModel checks has one per argument.
+    if added and "_input_shapes" in fdef.attr:
+        _append_shapes(fdef.attr["_input_shapes"].list.shape, old_count, added)
 
 
 def _declare_shape(fdef: Any, index: int, shape: int | tuple[int | None, ...] | None) -> None:
