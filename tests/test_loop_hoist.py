@@ -710,3 +710,21 @@ def test_a_tf1_loop_that_assigns_a_ref_variable_keeps_its_cast_in_the_frame(no_h
     assert "hoisted_casts" not in result.report
     xv = np.ones((4, 16), "float32")
     np.testing.assert_allclose(_run_tf1(result.graph_def, xv), _run_tf1(gd, xv), rtol=0.01)
+
+
+def test_a_loop_variable_the_loop_never_changes_is_cast_once(no_hoist):
+    """``tf.while_loop`` returns each loop variable through an ``Identity``: one the body hands
+    back unchanged (a weight passed as a loop variable) is the same every iteration too."""
+    rng = np.random.default_rng(8)
+
+    def fn(x, w):
+        def body(i, h, w):
+            return i + 1, tf.tanh(tf.matmul(h, w)), w
+        return tf.while_loop(lambda i, h, w: i < 4, body, (0, x, w))[1]
+
+    args = (tf.constant(np.ones((2, 16), "float32")), tf.constant(rng.normal(0, 0.3, (16, 16)).astype("float32")))
+    (entry,) = _rewrite(fn, *args).report["hoisted_casts"]
+    assert entry["source"].endswith("which the body passes through unchanged")
+    got = amp_rewrite.function(fn, **OPTS)(*args).numpy()
+    plain = amp_rewrite.function(fn, **OPTS, lists_file=no_hoist)(*args).numpy()
+    assert np.array_equal(got, plain)

@@ -273,11 +273,15 @@ def function_args(fg: nx.MultiDiGraph, kind: str = "arg") -> dict[int, str]:
 
 def passed_through(fg: nx.MultiDiGraph) -> set[int]:
     """Indices ``i`` where function body ``fg`` returns its argument ``i`` unchanged as its
-    result ``i``: as a loop body, loop variable ``i`` is the same in every iteration.  Reads
-    ``fg`` only."""
+    result ``i``, directly or through ``Identity`` ops (``tf.while_loop`` returns each loop
+    variable through one): as a loop body, loop variable ``i`` is the same in every
+    iteration.  Reads ``fg`` only."""
     args = function_args(fg, "arg")
     same = set()
     for i, ret in function_args(fg, "retval").items():
-        if i in args and data_inputs(fg, ret) == [(args[i], 0)]:
+        ins = data_inputs(fg, ret)
+        while len(ins) == 1 and ins[0][1] == 0 and fg._node[ins[0][0]]["op"] == "Identity":
+            ins = data_inputs(fg, ins[0][0])
+        if i in args and ins == [(args[i], 0)]:
             same.add(i)
     return same
