@@ -406,8 +406,12 @@ def _check_loop(g: nx.MultiDiGraph, loop: str, body: nx.MultiDiGraph, cond: nx.M
 def _value_shape(body: nx.MultiDiGraph, c: _Candidate) -> tuple[int | None, ...] | None:
     """The static shape of what ``c.cast`` casts, where ``body``'s inferred shapes (those the
     import gave the cost-aware planner) know it; else ``None``.  Pure."""
-    src = c.read if c.read is not None else ir.function_args(body, "arg")[c.index]
-    outs = (body.graph.get("shapes") or {}).get(src)
+    return _shape_of(body, c.read if c.read is not None else ir.function_args(body, "arg")[c.index])
+
+
+def _shape_of(g: nx.MultiDiGraph, name: str) -> tuple[int | None, ...] | None:
+    """Node ``name``'s first output shape in ``g``'s inferred shapes, or ``None``.  Pure."""
+    outs = (g.graph.get("shapes") or {}).get(name)
     return outs[0] if outs else None
 
 
@@ -447,8 +451,7 @@ def _outer_cast(g: nx.MultiDiGraph, loop: str, loop_data: dict, source: tuple[st
         g._node[read]["dirty"] = True
         _set_shape(g, read, shape)
         ir.add_data_edge(g, producer, port, read, 0, None)
-        for pos, ctrl in enumerate(ir.control_inputs(g, loop)):
-            g.add_edge(ctrl, read, key=-1 - pos, src_port=CONTROL, dst_port=CONTROL, pos=pos, text=None)
+        _add_control_inputs(g, read, ir.control_inputs(g, loop))
         producer, port = read, 0
     cast = _unique(g, f"{loop}/{_ARG_PREFIX}{c.index}-CastTo-{dt.name(c.dst_dtype)}-AutoMixedPrecision")
     ir.add_node(g, cast, op="Cast", device=device, order=(order[0], order[1] + 1),
@@ -489,7 +492,7 @@ def _new_loop_variable(g: nx.MultiDiGraph, loop: str, loop_data: dict, outer_cas
                     ints={"index": index}, synthetic="arg")
         fg._node[arg]["dirty"] = True  # export rebuilds the function and appends the argument
         fg._node[arg]["arg_shape"] = shape  # what export declares (its _output_shapes)
-        _set_shape(fg, arg, shape if not isinstance(shape, int) else _arg_shape(fg, shape))
+        _set_shape(fg, arg, shape if not isinstance(shape, int) else _shape_of(fg, ir.function_args(fg, "arg")[shape]))
     ret = _unique(body, f"{arg}_out_RetVal")
     ir.add_node(body, ret, op="_Retval", device="", order=(1_000_000 + index, 0), dtypes={"T": dtype},
                 ints={"index": index}, synthetic="retval")
@@ -497,12 +500,6 @@ def _new_loop_variable(g: nx.MultiDiGraph, loop: str, loop_data: dict, outer_cas
     body._node[ret]["dirty"] = True
     ir.add_data_edge(body, arg, 0, ret, 0, None)
     return arg
-
-
-def _arg_shape(fg: nx.MultiDiGraph, index: int) -> tuple[int | None, ...] | None:
-    """Argument ``index``'s inferred shape in ``fg``, or ``None``.  Pure."""
-    outs = (fg.graph.get("shapes") or {}).get(ir.function_args(fg, "arg")[index])
-    return outs[0] if outs else None
 
 
 def _replace_with_arg(body: nx.MultiDiGraph, c: _Candidate, arg: str) -> None:
