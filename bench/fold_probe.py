@@ -9,7 +9,9 @@ bias of its own, a Sub, a scale without a bias, a depthwise convolution, a MatMu
 each through a session as users run one (Grappler on, every mixed-precision pass off), in
 float32 and in bfloat16, and prints the kernels that ran besides the dense op, from the step
 stats.  ``amp_rewrite/plan/grappler_folds.py`` encodes what this printed on TensorFlow 2.21
-with oneDNN; run it again on another TensorFlow, or on a GPU, before trusting that table there.
+with oneDNN, and on an H200 (``bench/gpu_runs/2026-11-28b-h200/fold_probe.txt``, before the
+three 3x3 patterns were added); run it again on another TensorFlow or GPU before trusting
+that table there.
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ def _const(dtype: tf.DType, *shape: int, value: float = 0.5) -> tf.Tensor:
 
 def _conv(x: tf.Tensor) -> tf.Tensor:
     return tf.nn.conv2d(x, _const(x.dtype, 1, 1, 64, 64), 1, "SAME")
+
+
+def _conv3x3(x: tf.Tensor) -> tf.Tensor:
+    return tf.nn.conv2d(x, _const(x.dtype, 3, 3, 64, 64), 1, "SAME")
 
 
 def _matmul(x: tf.Tensor) -> tf.Tensor:
@@ -77,6 +83,11 @@ PATTERNS: dict[str, Callable[[tf.Tensor], tf.Tensor]] = {
     "conv / c + b -> relu": lambda x: tf.nn.relu(_conv(x) / _const(x.dtype, 64) + _const(x.dtype, 64)),
     "matmul + b -> relu": lambda x: tf.nn.relu(_matmul(x) + _const(x.dtype, 64)),
     "matmul * s + t -> relu": lambda x: tf.nn.relu(_matmul(x) * _const(x.dtype, 64) + _const(x.dtype, 64)),
+    # A GPU's one fusion by TensorFlow's sources (cuDNN: a BiasAdd and a Relu on a convolution
+    # that is not 1x1), and its neighbours; not yet run on a GPU (2026-11-28).
+    "bias_add(conv3x3, b) -> relu": lambda x: tf.nn.relu(tf.nn.bias_add(_conv3x3(x), _const(x.dtype, 64))),
+    "bias_add(conv3x3, b) -> relu6": lambda x: tf.nn.relu6(tf.nn.bias_add(_conv3x3(x), _const(x.dtype, 64))),
+    "conv3x3 + b -> relu (an add, not a BiasAdd)": lambda x: tf.nn.relu(_conv3x3(x) + _const(x.dtype, 64)),
 }
 
 

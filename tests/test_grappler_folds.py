@@ -4,6 +4,10 @@ walk's limits (long chains, several consumers, cycles)."""
 
 from __future__ import annotations
 
+import ast
+import os
+import sys
+
 import networkx as nx
 import numpy as np
 import pytest
@@ -27,9 +31,9 @@ def _conv(x: tf.Tensor) -> tf.Tensor:
 WATCHED = grappler_folds.FOLDABLE_AFFINE | grappler_folds.FUSABLE_ACTIVATIONS | {"Sub"}
 
 
-def _answers(gd) -> dict[str, tuple[str, bool]]:
+def _answers(gd, onednn: bool = True) -> dict[str, tuple[str, bool]]:
     """``(op, is_folded)`` for every watched node of ``gd``, asked in topological order as the
-    planner and the step estimate ask."""
+    planner and the step estimate ask, by the CPU's rules (``onednn``) or a GPU's."""
     ops = {n.name: n.op for n in gd.node}
     inputs = {n.name: [(parse_graph_input(i).node, parse_graph_input(i).port) for i in n.input
                        if not i.startswith("^")] for n in gd.node}
@@ -40,17 +44,17 @@ def _answers(gd) -> dict[str, tuple[str, bool]]:
             g.add_edge(src, n.name)
     consts = frozenset(n for n, op in ops.items() if op == "Const")
     memo: dict = {}
-    return {n: (ops[n], grappler_folds.is_folded(g, ops, inputs, n, consts, memo)) for n in nx.topological_sort(g)
-            if ops[n] in WATCHED}
+    return {n: (ops[n], grappler_folds.is_folded(g, ops, inputs, n, consts, memo, lambda _: onednn))
+            for n in nx.topological_sort(g) if ops[n] in WATCHED}
 
 
-def _folded(build_tail) -> dict[str, bool]:
+def _folded(build_tail, onednn: bool = True) -> dict[str, bool]:
     """``is_folded`` for every watched node of ``x -> build_tail(x) -> out``."""
     def build() -> None:
         x = v1.placeholder(tf.float32, (1, 8, 8, 4), name="x")
         tf.identity(build_tail(x), name="out")
 
-    return {n: folded for n, (_, folded) in _answers(graph_def(build)).items()}
+    return {n: folded for n, (_, folded) in _answers(graph_def(build), onednn).items()}
 
 
 @pytest.mark.parametrize("tail, expected", [
@@ -158,3 +162,76 @@ def test_the_fold_rules_agree_with_grapplers_own_folding():
         predicted = collections.Counter(op for op, folded in _answers(graph.as_graph_def()).values() if not folded)
         ran = {k: v for k, v in fold_probe.kernels(pattern, tf.float32, shape).items() if k in WATCHED}
         assert dict(predicted) == ran, name
+
+
+def _conv3x3(x: tf.Tensor) -> tf.Tensor:
+    return tf.nn.conv2d(x, _const(3, 3, 4, 4), 1, "SAME", name="conv3")
+
+
+@pytest.mark.parametrize("tail, expected", [
+    # A frozen batch norm after a convolution: the scale goes into the weights, the add and
+    # the activation run.
+    (lambda x: tf.nn.relu6(tf.add(tf.multiply(_conv(x), _const(4), name="s"), _const(4), name="t"), name="act"),
+     {"s": True, "t": False, "act": False}),
+    # Two adds of constants become one, which runs.
+    (lambda x: tf.nn.relu(tf.add(tf.add(_conv(x), _const(4), name="b1"), _const(4), name="b2"), name="act"),
+     {"b1": False, "b2": True, "act": False}),
+    # ResNet50's bias, then its batch norm: everything runs.
+    (lambda x: tf.nn.relu(tf.add(tf.multiply(tf.nn.bias_add(_conv(x), _const(4), name="b"), _const(4), name="s"),
+                                 _const(4), name="t"), name="act"),
+     {"b": False, "s": False, "t": False, "act": False}),
+    (lambda x: tf.nn.relu(tf.multiply(_conv(x), _const(4), name="s"), name="act"), {"s": True, "act": False}),
+    # cuDNN's one fusion: a BiasAdd and a Relu on a 3x3 convolution (after a folded scale too) ...
+    (lambda x: tf.nn.relu(tf.nn.bias_add(_conv3x3(x), _const(4), name="b"), name="act"), {"b": True, "act": True}),
+    (lambda x: tf.nn.relu(tf.nn.bias_add(tf.multiply(_conv3x3(x), _const(4), name="s"), _const(4), name="b"),
+                          name="act"),
+     {"s": True, "b": True, "act": True}),
+    # ... but not a Relu6, an Add taken as a bias, a 1x1 convolution, or a bias alone.
+    (lambda x: tf.nn.relu6(tf.nn.bias_add(_conv3x3(x), _const(4), name="b"), name="act"), {"b": False, "act": False}),
+    (lambda x: tf.nn.relu(tf.add(_conv3x3(x), _const(4), name="b"), name="act"), {"b": False, "act": False}),
+    (lambda x: tf.nn.relu(tf.nn.bias_add(_conv(x), _const(4), name="b"), name="act"), {"b": False, "act": False}),
+    (lambda x: tf.nn.bias_add(_conv3x3(x), _const(4), name="b"), {"b": False}),
+    # Nothing fuses into a MatMul or a depthwise convolution.
+    (lambda x: tf.nn.relu(tf.nn.bias_add(tf.matmul(tf.reshape(x, (4, 64)), _const(64, 4)), _const(4), name="b"),
+                          name="act"),
+     {"b": False, "act": False}),
+    (lambda x: tf.nn.relu6(tf.add(tf.nn.depthwise_conv2d(x, _const(3, 3, 4, 1), [1, 1, 1, 1], "SAME"), _const(4),
+                                  name="b"), name="act"),
+     {"b": False, "act": False}),
+])
+def test_what_grappler_folds_on_a_gpu(tail, expected):
+    assert _folded(tail, onednn=False) == expected
+
+
+#: What ``bench/fold_probe.py`` found running on an H200 (TensorFlow 2.21), committed.
+GPU_PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "gpu_runs", "2026-11-28b-h200",
+                         "fold_probe.txt")
+
+
+def _probe_lines(path: str) -> dict[str, dict[str, int]]:
+    """Pattern name -> the float32 kernels a probe run printed for it."""
+    found = {}
+    for line in open(path, encoding="utf-8"):
+        name, sep, rest = line.partition(" float32 {")
+        if sep:
+            found[name.strip()] = ast.literal_eval("{" + rest.split("}")[0] + "}")
+    return found
+
+
+def test_the_gpu_fold_rules_agree_with_grappler_on_a_gpu():
+    """Differential against the measured GPU: for every pattern the H200 ran, the element-wise
+    kernels it ran are exactly the nodes ``is_folded`` by a GPU's rules says are not folded."""
+    import collections
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+    import fold_probe
+
+    measured = _probe_lines(GPU_PROBE)
+    assert len(measured) >= 19
+    for name, ran in measured.items():
+        if "zero bias" in name:
+            continue  # Grappler drops an add of zeros by its value, which the rules do not read
+        graph, _, _ = fold_probe.build(fold_probe.PATTERNS[name], tf.float32, (1, 8, 8, 64))
+        predicted = collections.Counter(op for op, folded in _answers(graph.as_graph_def(), onednn=False).values()
+                                        if not folded)
+        assert dict(predicted) == {k: v for k, v in ran.items() if k in WATCHED}, name

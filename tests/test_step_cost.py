@@ -95,20 +95,50 @@ def _biased_mlp(frozen: bool) -> tf.compat.v1.GraphDef:
 
 
 def test_without_xla_the_affine_ops_grappler_folds_into_frozen_weights_cost_nothing():
-    """Grappler fuses a constant bias into the frozen MatMul before it, and the activation
-    behind that bias: with constant weights only the MatMuls run, as the planner prices it
-    (:mod:`amp_rewrite.plan.grappler_folds`); with fed weights the four element-wise ops are
-    kernels.  A ReLU with no bias before it is not fused, and a scaling after a ReLU is not
-    folded (``_mlp``).  Under XLA, XLA's fusion is priced instead, frozen or not."""
-    frozen = amp_rewrite.estimate_step_time(_biased_mlp(True), target=TARGET)
-    fed = amp_rewrite.estimate_step_time(_biased_mlp(False), target=TARGET)
+    """On a CPU, Grappler fuses a constant bias into the frozen MatMul before it, and the
+    activation behind that bias: with constant weights only the MatMuls run, as the planner
+    prices it (:mod:`amp_rewrite.plan.grappler_folds`); with fed weights the four element-wise
+    ops are kernels.  A GPU fuses nothing into a MatMul (cuBLASLt's fusion is off by default):
+    there they run frozen or not.  A ReLU with no bias before it is not fused, and a scaling
+    after a ReLU is not folded (``_mlp``).  Under XLA, XLA's fusion is priced instead, frozen
+    or not."""
+    cpu = dict(target="cpu", precision="bfloat16")
+    frozen = amp_rewrite.estimate_step_time(_biased_mlp(True), **cpu)
+    fed = amp_rewrite.estimate_step_time(_biased_mlp(False), **cpu)
     assert (frozen.kernels, frozen.elementwise_ns) == (2, 0.0)
     assert fed.kernels == 6 and fed.elementwise_ns > 0
     assert frozen.dense_ns == pytest.approx(fed.dense_ns)
+    on_gpu = [amp_rewrite.estimate_step_time(_biased_mlp(f), target=TARGET) for f in (True, False)]
+    assert on_gpu[0].kernels == on_gpu[1].kernels == 6
+    assert on_gpu[0].elementwise_ns == pytest.approx(on_gpu[1].elementwise_ns) and on_gpu[0].elementwise_ns > 0
     unbiased = amp_rewrite.estimate_step_time(_mlp(), target=TARGET)
     assert unbiased.kernels == 6 and unbiased.elementwise_ns > 0
     xla = [amp_rewrite.estimate_step_time(_biased_mlp(f), target=TARGET, compiled=True) for f in (True, False)]
     assert xla[0].kernels == xla[1].kernels == 4
+
+
+def test_a_gpu_prices_cudnns_one_fusion_of_a_frozen_convolution():
+    """On a GPU a frozen 3x3 convolution's ``BiasAdd`` and ``Relu`` fuse into cuDNN's call, a
+    batch norm's scale goes into its weights, and its shift and a ``Relu6`` run (a 1x1
+    convolution fuses nothing): the step estimate counts the kernels that remain."""
+
+    def build(kernel: int, activation) -> tf.compat.v1.GraphDef:
+        def body() -> None:
+            x = v1.placeholder(tf.float32, [8, 28, 28, 64], name="x")
+            w = tf.constant(np.full((kernel, kernel, 64, 64), 0.01, np.float32))
+            c = tf.nn.conv2d(x, w, 1, "SAME")
+            scale, shift = (tf.constant(np.full(64, v, np.float32)) for v in (0.5, 1.0))
+            biased = tf.nn.bias_add(c * scale, shift)
+            tf.identity(activation(biased), name="y")
+
+        return graph_def(body)
+
+    def kernels(kernel: int, activation) -> int:
+        return amp_rewrite.estimate_step_time(build(kernel, activation), target=TARGET).kernels
+
+    assert kernels(3, tf.nn.relu) == 1  # the fused convolution
+    assert kernels(1, tf.nn.relu) == kernels(3, tf.nn.relu6) == 3  # the convolution, the bias, the activation
+    assert amp_rewrite.estimate_step_time(build(1, tf.nn.relu), target="cpu", precision="bfloat16").kernels == 1
 
 
 def test_a_swish_is_one_fused_kernel_on_a_cpu_class_that_measured_it_and_three_on_a_gpu():

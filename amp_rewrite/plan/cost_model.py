@@ -230,6 +230,10 @@ class DeviceCosts:
     #: reaches (its GEMMs are one time step of a batch at a time).  ``None``:
     #: :attr:`dense_efficiency` for both.
     rnn_efficiency: tuple[float, float] | None = None
+    #: Whether Grappler's remapper fuses the bias and the activation after a frozen dense op
+    #: into it as with oneDNN on a CPU; ``False``: only as on a GPU, where one add and every
+    #: activation run but a Conv2D's ``BiasAdd`` + ``Relu`` (:mod:`.grappler_folds`).
+    fuses_bias_activation: bool = True
 
 
 #: Element-wise ops in bfloat16 on x86 CPUs, measured on this repository's benchmark CPU (AMD
@@ -469,7 +473,8 @@ def _gpu_class(name: str, f32: float, low: float, bandwidth: float, misaligned_l
                        conv_rates=(f32 * _CONV_SHARE[0], low * _CONV_SHARE[1]),
                        dense_efficiency=GPU_DENSE_EFFICIENCY, kernel_overhead=GPU_KERNEL_OVERHEAD,
                        host_per_kernel=GPU_HOST_PER_KERNEL, unfused_step_error=GPU_UNFUSED_STEP_ERROR,
-                       rnn_step_time=GPU_RNN_STEP_TIME, rnn_efficiency=GPU_RNN_EFFICIENCY)
+                       rnn_step_time=GPU_RNN_STEP_TIME, rnn_efficiency=GPU_RNN_EFFICIENCY,
+                       fuses_bias_activation=False)
 
 
 DEVICE_COSTS: dict[str, DeviceCosts] = {

@@ -13,12 +13,12 @@ graph's ops and data inputs; they change nothing.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 import networkx as nx
 
 __all__ = ["FOLDABLE_AFFINE", "FOLDABLE_BIASES", "FOLDABLE_SCALES", "FORWARD_DENSE", "FUSABLE_ACTIVATIONS",
-           "FUSED_SWISH", "SCALABLE_DENSE", "is_folded", "swish_parts"]
+           "FUSED_SWISH", "FoldMemo", "SCALABLE_DENSE", "is_folded", "swish_parts"]
 
 Inputs = Mapping[str, Sequence[tuple[str, int]]]
 
@@ -47,6 +47,16 @@ Inputs = Mapping[str, Sequence[tuple[str, int]]]
 #: A MatMul's bias and activation fuse as a convolution's (``_FusedMatMul``), but a Mul is
 #: pushed only into a Conv2D's or Conv3D's weights.  (Checked against Grappler by
 #: ``tests/test_grappler_folds.py`` and ``bench/fold_probe.py``.)
+#:
+#: On a GPU (TensorFlow 2.21 on an H200, ``bench/gpu_runs/2026-11-28b-h200/fold_probe.txt``,
+#: the same graphs) constant folding does the same: a scale directly on a convolution goes into
+#: its weights, and adds of constants after it become one.  But that one add runs, and so does
+#: every activation: the remapper fuses neither an add into a convolution nor anything into a
+#: MatMul there.  TensorFlow's sources (``remapper.cc``) name its one GPU fusion of a frozen
+#: dense op: a ``BiasAdd`` (not an ``Add``) directly on a ``Conv2D`` whose filter's second and
+#: third dimensions are known and not 1 (not a 1x1 convolution), followed by a ``Relu``, into
+#: cuDNN's fused convolution (a MatMul's only with cuBLASLt, which is off by default).  A
+#: device class says which rules hold (:attr:`~amp_rewrite.plan.cost_model.DeviceCosts.fuses_bias_activation`).
 #: Ops by a constant that scale (folded into a convolution's weights when directly on it;
 #: Grappler turns a division by a constant into a Mul).
 FOLDABLE_SCALES = frozenset({"Mul", "RealDiv"})
@@ -61,43 +71,76 @@ SCALABLE_DENSE = frozenset({"Conv2D", "Conv3D"})
 #: Dense ops the remapper fuses a bias and an activation into.
 FORWARD_DENSE = SCALABLE_DENSE | frozenset({"MatMul", "DepthwiseConv2dNative"})
 
-# The states of a chain from a dense op outwards (:func:`_step`).
-_SCALING, _BIASED, _ACTIVATED, _UNFOLDED = range(4)
+# The states of a chain from a dense op outwards (:func:`_step`).  Folded: scales in the
+# weights, biases and an activation fused (oneDNN), a bias merged into an earlier one (a GPU).
+# Not folded: a bias that runs as the chain's one add (a GPU), and a BiasAdd that cuDNN fuses
+# only when a Relu follows it (:func:`is_folded` looks ahead).
+_SCALING, _BIASED, _ACTIVATED, _UNFOLDED, _BIAS_RUNS, _BIAS_MERGED, _BIAS_CUDNN = range(7)
+_FOLDED = frozenset({_SCALING, _BIASED, _ACTIVATED, _BIAS_MERGED})
 
 
-def _step(state: int, op: str, scalable: bool) -> int:
+class _Dense(NamedTuple):
+    """What a chain's dense op allows: a scale pushed into its weights (``scalable``), the
+    remapper's CPU fusions (``onednn``), or on a GPU cuDNN's ``BiasAdd`` + ``Relu`` fusion
+    (``cudnn_conv``: a Conv2D whose filter passes the remapper's shape test)."""
+
+    scalable: bool
+    onednn: bool
+    cudnn_conv: bool
+
+
+_NO_DENSE = _Dense(False, True, False)
+#: ``is_folded``'s cache: node -> the state of the chain ending there, and its dense op's rules.
+FoldMemo = dict[str, tuple[int, _Dense]]
+
+
+def _step(state: int, op: str, dense: _Dense) -> int:
     """The state after element-wise ``op`` in a chain that was in ``state`` (see the table
-    above): scales only directly on a scalable convolution, biases until an activation, one
-    activation behind a bias."""
-    if op in FOLDABLE_SCALES and state == _SCALING and scalable:
+    above).  With oneDNN: scales only directly on a scalable convolution, biases until an
+    activation, one activation behind a bias.  On a GPU: the same scales; the first bias runs
+    (a cuDNN-fusable ``BiasAdd`` waits for its Relu) and later biases merge into it."""
+    if op in FOLDABLE_SCALES and state == _SCALING and dense.scalable:
         return _SCALING
-    if op in FOLDABLE_BIASES and state in (_SCALING, _BIASED):
-        return _BIASED
-    if op in FUSABLE_ACTIVATIONS and state == _BIASED:
+    if dense.onednn:
+        if op in FOLDABLE_BIASES and state in (_SCALING, _BIASED):
+            return _BIASED
+        if op in FUSABLE_ACTIVATIONS and state == _BIASED:
+            return _ACTIVATED
+        return _UNFOLDED
+    if op in FOLDABLE_BIASES and state == _SCALING:
+        return _BIAS_CUDNN if op == "BiasAdd" and dense.cudnn_conv else _BIAS_RUNS
+    if op in FOLDABLE_BIASES and state in (_BIAS_RUNS, _BIAS_MERGED):
+        return _BIAS_MERGED
+    if op == "Relu" and state == _BIAS_CUDNN:
         return _ACTIVATED
     return _UNFOLDED
 
 
 def is_folded(g: nx.MultiDiGraph, ops: Mapping[str, str], inputs: Inputs, name: str, consts: frozenset[str],
-              memo: dict[str, tuple[int, bool]]) -> bool:
+              memo: FoldMemo, onednn: Callable[[str], bool] = lambda _dense: True) -> bool:
     """Whether element-wise ``name`` of ``g`` disappears when the graph is loaded, folded or
     fused into the dense op with constant weights (``consts``: the constant nodes) before it,
     through a chain of ops each the only consumer of its input, as the table above says
     Grappler does.  ``ops`` and ``inputs`` are ``g``'s ops and data inputs by node.  Such a
     node costs nothing at run time in either precision: pricing it as a kernel, as the model
     prices other element-wise ops, charged every batch norm of a frozen model as if it ran
-    and kept its convolutions float32.
+    and kept its convolutions float32.  ``onednn(dense)``: whether the device of dense op
+    ``dense`` fuses a bias and an activation as oneDNN does (a CPU), or only as a GPU does.
 
     Mutates only ``memo``, the callers' cache (node -> the state of the chain ending there,
-    and whether its dense op takes scales), which it fills for every node it walks through.
+    and its dense op's rules), which it fills for every node it walks through.
     Iterative: the walk follows a chain of single-input ops upstream, and a chain of 100,000
     Relus is a valid graph, so recursing once per node would overflow Python's stack; asked
     in topological order, each walk stops at the previous node's answer.  A node met again
     on the walk (a cycle, which only a malformed loop could make) counts as not folded.
     """
     if name not in memo:
-        _fill_chain(g, ops, inputs, name, consts, memo)
-    return memo[name][0] != _UNFOLDED
+        _fill_chain(g, ops, inputs, name, consts, memo, onednn)
+    state = memo[name][0]
+    if state == _BIAS_CUDNN:
+        readers = list(g.successors(name))
+        return len(readers) == 1 and ops.get(readers[0]) == "Relu" and len(inputs.get(readers[0], ())) == 1
+    return state in _FOLDED
 
 
 def _foldable_operand(g: nx.MultiDiGraph, op: str, tensor: tuple[str, int]) -> bool:
@@ -133,13 +176,31 @@ def _link(g: nx.MultiDiGraph, ops: Mapping[str, str], inputs: Inputs, name: str,
     return src
 
 
+def _cudnn_fusable_filter(g: nx.MultiDiGraph, tensor: tuple[str, int]) -> bool:
+    """Whether a Conv2D's filter ``tensor`` passes the remapper's test for cuDNN's fused
+    convolution: rank 4 with its second and third dimensions known and not 1 (TensorFlow 2.21
+    tests those two, so a 1x1 filter never fuses).  Pure."""
+    shapes = (g.graph.get("shapes") or {}).get(tensor[0])
+    shape = shapes[tensor[1]] if shapes and tensor[1] < len(shapes) else None
+    return (shape is not None and len(shape) == 4
+            and all(isinstance(d, int) and d not in (1, -1) for d in (shape[1], shape[2])))
+
+
+def _dense_rules(g: nx.MultiDiGraph, ops: Mapping[str, str], inputs: Inputs, dense: str,
+                 onednn: Callable[[str], bool]) -> _Dense:
+    """The folding rules of a chain starting at dense op ``dense`` (:class:`_Dense`).  Pure."""
+    op = ops[dense]
+    return _Dense(scalable=op in SCALABLE_DENSE, onednn=onednn(dense),
+                  cudnn_conv=op == "Conv2D" and _cudnn_fusable_filter(g, inputs[dense][1]))
+
+
 def _fill_chain(g: nx.MultiDiGraph, ops: Mapping[str, str], inputs: Inputs, name: str, consts: frozenset[str],
-                memo: dict[str, tuple[int, bool]]) -> None:
+                memo: FoldMemo, onednn: Callable[[str], bool]) -> None:
     """Sets ``memo`` for ``name`` and every node on its chain up to a dense op with constant
     weights or a node already answered (see :func:`is_folded`)."""
     chain: list[str] = []
     seen: set[str] = set()
-    start: tuple[int, bool] = (_UNFOLDED, False)
+    start: tuple[int, _Dense] = (_UNFOLDED, _NO_DENSE)
     x = name
     while x not in seen:
         seen.add(x)
@@ -150,17 +211,17 @@ def _fill_chain(g: nx.MultiDiGraph, ops: Mapping[str, str], inputs: Inputs, name
         chain.append(x)
         src_ins = inputs[src]
         if ops[src] in FORWARD_DENSE and len(src_ins) > 1 and src_ins[1][0] in consts:
-            start = (_SCALING, ops[src] in SCALABLE_DENSE)
+            start = (_SCALING, _dense_rules(g, ops, inputs, src, onednn))
             break
         if src in memo:
             start = memo[src]
             break
         x = src
     # Otherwise (no dense op, or a cycle through ``name``) ``start`` stays unfolded.
-    state, scalable = start
+    state, dense = start
     for y in reversed(chain):
-        state = _step(state, ops[y], scalable) if state != _UNFOLDED else _UNFOLDED
-        memo[y] = (state, scalable)
+        state = _step(state, ops[y], dense) if state != _UNFOLDED else _UNFOLDED
+        memo[y] = (state, dense)
 
 
 #: The fused swish kernel's name in a device class's element-wise table

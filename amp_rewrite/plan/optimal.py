@@ -302,7 +302,7 @@ def _unary_costs(p: PaintingState, free: list[bool], pricing: _Pricing, shape_aw
     cost_high = [0.0] * n
     cost_low = [0.0] * n
     misaligned: dict[str, tuple[int, ...]] = {}
-    folded: dict[str, tuple[int, bool]] = {}  # grappler_folds.is_folded's cache
+    folded: grappler_folds.FoldMemo = {}
     consts = _constant_nodes(p)
     # A swish is priced as one fused kernel, on its Sigmoid, where the device has the fusion;
     # its Muls cost nothing more.
@@ -310,6 +310,12 @@ def _unary_costs(p: PaintingState, free: list[bool], pricing: _Pricing, shape_aw
                if p.ops[name] == "Sigmoid" and grappler_folds.FUSED_SWISH in pricing.costs_of(name).elementwise
                for parts in [grappler_folds.swish_parts(p.g, p.ops, p.inputs, name, consts)] if parts}
     swish_muls = {m for parts in swishes.values() for m in parts}
+
+    def onednn(dense: str) -> bool:
+        # Under XLA its own convolution rewrites fuse a bias and an activation into cuDNN's
+        # call on a GPU too, so the GPU's Grappler rules (:mod:`.grappler_folds`) do not apply.
+        return compiled or pricing.costs_of(dense).fuses_bias_activation
+
     for name in p.order:
         vs = tg.by_node[name]
         carrier = next((v for v in vs if free[v]), None)
@@ -322,7 +328,8 @@ def _unary_costs(p: PaintingState, free: list[bool], pricing: _Pricing, shape_aw
         # (folded when the graph is loaded), an op folded into a frozen dense op, or a swish's
         # Mul (priced with its Sigmoid).
         if ((live is not None and name not in live) or name in consts or name in swish_muls
-                or (op not in DENSE_OPS and grappler_folds.is_folded(p.g, p.ops, p.inputs, name, consts, folded))):
+                or (op not in DENSE_OPS and grappler_folds.is_folded(p.g, p.ops, p.inputs, name, consts, folded,
+                                                                     onednn))):
             continue
         weights = p.inputs[name][1][0] if op in DENSE_OPS and len(p.inputs[name]) > 1 else None
         priced = grappler_folds.FUSED_SWISH if name in swishes else op

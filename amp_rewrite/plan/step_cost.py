@@ -224,8 +224,13 @@ def _folded(g: nx.MultiDiGraph, order: list[str], registry: OpRegistry, costs_of
     swishes = {n: parts for n in order
                if ops[n] == "Sigmoid" and grappler_folds.FUSED_SWISH in costs_of(g.nodes[n].get("device", "")).elementwise
                for parts in [grappler_folds.swish_parts(g, ops, inputs, n, consts)] if parts}
-    memo: dict[str, tuple[int, bool]] = {}  # grappler_folds.is_folded's cache
-    affine = {n for n in order if ops[n] not in DENSE_OPS and grappler_folds.is_folded(g, ops, inputs, n, consts, memo)}
+    memo: grappler_folds.FoldMemo = {}
+
+    def onednn(dense: str) -> bool:
+        return costs_of(g.nodes[dense].get("device", "")).fuses_bias_activation
+
+    affine = {n for n in order
+              if ops[n] not in DENSE_OPS and grappler_folds.is_folded(g, ops, inputs, n, consts, memo, onednn)}
     gone = consts | affine | {m for parts in swishes.values() for m in parts}
     return consts, frozenset(gone), frozenset(swishes)
 
