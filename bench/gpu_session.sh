@@ -11,7 +11,8 @@
 #     source .gpu/scripts/env.sh; bash bench/gpu_session.sh STAGE "$OUT"
 #
 # Stages, most wanted first (a session of 15 device minutes has room for about two after the
-# install; since the 2026-11-28 run, `measure`, `misses`, `more_xla` and `nodes` come first):
+# install; since the second 2026-11-28 run, which ran `measure`, EfficientNetB0's `more_xla`,
+# `loops` and the fold probe, `nodes` comes first, then `more_xla` and `misses`):
 #   norm      Done-when line 1: ours as a user enables it against Keras's mixed_float16 + XLA
 #             and float32 + XLA, BERT first, then ResNet50; five variants, so both workloads
 #             fit the time budget (six left BERT out).  On the H200 (2026-11-27, second run,
@@ -23,12 +24,14 @@
 #             profile choosing its step by measure_steps=3 among the planned, float32 and
 #             default lists' steps) against float32, its A/A twin, TF's pass, ours_default and
 #             ours_tensorflow; then the LSTM (whose TF pass ran 1.48x float32) and EfficientNetB0.
+#             Ran on the second 2026-11-28 run: ours_measured chose the default lists' step on
+#             all three, 0.92-0.95 of float32's and 0.61-0.95 of TF's pass's step.
 #   misses    What the cost model missed on 2026-11-28, profiled: MobileNetV2 under XLA
 #             (float32 and ours, kernel times per HLO instruction), then the LSTM without XLA
 #             (float32, TF's pass, Keras's mixed_float16, ours: kernel times per op).
-#   more_xla  What the 2026-11-28 run left under XLA: EfficientNetB0 and ResNet50 b128, with
-#             float32 and its A/A twin for the run's noise (MobileNetV2, the LSTM and ResNet50
-#             b8 inference ran then).
+#   more_xla  What the 2026-11-28 runs left under XLA: ResNet50 b128, with float32 and its
+#             A/A twin for the run's noise (EfficientNetB0 ran in the second run; MobileNetV2,
+#             the LSTM and ResNet50 b8 inference in the first).
 #   bf16      bfloat16 on the GPU (never measured): Keras's mixed_bfloat16 + XLA against ours
 #             with the default profile, which fences norms and clears reductions over no
 #             element in bfloat16 on GPUs since 2026-11-27, and since 2026-11-28 trains
@@ -43,8 +46,10 @@
 #   nodes     Per-node times without XLA (float32, TF's pass, ours default, TF32 off) for
 #             bench/calibrate_gpu_in_place.py, which prices the same nodes here: MobileNetV2
 #             first (its steps without XLA priced 1.9x short, and its depthwise convolutions
-#             run TensorFlow's own kernels in float32 and cuDNN's in float16), then ResNet50
-#             and BERT; then which element-wise ops Grappler folds into a frozen convolution.
+#             run TensorFlow's own kernels in float32 and cuDNN's in float16; on the second
+#             2026-11-28 run converting gained 3-6% where the model priced a 24-29% loss), then
+#             ResNet50 and BERT; then which element-wise ops Grappler folds into a frozen
+#             convolution (the probe's three 3x3 patterns, cuDNN's fusion, never ran on a GPU).
 #   loops     Casts hoisted out of loop bodies (amp_rewrite/loop_hoist.py, 2026-11-28) on the
 #             GPU: a recurrent decoder's greedy decoding at batch 1 and 8, float32 (TF32), the
 #             Casts left in the loop (where TensorFlow's pass puts them), hoisted twice (A/A),
@@ -161,8 +166,7 @@ more)
         --out "$out/gpu_more.md"
     ;;
 more_xla)
-    step timeout 560 python3 bench/gpu_bench.py \
-        --workloads efficientnetb0-train-b64,resnet50-train-b128 \
+    step timeout 560 python3 bench/gpu_bench.py --workloads resnet50-train-b128 \
         --variants float32,float32_again,float32_xla,keras_mixed_xla,ours_user \
         --repeats 5 --steps 10 --warmup 2 --no-predict --time-budget 520 \
         --out "$out/gpu_more_xla.md"
