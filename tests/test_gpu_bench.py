@@ -29,6 +29,14 @@ def test_variant_names_map_to_their_settings():
     assert gpu_bench.variant_spec("ours_optimal_xla").lists == "optimal"
     assert gpu_bench.variant_spec("ours_optimal_xla").jit_compile is True
     assert gpu_bench.variant_spec("ours_default").jit_compile is False
+    # The optimal planner's own plan (not measured, so priced), and an extra variant on it too.
+    assert gpu_bench.variant_spec("ours_optimal").options == {"measure_steps": 0}
+    assert not gpu_bench.variant_spec("ours_optimal").measured and gpu_bench.variant_spec("ours_measured").measured
+    gpu_bench.define_extra_variant('opt_exp=ours_optimal:{"remove": {"deny": ["Exp"]}}')
+    try:
+        assert gpu_bench.variant_spec("opt_exp").options == {"measure_steps": 0, "remove": {"deny": ["Exp"]}}
+    finally:
+        gpu_bench.EXTRA_VARIANTS.pop("opt_exp")
     assert gpu_bench.variant_spec("ours_autotune_xla") == gpu_bench.VariantSpec(
         "ours_autotune_xla", jit_compile=True, autotune=True)
     assert gpu_bench.variant_spec("ours_autotune").ours and not gpu_bench.variant_spec("ours_autotune").jit_compile

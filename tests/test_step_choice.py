@@ -330,3 +330,68 @@ def test_only_running_out_of_device_memory_drops_a_candidate():
     assert tf_function._out_of_memory(tf.errors.ResourceExhaustedError(None, None, "OOM when allocating"))  # noqa: SLF001
     assert not tf_function._out_of_memory(tf.errors.InvalidArgumentError(None, None, "bad shape"))  # noqa: SLF001
     assert not tf_function._out_of_memory(ValueError("x"))  # noqa: SLF001
+
+
+@pytest.fixture
+def on_a_gpu(monkeypatch):
+    """This machine as a GPU of compute capability 8.0: ``target="auto"`` resolves to it."""
+    import amp_rewrite.api as api
+
+    real = api.resolve_target
+    gpu = real("gpu:8.0")
+    monkeypatch.setattr(api, "resolve_target", lambda target: gpu if target == "auto" else real(target))
+    return gpu
+
+
+def test_auto_measure_steps_is_for_the_optimal_planner_on_this_gpu_without_xla(on_a_gpu):
+    """Left out, ``measure_steps`` is 3 where the cost model is least sure of its whole-step
+    verdict: the optimal planner, on this machine's GPU (target ``"auto"``), without XLA.  A
+    compiled step, the greedy lists, or a target named for another machine are not measured."""
+    auto = tf_function.auto_measure_steps
+    assert auto({"target": "auto", "lists": "optimal"}, compiled=False) == 3
+    assert auto({"lists": "optimal", "precision": "bfloat16"}, compiled=False) == 3
+    assert auto({"target": "auto", "lists": "optimal"}, compiled=True) == 0
+    assert auto({"target": "auto", "lists": "default"}, compiled=False) == 0
+    assert auto({"target": "gpu:8.0", "lists": "optimal"}, compiled=False) == 0
+    assert auto({"target": "auto", "lists": "no-such-profile"}, compiled=False) == 0
+
+
+def test_auto_measure_steps_is_off_on_a_cpu():
+    """On this CPU (no GPU) the model's margin is the planner's own: nothing is measured."""
+    assert tf_function.auto_measure_steps({"target": "auto", "lists": "optimal"}, compiled=False) == 0
+
+
+def test_the_optimal_planner_on_a_gpu_without_xla_measures_by_default(on_a_gpu, caplog):
+    """With the optimal lists on this machine's GPU and no XLA, a step chooses by timing
+    without being asked (one INFO line says why and how to turn it off); ``measure_steps=0``
+    trusts the estimate; under XLA nothing is timed."""
+    w = tf.Variable(tf.ones([4, 4]))
+    counter = tf.Variable(0, dtype=tf.int64)
+    f = amp_rewrite.function(_step(w, counter), precision="float16", lists="optimal")
+    with caplog.at_level(logging.INFO, logger="amp_rewrite"):
+        for _ in range(8):
+            f(tf.ones([4, 4]))
+    (measured,) = f.measured_choices
+    assert set(measured["candidates"]) == {"planned", "default lists"} and measured["chosen"] is not None
+    assert any("least sure" in r.getMessage() and "measure_steps=0 trusts the estimate" in r.getMessage()
+               and r.levelno == logging.INFO for r in caplog.records)
+    assert int(counter.numpy()) == 8
+    for options in ({"measure_steps": 0}, {"jit_compile": True}):
+        g = amp_rewrite.function(_step(w, counter), precision="float16", lists="optimal", **options)
+        g(tf.ones([4, 4]))
+        assert g.measured_choices == [], options
+
+
+def test_a_step_measured_by_default_that_reduces_across_workers_says_so_at_info(on_a_gpu, monkeypatch, caplog):
+    """Measuring nobody asked for is not a request left undone: no WARNING where it cannot be
+    done (a step that reduces across workers), one INFO line."""
+    monkeypatch.setattr(tf_function, "_cross_worker_reason",
+                        lambda graph_def: "it reduces across workers (CollectiveReduceV2 'r' on /job:worker)")
+    w = tf.Variable(tf.ones([4, 4]))
+    counter = tf.Variable(0, dtype=tf.int64)
+    f = amp_rewrite.function(_step(w, counter), precision="float16", lists="optimal")
+    with caplog.at_level(logging.INFO, logger="amp_rewrite"):
+        f(tf.ones([4, 4]))
+    assert f.measured_choices == []
+    assert not any(r.levelno >= logging.WARNING and "measure" in r.getMessage() for r in caplog.records)
+    assert any("its steps are not measured (it reduces across workers" in r.getMessage() for r in caplog.records)

@@ -223,7 +223,10 @@ def enable_mixed_precision_graph_rewrite(
         the step as planned against the float32 step (and, with ``lists="optimal"``, the
         default lists' step) in its first calls and keeps the fastest
         (:mod:`amp_rewrite.training.step_choice`); a TF1 graph, rewritten before any step
-        runs, cannot, and says so.
+        runs, cannot, and says so.  Left out, it is 3 where the optimal planner plans for
+        this machine's GPU (``target="auto"``) and the step runs without XLA, where the cost
+        model is least sure (:func:`amp_rewrite.training.tf_function.auto_measure_steps`);
+        ``measure_steps=0`` trusts the estimate there.
 
     Returns
     -------

@@ -25,6 +25,11 @@ candidate's step.  The candidates compute the same update in different precision
 float32 step leaves the loss scale as it is), so switching between them changes the
 numerics only as mixed precision does.
 
+Left out, ``measure_steps`` is :data:`AUTO_MEASURE_STEPS` where the optimal planner plans for
+this machine's GPU and the step runs without XLA (``tf_function.auto_measure_steps``): on an
+H200 the optimal profile kept MobileNetV2's, EfficientNetB0's and an LSTM's training steps
+float32, and the default lists' steps, timed, ran 2-17% faster (``bench/gpu_runs/2026-11-28b-h200``).
+
 This module only chooses; :mod:`.tf_function` builds the candidates and decides when a step
 may be measured (never where it reduces across workers, since each worker would choose
 alone and they must run the same collectives).
@@ -37,7 +42,12 @@ import statistics
 import time
 from typing import Any, Callable, Sequence
 
-__all__ = ["MAX_DISCARDED", "MIN_GAIN", "Candidate", "MeasuredChoice"]
+__all__ = ["AUTO_MEASURE_STEPS", "MAX_DISCARDED", "MIN_GAIN", "Candidate", "MeasuredChoice"]
+
+#: Timed steps per candidate where the caller left ``measure_steps`` out and the step is
+#: measured by default (the optimal planner on a GPU without XLA: ``tf_function.auto_measure_steps``):
+#: the number the GPU benchmark's ``ours_measured`` ran (``bench/gpu_runs/2026-11-28b-h200``).
+AUTO_MEASURE_STEPS = 3
 
 #: Timed steps of one candidate that skipped their update and are not counted, at most, per
 #: step to measure: after that the candidate's steps count whatever they do (a step whose every

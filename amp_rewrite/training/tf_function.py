@@ -71,6 +71,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..errors import AmpRewriteError
 from ..plan.exclude import NameMatcher, unmatched_warned_once
 from ._common import (
+    DEFAULT_TARGET,
     TRAINING_OPTIONS,
     check_rewrite_options,
     report_rewrite,
@@ -79,7 +80,7 @@ from ._common import (
     warn_if_float16_without_loss_scaling,
     warn_once,
 )
-from .step_choice import Candidate, MeasuredChoice
+from .step_choice import AUTO_MEASURE_STEPS, Candidate, MeasuredChoice
 from .update_barrier import updates_after_inputs
 
 __all__ = ["function", "Function", "rename_functions", "note_layer_scopes"]
@@ -259,6 +260,33 @@ def _optimal_planner(options: Mapping[str, Any]) -> bool:
         return resolve_planner(**{k: options[k] for k in _PLANNER_OPTIONS if k in options}) == "optimal"
     except AmpRewriteError:
         return False
+
+
+def auto_measure_steps(options: Mapping[str, Any], *, compiled: bool) -> int:
+    """How many steps to time per candidate (``measure_steps``) where the caller did not say:
+    :data:`~.step_choice.AUTO_MEASURE_STEPS` where the optimal planner plans for this machine
+    (target ``"auto"``) and the step runs without XLA (``compiled`` false) on a device whose
+    whole steps the cost model prices with an error above the planner's margin there (a GPU's
+    ``unfused_step_error``: the model's verdict is least sure, and a GPU's step is cheap to
+    time); else 0.  On an H200 the optimal profile kept three such training steps float32 that
+    the default lists ran 2-17% faster (``bench/gpu_runs/2026-11-28b-h200``).  Reads
+    TensorFlow's device list and the list files, as the rewrite does; bad options give 0 (the
+    rewrite itself says why)."""
+    from ..api import resolve_target
+    from ..plan.optimal import MIN_ESTIMATED_GAIN
+    from ..plan.targets import resolve_precision
+    from ..step_check import target_step_margin
+
+    target = options.get("target", DEFAULT_TARGET)
+    if compiled or not (isinstance(target, str) and target.strip().lower() == "auto") or not _optimal_planner(options):
+        return 0
+    try:
+        machine = resolve_target(target)
+        precision = resolve_precision(options.get("precision", "auto"), machine)[0]
+        margin = target_step_margin(machine, precision, compiled=False)
+    except AmpRewriteError:
+        return 0
+    return AUTO_MEASURE_STEPS if margin > MIN_ESTIMATED_GAIN else 0
 
 
 def _duration(ns: float) -> str:
@@ -633,6 +661,9 @@ class Function:
         #: Per traced signature with ``measure_steps``: the choice between the steps it may
         #: run, timed in its first calls (:meth:`_measured`).
         self._choices: dict[str, MeasuredChoice] = {}
+        #: Traced signatures measured without the caller asking (:func:`auto_measure_steps`):
+        #: where measuring cannot be done, that is said at INFO, not as a request not carried out.
+        self._auto_measured: set[str] = set()
         #: Per measured signature: whether its planned step is the float32 one traced without
         #: loss scaling (its summary line, deferred to the choice, says so).
         self._planned_unscaled: dict[str, bool] = {}
@@ -720,10 +751,21 @@ class Function:
 
     def _plan_options(self, concrete: Any) -> dict[str, Any]:
         """The rewrite options for ``concrete``: under ``jit_compile=True`` the cost model
-        prices the graph as XLA runs it (``compiled=True``) unless the options say otherwise."""
+        prices the graph as XLA runs it (``compiled=True``) unless the options say otherwise;
+        without ``measure_steps``, the steps are measured where :func:`auto_measure_steps`
+        says so (logged, and remembered in :attr:`_auto_measured`)."""
         options = dict(self._options_for(concrete))
         if self._jit_compile is True:
             options.setdefault("compiled", True)
+        if "measure_steps" not in options:
+            steps = auto_measure_steps(options, compiled=bool(options.get("compiled")) or self._jit_compile is True)
+            if steps:
+                options["measure_steps"] = steps
+                self._auto_measured.add(concrete.name)
+                log.info("amp_rewrite: %s: the optimal planner on this GPU without XLA, where the cost model's "
+                         "whole-step estimates are least sure: its first steps choose between the steps it may "
+                         "run by timing them (measure_steps=%d; measure_steps=0 trusts the estimate)",
+                         self._description, steps)
         return options
 
     def _runner(self, concrete: Any) -> _Runner:
@@ -910,6 +952,10 @@ class Function:
         traced_def = concrete.graph.as_graph_def()  # read twice below: built once
         why = _cross_worker_reason(traced_def)
         if why is not None:
+            if concrete.name in self._auto_measured:
+                log.info("amp_rewrite: %s: its steps are not measured (%s): it runs the planned step",
+                         self._description, why)
+                return None
             warn_once(self, "measure-workers", (
                 f"amp_rewrite: {self._description}: measure_steps={steps} was asked for, but {why}: "
                 "it runs the planned step without measuring"))
@@ -1033,9 +1079,13 @@ class Function:
         (a WARNING: the measuring asked for does not happen for that graph), with the planned
         step's summary where it was waiting for the choice."""
         planned = choice.candidates[0]
-        warn_once(self, f"measure-nested-{signature}", (
-            f"amp_rewrite: {self._description}: measure_steps={choice.steps} cannot time a step called inside "
-            "another tf.function (it becomes part of that function's graph): the planned step runs there"))
+        message = (f"amp_rewrite: {self._description}: measure_steps={choice.steps} cannot time a step called "
+                   "inside another tf.function (it becomes part of that function's graph): the planned step "
+                   "runs there")
+        if signature in self._auto_measured:
+            log.info("%s", message)  # measured by default, not at the caller's request
+        else:
+            warn_once(self, f"measure-nested-{signature}", message)
         if signature in self._summary_deferred:
             self._log_summary(signature, planned)
         return planned.run(flat)
