@@ -31,6 +31,12 @@ def _conv(x: tf.Tensor) -> tf.Tensor:
 WATCHED = grappler_folds.FOLDABLE_AFFINE | grappler_folds.FUSABLE_ACTIVATIONS | {"Sub"}
 
 
+def _constants(ops, inputs) -> frozenset:
+    """Constants and Casts of them (a weight built in float16 is a Cast of a float32 one)."""
+    return frozenset(n for n, op in ops.items()
+                     if op == "Const" or (op == "Cast" and all(ops[src] == "Const" for src, _ in inputs[n])))
+
+
 def _answers(gd, onednn: bool = True) -> dict[str, tuple[str, bool]]:
     """``(op, is_folded)`` for every watched node of ``gd``, asked in topological order as the
     planner and the step estimate ask, by the CPU's rules (``onednn``) or a GPU's."""
@@ -39,19 +45,19 @@ def _answers(gd, onednn: bool = True) -> dict[str, tuple[str, bool]]:
                        if not i.startswith("^")] for n in gd.node}
     g = nx.MultiDiGraph(shapes=graph_shapes(gd))
     for n in gd.node:
-        g.add_node(n.name)
+        g.add_node(n.name, dtypes={"T": n.attr["T"].type} if "T" in n.attr else {})
         for src, _ in inputs[n.name]:
             g.add_edge(src, n.name)
-    consts = frozenset(n for n, op in ops.items() if op == "Const")
+    consts = _constants(ops, inputs)
     memo: dict = {}
     return {n: (ops[n], grappler_folds.is_folded(g, ops, inputs, n, consts, memo, lambda _: onednn))
             for n in nx.topological_sort(g) if ops[n] in WATCHED}
 
 
-def _folded(build_tail, onednn: bool = True) -> dict[str, bool]:
-    """``is_folded`` for every watched node of ``x -> build_tail(x) -> out``."""
+def _folded(build_tail, onednn: bool = True, dtype=tf.float32) -> dict[str, bool]:
+    """``is_folded`` for every watched node of ``x -> build_tail(x) -> out``, ``x`` of ``dtype``."""
     def build() -> None:
-        x = v1.placeholder(tf.float32, (1, 8, 8, 4), name="x")
+        x = v1.placeholder(dtype, (1, 8, 8, 4), name="x")
         tf.identity(build_tail(x), name="out")
 
     return {n: folded for n, (_, folded) in _answers(graph_def(build), onednn).items()}
@@ -165,7 +171,7 @@ def test_the_fold_rules_agree_with_grapplers_own_folding():
 
 
 def _conv3x3(x: tf.Tensor) -> tf.Tensor:
-    return tf.nn.conv2d(x, _const(3, 3, 4, 4), 1, "SAME", name="conv3")
+    return tf.nn.conv2d(x, tf.cast(_const(3, 3, 4, 4), x.dtype), 1, "SAME", name="conv3")
 
 
 @pytest.mark.parametrize("tail, expected", [
@@ -186,11 +192,16 @@ def _conv3x3(x: tf.Tensor) -> tf.Tensor:
     (lambda x: tf.nn.relu(tf.nn.bias_add(tf.multiply(_conv3x3(x), _const(4), name="s"), _const(4), name="b"),
                           name="act"),
      {"s": True, "b": True, "act": True}),
-    # ... but not a Relu6, an Add taken as a bias, a 1x1 convolution, or a bias alone.
+    # ... but not a Relu6, an Add taken as a bias, a 1x1 convolution, a bias alone, or a bias
+    # followed by an add (which merges into it, as after a 1x1 convolution).
     (lambda x: tf.nn.relu6(tf.nn.bias_add(_conv3x3(x), _const(4), name="b"), name="act"), {"b": False, "act": False}),
     (lambda x: tf.nn.relu(tf.add(_conv3x3(x), _const(4), name="b"), name="act"), {"b": False, "act": False}),
     (lambda x: tf.nn.relu(tf.nn.bias_add(_conv(x), _const(4), name="b"), name="act"), {"b": False, "act": False}),
     (lambda x: tf.nn.bias_add(_conv3x3(x), _const(4), name="b"), {"b": False}),
+    (lambda x: tf.nn.relu(tf.add(tf.nn.bias_add(_conv3x3(x), _const(4), name="b"), _const(4), name="t"), name="act"),
+     {"b": False, "t": True, "act": False}),
+    (lambda x: tf.nn.relu(tf.add(tf.nn.bias_add(_conv(x), _const(4), name="b"), _const(4), name="t"), name="act"),
+     {"b": False, "t": True, "act": False}),
     # Nothing fuses into a MatMul or a depthwise convolution.
     (lambda x: tf.nn.relu(tf.nn.bias_add(tf.matmul(tf.reshape(x, (4, 64)), _const(64, 4)), _const(4), name="b"),
                           name="act"),
@@ -235,3 +246,46 @@ def test_the_gpu_fold_rules_agree_with_grappler_on_a_gpu():
         predicted = collections.Counter(op for op, folded in _answers(graph.as_graph_def(), onednn=False).values()
                                         if not folded)
         assert dict(predicted) == {k: v for k, v in ran.items() if k in WATCHED}, name
+
+
+def test_cudnn_fuses_a_float32_convolution_only():
+    """``remapper.cc`` fuses a bias and a Relu into a Conv2D on a GPU in float32 only: a float16
+    convolution (what a rewrite converted) runs both as kernels, and :func:`float32_fusion`
+    names the convolution whose conversion brings them back."""
+    def tail(x):
+        return tf.nn.relu(tf.nn.bias_add(_conv3x3(x), tf.cast(_const(4), x.dtype), name="b"), name="act")
+
+    assert _folded(tail, onednn=False) == {"b": True, "act": True}
+    assert _folded(tail, onednn=False, dtype=tf.float16) == {"b": False, "act": False}
+    assert _folded(tail, onednn=True, dtype=tf.float16) == {"b": True, "act": True}  # oneDNN: any type
+
+    def parts(dtype):
+        def build() -> None:
+            x = v1.placeholder(dtype, (1, 8, 8, 4), name="x")
+            tf.identity(tail(x), name="out")
+
+        gd = graph_def(build)
+        ops = {n.name: n.op for n in gd.node}
+        inputs = {n.name: [(parse_graph_input(i).node, parse_graph_input(i).port) for i in n.input
+                           if not i.startswith("^")] for n in gd.node}
+        g = nx.MultiDiGraph(shapes=graph_shapes(gd))
+        for n in gd.node:
+            g.add_node(n.name, dtypes={"T": n.attr["T"].type} if "T" in n.attr else {})
+            for src, _ in inputs[n.name]:
+                g.add_edge(src, n.name)
+        return g, ops, inputs, _constants(ops, inputs)
+
+    g, ops, inputs, consts = parts(tf.float32)
+    memo: dict = {}
+    fused = {n: grappler_folds.float32_fusion(g, ops, inputs, n, consts, memo, lambda _: False)
+             for n in nx.topological_sort(g) if ops[n] in WATCHED}
+    assert fused == {"b": "conv3", "act": "conv3"}
+    # A filter whose shape only its Cast's input records (a Cast the rewrite inserted, which
+    # shape inference never saw) is seen through.
+    g, ops, inputs, _ = parts(tf.float16)
+    filt = inputs["conv3"][1]
+    assert ops[filt[0]] == "Cast" and grappler_folds._cudnn_fusable_filter(g, ops, inputs, filt)  # noqa: SLF001
+    del g.graph["shapes"][filt[0]]
+    assert grappler_folds._cudnn_fusable_filter(g, ops, inputs, filt)  # noqa: SLF001
+    g.graph["shapes"][inputs[filt[0]][0][0]] = ((1, 1, 4, 4),)  # a 1x1 filter
+    assert not grappler_folds._cudnn_fusable_filter(g, ops, inputs, filt)  # noqa: SLF001

@@ -457,6 +457,30 @@ def test_a_frozen_batch_norm_costs_nothing_where_grappler_folds_it(monkeypatch):
     assert set(plan().values()) == {"float32"}
 
 
+def test_converting_a_convolution_cudnn_fuses_prices_its_bias_and_relu_back_in(monkeypatch):
+    """On a GPU a frozen float32 3x3 convolution runs its BiasAdd and Relu inside cuDNN's call,
+    but a float16 one runs them as kernels (``remapper.cc`` fuses float32 only): the planner
+    prices them on the convolution's low colour, and nothing on its float32 one."""
+    import amp_rewrite.plan.grappler_folds as grappler_folds
+
+    def build():
+        x = v1.placeholder(tf.float32, (8, 32, 32, 64), name="x")
+        k = tf.constant(np.full((3, 3, 64, 64), 0.01, np.float32))
+        b = tf.constant(np.full(64, 0.1, np.float32))
+        tf.identity(tf.nn.relu(tf.nn.bias_add(tf.nn.conv2d(x, k, 1, "SAME"), b), name="relu"), name="out")
+
+    def estimates():
+        report = amp_rewrite.rewrite_graph_def(graph_def(build), target="gpu:9.0", precision="float16",
+                                               lists="optimal", fetches=["out"], use_env=False).report
+        return report["placement"]["estimated_us"]
+
+    coupled = estimates()
+    monkeypatch.setattr(grappler_folds, "float32_fusion", lambda *args: None)
+    free = estimates()
+    assert coupled["float32"] == pytest.approx(free["float32"])
+    assert coupled["greedy"] > free["greedy"] + 1.0  # two kernels of 8x32x32x64 and their floors
+
+
 def test_a_plan_whose_estimated_gain_is_within_the_models_error_stays_float32(monkeypatch):
     """A colouring estimated faster than float32 by less than ``MIN_ESTIMATED_GAIN`` is not
     taken: the estimate is within the cost model's error, and float32 is never slower."""

@@ -17,8 +17,10 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 
 import networkx as nx
 
+from ..graph import dtypes as dt
+
 __all__ = ["FOLDABLE_AFFINE", "FOLDABLE_BIASES", "FOLDABLE_SCALES", "FORWARD_DENSE", "FUSABLE_ACTIVATIONS",
-           "FUSED_SWISH", "FoldMemo", "SCALABLE_DENSE", "is_folded", "swish_parts"]
+           "FUSED_SWISH", "FoldMemo", "SCALABLE_DENSE", "float32_fusion", "is_folded", "swish_parts"]
 
 Inputs = Mapping[str, Sequence[tuple[str, int]]]
 
@@ -53,10 +55,13 @@ Inputs = Mapping[str, Sequence[tuple[str, int]]]
 #: its weights, and adds of constants after it become one.  But that one add runs, and so does
 #: every activation: the remapper fuses neither an add into a convolution nor anything into a
 #: MatMul there.  TensorFlow's sources (``remapper.cc``) name its one GPU fusion of a frozen
-#: dense op: a ``BiasAdd`` (not an ``Add``) directly on a ``Conv2D`` whose filter's second and
-#: third dimensions are known and not 1 (not a 1x1 convolution), followed by a ``Relu``, into
-#: cuDNN's fused convolution (a MatMul's only with cuBLASLt, which is off by default).  A
-#: device class says which rules hold (:attr:`~amp_rewrite.plan.cost_model.DeviceCosts.fuses_bias_activation`).
+#: dense op: a ``BiasAdd`` (not an ``Add``) directly on a float32 ``Conv2D`` that is not 1x1,
+#: followed by a ``Relu``, into cuDNN's fused convolution (a MatMul's only with cuBLASLt, which
+#: is off by default).  Its versions test different filter dimensions for "not 1x1" (height
+#: and width, or width and input channels): the rules take a filter whose first three
+#: dimensions are all known and above 1, which every version fuses.  A float16 or bfloat16
+#: convolution fuses nothing, so converting one brings its bias and Relu back as kernels
+#: (:func:`float32_fusion` says which nodes those are).  A device class says which rules hold (:attr:`~amp_rewrite.plan.cost_model.DeviceCosts.fuses_bias_activation`).
 #: Ops by a constant that scale (folded into a convolution's weights when directly on it;
 #: Grappler turns a division by a constant into a Mul).
 FOLDABLE_SCALES = frozenset({"Mul", "RealDiv"})
@@ -80,13 +85,15 @@ _FOLDED = frozenset({_SCALING, _BIASED, _ACTIVATED, _BIAS_MERGED})
 
 
 class _Dense(NamedTuple):
-    """What a chain's dense op allows: a scale pushed into its weights (``scalable``), the
-    remapper's CPU fusions (``onednn``), or on a GPU cuDNN's ``BiasAdd`` + ``Relu`` fusion
-    (``cudnn_conv``: a Conv2D whose filter passes the remapper's shape test)."""
+    """What a chain's dense op (``name``) allows: a scale pushed into its weights
+    (``scalable``), the remapper's CPU fusions (``onednn``), or on a GPU cuDNN's ``BiasAdd`` +
+    ``Relu`` fusion (``cudnn_conv``: a float32 Conv2D whose filter passes the remapper's shape
+    test)."""
 
     scalable: bool
     onednn: bool
     cudnn_conv: bool
+    name: str = ""
 
 
 _NO_DENSE = _Dense(False, True, False)
@@ -109,7 +116,7 @@ def _step(state: int, op: str, dense: _Dense) -> int:
         return _UNFOLDED
     if op in FOLDABLE_BIASES and state == _SCALING:
         return _BIAS_CUDNN if op == "BiasAdd" and dense.cudnn_conv else _BIAS_RUNS
-    if op in FOLDABLE_BIASES and state in (_BIAS_RUNS, _BIAS_MERGED):
+    if op in FOLDABLE_BIASES and state in (_BIAS_RUNS, _BIAS_MERGED, _BIAS_CUDNN):
         return _BIAS_MERGED
     if op == "Relu" and state == _BIAS_CUDNN:
         return _ACTIVATED
@@ -141,6 +148,20 @@ def is_folded(g: nx.MultiDiGraph, ops: Mapping[str, str], inputs: Inputs, name: 
         readers = list(g.successors(name))
         return len(readers) == 1 and ops.get(readers[0]) == "Relu" and len(inputs.get(readers[0], ())) == 1
     return state in _FOLDED
+
+
+def float32_fusion(g: nx.MultiDiGraph, ops: Mapping[str, str], inputs: Inputs, name: str, consts: frozenset[str],
+                   memo: FoldMemo, onednn: Callable[[str], bool] = lambda _dense: True) -> str | None:
+    """The convolution whose float32 kernel fuses element-wise ``name`` (cuDNN's ``BiasAdd`` +
+    ``Relu`` on a GPU), where that is why :func:`is_folded` says ``name`` is folded; else
+    ``None``.  Converting that convolution brings ``name`` back as a kernel: a planner prices
+    it with the convolution's low precision.  Arguments and mutation as :func:`is_folded`'s."""
+    if not is_folded(g, ops, inputs, name, consts, memo, onednn):
+        return None
+    state, dense = memo[name]
+    if dense.cudnn_conv and not dense.onednn and state in (_BIAS_CUDNN, _ACTIVATED):
+        return dense.name
+    return None
 
 
 def _foldable_operand(g: nx.MultiDiGraph, op: str, tensor: tuple[str, int]) -> bool:
@@ -176,22 +197,42 @@ def _link(g: nx.MultiDiGraph, ops: Mapping[str, str], inputs: Inputs, name: str,
     return src
 
 
-def _cudnn_fusable_filter(g: nx.MultiDiGraph, tensor: tuple[str, int]) -> bool:
-    """Whether a Conv2D's filter ``tensor`` passes the remapper's test for cuDNN's fused
-    convolution: rank 4 with its second and third dimensions known and not 1 (TensorFlow 2.21
-    tests those two, so a 1x1 filter never fuses).  Pure."""
-    shapes = (g.graph.get("shapes") or {}).get(tensor[0])
-    shape = shapes[tensor[1]] if shapes and tensor[1] < len(shapes) else None
+#: Ops through which a filter's shape is its input's (a Cast the rewrite inserted has none of
+#: its own).
+_SHAPE_PRESERVING = frozenset({"Cast", "Identity"})
+
+
+def _cudnn_fusable_filter(g: nx.MultiDiGraph, ops: Mapping[str, str], inputs: Inputs,
+                          tensor: tuple[str, int]) -> bool:
+    """Whether a Conv2D's filter ``tensor`` passes every version of the remapper's test for
+    cuDNN's fused convolution: rank 4 with its first three dimensions known and above 1 (the
+    versions test two of them; a 1x1 filter never fuses).  Looks through Casts and Identities
+    to a known shape.  Pure."""
+    shapes_of = g.graph.get("shapes") or {}
+    seen: set[str] = set()
+    while True:
+        shapes = shapes_of.get(tensor[0])
+        shape = shapes[tensor[1]] if shapes and tensor[1] < len(shapes) else None
+        if shape is not None or ops.get(tensor[0]) not in _SHAPE_PRESERVING or tensor[0] in seen:
+            break
+        seen.add(tensor[0])
+        ins = inputs.get(tensor[0]) or ()
+        if len(ins) != 1:
+            break
+        tensor = ins[0]
     return (shape is not None and len(shape) == 4
-            and all(isinstance(d, int) and d not in (1, -1) for d in (shape[1], shape[2])))
+            and all(isinstance(d, int) and d > 1 for d in shape[:3]))
 
 
 def _dense_rules(g: nx.MultiDiGraph, ops: Mapping[str, str], inputs: Inputs, dense: str,
                  onednn: Callable[[str], bool]) -> _Dense:
-    """The folding rules of a chain starting at dense op ``dense`` (:class:`_Dense`).  Pure."""
+    """The folding rules of a chain starting at dense op ``dense`` (:class:`_Dense`): cuDNN
+    fuses a float32 Conv2D only.  Pure."""
     op = ops[dense]
+    float32 = (g._node[dense].get("dtypes") or {}).get("T", dt.FLOAT) == dt.FLOAT
     return _Dense(scalable=op in SCALABLE_DENSE, onednn=onednn(dense),
-                  cudnn_conv=op == "Conv2D" and _cudnn_fusable_filter(g, inputs[dense][1]))
+                  cudnn_conv=op == "Conv2D" and float32 and _cudnn_fusable_filter(g, ops, inputs, inputs[dense][1]),
+                  name=dense)
 
 
 def _fill_chain(g: nx.MultiDiGraph, ops: Mapping[str, str], inputs: Inputs, name: str, consts: frozenset[str],

@@ -316,14 +316,31 @@ def _unary_costs(p: PaintingState, free: list[bool], pricing: _Pricing, shape_aw
         # call on a GPU too, so the GPU's Grappler rules (:mod:`.grappler_folds`) do not apply.
         return compiled or pricing.costs_of(dense).fuses_bias_activation
 
+    def unfused_by_low_conv(name: str, conv: str) -> None:
+        # ``name`` runs inside the float32 convolution ``conv`` (cuDNN's fusion), but as a
+        # kernel of its own, in low precision, once ``conv`` is converted: its price goes on
+        # the convolution's low colour.
+        conv_carrier = next((v for v in tg.by_node[conv] if free[v]), None)
+        if conv_carrier is not None:
+            device = pricing.costs_of(name)
+            ins = [pricing.out_shape(src, port) for src, port in p.inputs[name]]
+            nc = node_cost(p.ops[name], ins, list(pricing.shapes.get(name, ())), 2, device,
+                           shape_aware=shape_aware, compiled=compiled)
+            cost_low[conv_carrier] += nc.low + device.kernel_overhead
+
     for name in p.order:
+        op = p.ops[name]
+        if (op not in DENSE_OPS and name not in consts and (live is None or name in live)
+                and (conv := grappler_folds.float32_fusion(p.g, p.ops, p.inputs, name, consts, folded,
+                                                           onednn)) is not None):
+            unfused_by_low_conv(name, conv)
+            continue
         vs = tg.by_node[name]
         carrier = next((v for v in vs if free[v]), None)
         if carrier is None:
             continue
         ins = [pricing.out_shape(src, port) for src, port in p.inputs[name]]
         outs = list(pricing.shapes.get(name, ()))
-        op = p.ops[name]
         # Nothing runs for a node nothing that runs needs (TensorFlow prunes it), a constant
         # (folded when the graph is loaded), an op folded into a frozen dense op, or a swish's
         # Mul (priced with its Sigmoid).
