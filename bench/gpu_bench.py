@@ -36,9 +36,10 @@ of its own, built from the same random weights, compiled as a Keras user would c
 * ``ours_<lists>`` / ``ours_<lists>_xla`` for lists ``tensorflow``, ``default``, ``optimal``:
   ``amp_rewrite.enable_mixed_precision_graph_rewrite(opt, lists=..., target=..., precision=...)``
   and ``model.compile(jit_compile=False | True)``: Keras's train (and predict) step rewritten.
-  ``ours_optimal`` (no XLA) passes ``measure_steps=0``: the planner's own plan, which the cost
-  model predicts (left out, the optimal profile on a GPU without XLA times its candidates
-  first, as ``ours_measured`` does).
+  ``ours_optimal`` and ``ours_optimal_xla`` pass ``measure_steps=0``: the planner's own plan,
+  which the cost model predicts (left out, the optimal profile's training step on a GPU without
+  XLA, which is also a model Keras will not compile under ``_xla``, times its candidates first,
+  as ``ours_measured`` does).
 * ``ours_user``: ours exactly as a user enables it, ``enable_mixed_precision_graph_rewrite(opt)``
   with no option and ``model.compile`` with Keras's default ``jit_compile="auto"`` (XLA on a
   GPU, as Keras resolves it); its XLA baseline is ``float32_xla`` when Keras chose XLA.
@@ -217,11 +218,11 @@ def variant_spec(name: str) -> VariantSpec:
         # first steps (the planned step, float32's, the default lists'): amp_rewrite's
         # training-side autotune.
         return VariantSpec(name, lists="optimal", options_json=json.dumps({"measure_steps": MEASURE_STEPS}))
-    if name == "ours_optimal":
-        # The optimal planner's own plan, the one the cost model predicts: a step left to
-        # itself on a GPU without XLA measures its candidates since 2026-11-28 (that is
-        # ``ours_measured``), so this one says not to.
-        return VariantSpec(name, lists="optimal", options_json=json.dumps({"measure_steps": 0}))
+    if name in ("ours_optimal", "ours_optimal_xla"):
+        # The optimal planner's own plan, the one the cost model predicts: a training step left
+        # to itself on a GPU without XLA (also one Keras will not compile, a cuDNN LSTM's)
+        # measures its candidates since 2026-11-28 (that is ``ours_measured``), so these say not to.
+        return VariantSpec(name, jit_compile=xla, lists="optimal", options_json=json.dumps({"measure_steps": 0}))
     if name.startswith("ours_"):
         lists = name[len("ours_"):].removesuffix("_xla")
         if lists in ("tensorflow", "default", "optimal"):

@@ -31,6 +31,7 @@ def test_variant_names_map_to_their_settings():
     assert gpu_bench.variant_spec("ours_default").jit_compile is False
     # The optimal planner's own plan (not measured, so priced), and an extra variant on it too.
     assert gpu_bench.variant_spec("ours_optimal").options == {"measure_steps": 0}
+    assert gpu_bench.variant_spec("ours_optimal_xla").options == {"measure_steps": 0}
     assert not gpu_bench.variant_spec("ours_optimal").measured and gpu_bench.variant_spec("ours_measured").measured
     gpu_bench.define_extra_variant('opt_exp=ours_optimal:{"remove": {"deny": ["Exp"]}}')
     try:

@@ -332,15 +332,20 @@ def test_only_running_out_of_device_memory_drops_a_candidate():
     assert not tf_function._out_of_memory(ValueError("x"))  # noqa: SLF001
 
 
-@pytest.fixture
-def on_a_gpu(monkeypatch):
-    """This machine as a GPU of compute capability 8.0: ``target="auto"`` resolves to it."""
+def _this_machine_as(monkeypatch, spec: str):
+    """Make ``target="auto"`` resolve to target ``spec`` (a GPU this CPU-only machine lacks)."""
     import amp_rewrite.api as api
 
     real = api.resolve_target
-    gpu = real("gpu:8.0")
+    gpu = real(spec)
     monkeypatch.setattr(api, "resolve_target", lambda target: gpu if target == "auto" else real(target))
     return gpu
+
+
+@pytest.fixture
+def on_a_gpu(monkeypatch):
+    """This machine as a GPU of compute capability 8.0: ``target="auto"`` resolves to it."""
+    return _this_machine_as(monkeypatch, "gpu:8.0")
 
 
 def test_auto_measure_steps_is_for_the_optimal_planner_on_this_gpu_without_xla(on_a_gpu):
@@ -361,25 +366,40 @@ def test_auto_measure_steps_is_off_on_a_cpu():
     assert tf_function.auto_measure_steps({"target": "auto", "lists": "optimal"}, compiled=False) == 0
 
 
+def _keras_model_and_data(units: int = 256, rows: int = 32 * 9, **options):
+    """A Keras MLP (``units`` wide) compiled without XLA around our optimizer with
+    ``options``, and ``rows`` examples (nine batches of 32 by default)."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((64,))
+    hidden = keras.layers.Dense(units, activation="relu")(keras.layers.Dense(units, activation="relu")(inp))
+    model = keras.Model(inp, keras.layers.Dense(10)(hidden))
+    opt = amp_rewrite.enable_mixed_precision_graph_rewrite(keras.optimizers.SGD(0.01), precision="float16",
+                                                           lists="optimal", **options)
+    model.compile(opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    rng = np.random.default_rng(0)
+    return model, rng.random((rows, 64), dtype=np.float32), rng.integers(0, 10, rows)
+
+
 def test_the_optimal_planner_on_a_gpu_without_xla_measures_by_default(on_a_gpu, caplog):
-    """With the optimal lists on this machine's GPU and no XLA, a step chooses by timing
-    without being asked (one INFO line says why and how to turn it off); ``measure_steps=0``
-    trusts the estimate; under XLA nothing is timed."""
-    w = tf.Variable(tf.ones([4, 4]))
-    counter = tf.Variable(0, dtype=tf.int64)
-    f = amp_rewrite.function(_step(w, counter), precision="float16", lists="optimal")
+    """With the optimal lists on this machine's GPU and no XLA, a training step chooses by
+    timing without being asked (one INFO line says why and how to turn it off); the predict
+    step, whose outputs would come from alternating candidates, is not timed; and
+    ``measure_steps=0`` trusts the estimate."""
+    model, x, y = _keras_model_and_data()
     with caplog.at_level(logging.INFO, logger="amp_rewrite"):
-        for _ in range(8):
-            f(tf.ones([4, 4]))
-    (measured,) = f.measured_choices
-    assert set(measured["candidates"]) == {"planned", "default lists"} and measured["chosen"] is not None
+        model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+        model.predict(x[:64], batch_size=32, verbose=0)
+    (measured,) = model.train_function.amp_function.measured_choices
+    assert measured["chosen"] is not None and len(measured["candidates"]) >= 2
+    assert model.predict_function.amp_function.measured_choices == []
+    assert int(model.optimizer.iterations.numpy()) == 9
     assert any("least sure" in r.getMessage() and "measure_steps=0 trusts the estimate" in r.getMessage()
                and r.levelno == logging.INFO for r in caplog.records)
-    assert int(counter.numpy()) == 8
-    for options in ({"measure_steps": 0}, {"jit_compile": True}):
-        g = amp_rewrite.function(_step(w, counter), precision="float16", lists="optimal", **options)
-        g(tf.ones([4, 4]))
-        assert g.measured_choices == [], options
+    model, x, y = _keras_model_and_data(measure_steps=0)
+    model.fit(x[:64], y[:64], batch_size=32, epochs=1, verbose=0)
+    assert model.train_function.amp_function.measured_choices == []
 
 
 def test_a_step_measured_by_default_that_reduces_across_workers_says_so_at_info(on_a_gpu, monkeypatch, caplog):
@@ -387,11 +407,32 @@ def test_a_step_measured_by_default_that_reduces_across_workers_says_so_at_info(
     done (a step that reduces across workers), one INFO line."""
     monkeypatch.setattr(tf_function, "_cross_worker_reason",
                         lambda graph_def: "it reduces across workers (CollectiveReduceV2 'r' on /job:worker)")
-    w = tf.Variable(tf.ones([4, 4]))
-    counter = tf.Variable(0, dtype=tf.int64)
-    f = amp_rewrite.function(_step(w, counter), precision="float16", lists="optimal")
+    model, x, y = _keras_model_and_data()
     with caplog.at_level(logging.INFO, logger="amp_rewrite"):
-        f(tf.ones([4, 4]))
-    assert f.measured_choices == []
+        model.fit(x[:64], y[:64], batch_size=32, epochs=1, verbose=0)
+    assert model.train_function.amp_function.measured_choices == []
     assert not any(r.levelno >= logging.WARNING and "measure" in r.getMessage() for r in caplog.records)
     assert any("its steps are not measured (it reduces across workers" in r.getMessage() for r in caplog.records)
+
+
+def test_a_step_measured_by_default_keeps_the_whole_step_check_where_it_cannot_be_timed(monkeypatch):
+    """A training step first called inside another tf.function cannot be timed and runs as
+    planned: measuring by default must not have dropped the whole-step check there (asked-for
+    measuring skips it, its float32 candidate being timed instead).  On a Volta, where the
+    planner converts this MLP."""
+    _this_machine_as(monkeypatch, "gpu:7.0")
+    calls = []
+    real = tf_function.Function._float32_if_faster
+
+    def spy(self, *args, **kwargs):
+        calls.append(self)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(tf_function.Function, "_float32_if_faster", spy)
+    model, x, y = _keras_model_and_data(2048, 512)  # the planner converts it (at batch 32 it does not)
+    model.fit(x, y, batch_size=512, epochs=1, verbose=0)
+    assert calls  # checked (called only where the planned rewrite converted), and measured
+    calls.clear()
+    model, x, y = _keras_model_and_data(2048, 512, measure_steps=2)
+    model.fit(x, y, batch_size=512, epochs=1, verbose=0)
+    assert not calls

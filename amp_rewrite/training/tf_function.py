@@ -263,8 +263,8 @@ def _optimal_planner(options: Mapping[str, Any]) -> bool:
 
 
 def auto_measure_steps(options: Mapping[str, Any], *, compiled: bool) -> int:
-    """How many steps to time per candidate (``measure_steps``) where the caller did not say:
-    :data:`~.step_choice.AUTO_MEASURE_STEPS` where the optimal planner plans for this machine
+    """How many steps to time per candidate (``measure_steps``) where the caller of a training
+    step did not say: :data:`~.step_choice.AUTO_MEASURE_STEPS` where the optimal planner plans for this machine
     (target ``"auto"``) and the step runs without XLA (``compiled`` false) on a device whose
     whole steps the cost model prices with an error above the planner's margin there (a GPU's
     ``unfused_step_error``: the model's verdict is least sure, and a GPU's step is cheap to
@@ -757,7 +757,9 @@ class Function:
         options = dict(self._options_for(concrete))
         if self._jit_compile is True:
             options.setdefault("compiled", True)
-        if "measure_steps" not in options:
+        # A training step (one that traced an optimizer of ours), not an evaluation or a
+        # prediction, whose outputs would come from alternating candidates.
+        if "measure_steps" not in options and concrete.name in self._traced_options:
             steps = auto_measure_steps(options, compiled=bool(options.get("compiled")) or self._jit_compile is True)
             if steps:
                 options["measure_steps"] = steps
@@ -778,17 +780,20 @@ class Function:
             if runner is None:
                 start = time.perf_counter()
                 options = self._plan_options(concrete)
-                # Measured steps replace the whole-step estimate: the float32 step is one of
-                # the candidates, timed.
+                # Measured steps replace the whole-step estimate where the caller asked for
+                # them: the float32 step is one of the candidates, timed.  Measuring by default
+                # keeps the check, for the step that cannot be timed (one first called inside
+                # another tf.function runs as planned).
                 measure = bool(options.get("measure_steps"))
+                asked = measure and concrete.name not in self._auto_measured
                 # Where the whole-step check may follow, the rewrite prices the mixed step from
                 # its own import (a BERT-base step: seconds less than importing it again).
-                check = self._may_check_step(concrete, options) and not measure
+                check = self._may_check_step(concrete, options) and not asked
                 first = {**options, "price_step": True} if check else options
                 runner = _Runner(concrete, first, jit_compile=self._jit_compile,
                                  name=getattr(self, "__name__", "step"), owner=self)
                 unscaled_runner = self._unscaled(concrete, runner, options)
-                if unscaled_runner is None and not measure:
+                if unscaled_runner is None and not asked:
                     unscaled_runner = self._float32_if_faster(concrete, runner, options)
                 runner = unscaled_runner or runner
                 self._runners[concrete.name] = runner
