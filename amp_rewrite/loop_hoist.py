@@ -44,7 +44,8 @@ whose gradient is already built, so neither arises there.
 TensorFlow 1 loops (frames of ``Enter``/``Merge``/``Switch``/``NextIteration``/``Exit`` in one
 graph) hand a loop-invariant value in through an ``Enter`` with ``is_constant``: a Cast of
 one (a ref variable's read, entered; a placeholder), or of a read of a resource so entered
-where no resource entering the frame reaches anything but reads, moves before the ``Enter``,
+where no resource entering the frame reaches anything but reads (in it, or in the frames it
+enters it into), moves before the ``Enter``,
 and a new constant ``Enter`` hands the frame the cast value, where the frame (nested frames
 included) writes no variable by the same rules (a ref variable's read shares the variable's
 buffer).  The frame's own ``Enter`` and read stay, unused: a MetaGraphDef's while_context
@@ -608,13 +609,29 @@ def _frame_writes_nothing(g: nx.MultiDiGraph, frame: bytes, functions: Mapping[s
     enters = [n for n, d in g.nodes(data=True)
               if d["op"] in (_ENTER, "RefEnter") and bytes_attr(d, "frame_name") == frame]
     for name in enters:
-        if g._node[name]["dtypes"].get("T") != dt.RESOURCE:
-            continue
-        for dst, keyed in g._succ[name].items():
-            if any(e["dst_port"] != 0 for e in keyed.values()) or g._node[dst]["op"] not in _READS_ONLY:
-                return False
+        if g._node[name]["dtypes"].get("T") == dt.RESOURCE and not _reaches_only_reads(g, name):
+            return False
     # A view, whose graph attributes (the signatures) are g's.
     return _holds_only_reads([g.subgraph(_frame_nodes(g, enters))], functions, registry)
+
+
+def _reaches_only_reads(g: nx.MultiDiGraph, resource: str) -> bool:
+    """Whether what node ``resource`` of ``g`` outputs (a resource handle) reaches only ops
+    that read it (:data:`_READS_ONLY`), through the constant ``Enter`` ops that hand it on into
+    nested frames (a variable read two loops deep enters twice).  Pure."""
+    todo, seen = [resource], {resource}
+    while todo:
+        for dst, keyed in g._succ[todo.pop()].items():
+            if any(e["dst_port"] != 0 for e in keyed.values()):
+                return False
+            data = g._node[dst]
+            if data["op"] == _ENTER and bool_attr(data, "is_constant"):
+                if dst not in seen:
+                    seen.add(dst)
+                    todo.append(dst)
+            elif data["op"] not in _READS_ONLY:
+                return False
+    return True
 
 
 def _frame_nodes(g: nx.MultiDiGraph, enters: list[str]) -> set[str]:

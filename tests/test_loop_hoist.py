@@ -499,16 +499,18 @@ def test_a_tf1_loop_casts_its_weight_once_before_the_frame(resource, no_hoist):
     np.testing.assert_allclose(got, f32, atol=0.02)
 
 
-def test_a_tf1_loop_that_writes_a_resource_keeps_its_reads_in_the_frame():
-    gd = _tf1_loop_graph(True, write=True)
+@pytest.mark.parametrize("nested", [False, True], ids=["one-frame", "written-two-frames-deep"])
+def test_a_tf1_loop_that_writes_a_resource_keeps_its_reads_in_the_frame(nested):
+    gd = _tf1_loop_graph(True, write=True, nested=nested)
     result = amp_rewrite.rewrite_graph_def(gd, target="gpu:8.0", precision="float16", fetches=["out"],
                                            use_env=False)
     assert "hoisted_casts" not in result.report
     assert _frame_casts(result.graph_def)
 
 
-def test_a_weight_in_nested_tf1_loops_leaves_both_frames(no_hoist):
-    gd = _tf1_loop_graph(False, nested=True)
+@pytest.mark.parametrize("resource", [False, True], ids=["ref-variable", "resource-variable"])
+def test_a_weight_in_nested_tf1_loops_leaves_both_frames(resource, no_hoist):
+    gd = _tf1_loop_graph(resource, nested=True)
     opts = dict(target="gpu:8.0", precision="float16", fetches=["out"], use_env=False)
     hoisted = amp_rewrite.rewrite_graph_def(gd, **opts)
     frames = [h["loop"] for h in hoisted.report["hoisted_casts"]]
