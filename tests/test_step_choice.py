@@ -361,8 +361,11 @@ def test_auto_measure_steps_is_for_the_optimal_planner_on_this_gpu_without_xla(o
     assert auto({"target": "auto", "lists": "no-such-profile"}, compiled=False) == 0
 
 
-def test_auto_measure_steps_is_off_on_a_cpu():
-    """On this CPU (no GPU) the model's margin is the planner's own: nothing is measured."""
+def test_auto_measure_steps_is_off_on_a_cpu_and_a_gpu_that_cannot_profit(monkeypatch):
+    """On this CPU (no GPU) the model's margin is the planner's own, and a GPU without Tensor
+    Cores converts nothing: nothing is measured."""
+    assert tf_function.auto_measure_steps({"target": "auto", "lists": "optimal"}, compiled=False) == 0
+    _this_machine_as(monkeypatch, "gpu:6.1")
     assert tf_function.auto_measure_steps({"target": "auto", "lists": "optimal"}, compiled=False) == 0
 
 

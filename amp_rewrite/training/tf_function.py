@@ -273,9 +273,10 @@ def auto_measure_steps(options: Mapping[str, Any], *, compiled: bool) -> int:
     TensorFlow's device list and the list files, as the rewrite does; bad options give 0 (the
     rewrite itself says why)."""
     from ..api import resolve_target
+    from ..plan.cost_model import costs_for
     from ..plan.optimal import MIN_ESTIMATED_GAIN
     from ..plan.targets import resolve_precision
-    from ..step_check import target_step_margin
+    from ..step_check import whole_step_margin
 
     target = options.get("target", DEFAULT_TARGET)
     if compiled or not (isinstance(target, str) and target.strip().lower() == "auto") or not _optimal_planner(options):
@@ -283,7 +284,10 @@ def auto_measure_steps(options: Mapping[str, Any], *, compiled: bool) -> int:
     try:
         machine = resolve_target(target)
         precision = resolve_precision(options.get("precision", "auto"), machine)[0]
-        margin = target_step_margin(machine, precision, compiled=False)
+        # Only the devices the rewrite converts for: a GPU that cannot profit (compute
+        # capability below 7.0) keeps its steps float32, and there is nothing to time.
+        margin = whole_step_margin((costs_for(d, precision) for d in machine.eligible_devices(precision)),
+                                   compiled=False)
     except AmpRewriteError:
         return 0
     return AUTO_MEASURE_STEPS if margin > MIN_ESTIMATED_GAIN else 0
