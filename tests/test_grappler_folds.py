@@ -37,9 +37,9 @@ def _constants(ops, inputs) -> frozenset:
                      if op == "Const" or (op == "Cast" and all(ops[src] == "Const" for src, _ in inputs[n])))
 
 
-def _answers(gd, onednn: bool = True) -> dict[str, tuple[str, bool]]:
-    """``(op, is_folded)`` for every watched node of ``gd``, asked in topological order as the
-    planner and the step estimate ask, by the CPU's rules (``onednn``) or a GPU's."""
+def _graph_parts(gd):
+    """``(g, ops, inputs, consts)`` of ``gd`` as the fold rules take them: a graph with each
+    node's ``T`` and the inferred shapes, the ops and data inputs by node, the constants."""
     ops = {n.name: n.op for n in gd.node}
     inputs = {n.name: [(parse_graph_input(i).node, parse_graph_input(i).port) for i in n.input
                        if not i.startswith("^")] for n in gd.node}
@@ -48,7 +48,13 @@ def _answers(gd, onednn: bool = True) -> dict[str, tuple[str, bool]]:
         g.add_node(n.name, dtypes={"T": n.attr["T"].type} if "T" in n.attr else {})
         for src, _ in inputs[n.name]:
             g.add_edge(src, n.name)
-    consts = _constants(ops, inputs)
+    return g, ops, inputs, _constants(ops, inputs)
+
+
+def _answers(gd, onednn: bool = True) -> dict[str, tuple[str, bool]]:
+    """``(op, is_folded)`` for every watched node of ``gd``, asked in topological order as the
+    planner and the step estimate ask, by the CPU's rules (``onednn``) or a GPU's."""
+    g, ops, inputs, consts = _graph_parts(gd)
     memo: dict = {}
     return {n: (ops[n], grappler_folds.is_folded(g, ops, inputs, n, consts, memo, lambda _: onednn))
             for n in nx.topological_sort(g) if ops[n] in WATCHED}
@@ -63,22 +69,30 @@ def _folded(build_tail, onednn: bool = True, dtype=tf.float32) -> dict[str, bool
     return {n: folded for n, (_, folded) in _answers(graph_def(build), onednn).items()}
 
 
-@pytest.mark.parametrize("tail, expected", [
-    # A frozen batch norm after a convolution without a bias (MobileNetV2): all of it.
+#: Chains both rule sets answer: ``(tail, by oneDNN's rules, by a GPU's)``.
+SHARED_CHAINS = [
+    # A frozen batch norm after a convolution without a bias (MobileNetV2): all of it with
+    # oneDNN; on a GPU the scale goes into the weights, the add and the activation run.
     (lambda x: tf.nn.relu6(tf.add(tf.multiply(_conv(x), _const(4), name="s"), _const(4), name="t"), name="act"),
-     {"s": True, "t": True, "act": True}),
-    # Two adds of constants become one bias.
+     {"s": True, "t": True, "act": True}, {"s": True, "t": False, "act": False}),
+    # Two adds of constants become one bias (on a GPU one add, which runs).
     (lambda x: tf.nn.relu(tf.add(tf.add(_conv(x), _const(4), name="b1"), _const(4), name="b2"), name="act"),
-     {"b1": True, "b2": True, "act": True}),
-    # A convolution's own bias, then a batch norm (ResNet50): only the bias.
+     {"b1": True, "b2": True, "act": True}, {"b1": False, "b2": True, "act": False}),
+    # A convolution's own bias, then a batch norm (ResNet50): only the bias with oneDNN,
+    # nothing on a GPU.
     (lambda x: tf.nn.relu(tf.add(tf.multiply(tf.nn.bias_add(_conv(x), _const(4), name="b"), _const(4), name="s"),
                                  _const(4), name="t"), name="act"),
-     {"b": True, "s": False, "t": False, "act": False}),
+     {"b": True, "s": False, "t": False, "act": False}, {"b": False, "s": False, "t": False, "act": False}),
+    # No bias: the scale folds into the weights, the activation does not fuse.
+    (lambda x: tf.nn.relu(tf.multiply(_conv(x), _const(4), name="s"), name="act"),
+     {"s": True, "act": False}, {"s": True, "act": False}),
+]
+
+
+@pytest.mark.parametrize("tail, expected", [(tail, cpu) for tail, cpu, _ in SHARED_CHAINS] + [
     # A Sub is not taken as a bias, and nothing after it folds.
     (lambda x: tf.nn.relu(tf.multiply(tf.subtract(_conv(x), _const(4), name="c"), _const(4), name="s"), name="act"),
      {"c": False, "s": False, "act": False}),
-    # No bias: the scale folds into the weights, the activation does not fuse.
-    (lambda x: tf.nn.relu(tf.multiply(_conv(x), _const(4), name="s"), name="act"), {"s": True, "act": False}),
     (lambda x: tf.nn.relu(_conv(x), name="act"), {"act": False}),
     # After a bias a scale is not folded.
     (lambda x: tf.nn.relu(tf.multiply(tf.add(_conv(x), _const(4), name="b"), _const(4), name="s"), name="act"),
@@ -174,19 +188,7 @@ def _conv3x3(x: tf.Tensor) -> tf.Tensor:
     return tf.nn.conv2d(x, tf.cast(_const(3, 3, 4, 4), x.dtype), 1, "SAME", name="conv3")
 
 
-@pytest.mark.parametrize("tail, expected", [
-    # A frozen batch norm after a convolution: the scale goes into the weights, the add and
-    # the activation run.
-    (lambda x: tf.nn.relu6(tf.add(tf.multiply(_conv(x), _const(4), name="s"), _const(4), name="t"), name="act"),
-     {"s": True, "t": False, "act": False}),
-    # Two adds of constants become one, which runs.
-    (lambda x: tf.nn.relu(tf.add(tf.add(_conv(x), _const(4), name="b1"), _const(4), name="b2"), name="act"),
-     {"b1": False, "b2": True, "act": False}),
-    # ResNet50's bias, then its batch norm: everything runs.
-    (lambda x: tf.nn.relu(tf.add(tf.multiply(tf.nn.bias_add(_conv(x), _const(4), name="b"), _const(4), name="s"),
-                                 _const(4), name="t"), name="act"),
-     {"b": False, "s": False, "t": False, "act": False}),
-    (lambda x: tf.nn.relu(tf.multiply(_conv(x), _const(4), name="s"), name="act"), {"s": True, "act": False}),
+@pytest.mark.parametrize("tail, expected", [(tail, gpu) for tail, _, gpu in SHARED_CHAINS] + [
     # cuDNN's one fusion: a BiasAdd and a Relu on a 3x3 convolution (after a folded scale too) ...
     (lambda x: tf.nn.relu(tf.nn.bias_add(_conv3x3(x), _const(4), name="b"), name="act"), {"b": True, "act": True}),
     (lambda x: tf.nn.relu(tf.nn.bias_add(tf.multiply(_conv3x3(x), _const(4), name="s"), _const(4), name="b"),
@@ -264,16 +266,7 @@ def test_cudnn_fuses_a_float32_convolution_only():
             x = v1.placeholder(dtype, (1, 8, 8, 4), name="x")
             tf.identity(tail(x), name="out")
 
-        gd = graph_def(build)
-        ops = {n.name: n.op for n in gd.node}
-        inputs = {n.name: [(parse_graph_input(i).node, parse_graph_input(i).port) for i in n.input
-                           if not i.startswith("^")] for n in gd.node}
-        g = nx.MultiDiGraph(shapes=graph_shapes(gd))
-        for n in gd.node:
-            g.add_node(n.name, dtypes={"T": n.attr["T"].type} if "T" in n.attr else {})
-            for src, _ in inputs[n.name]:
-                g.add_edge(src, n.name)
-        return g, ops, inputs, _constants(ops, inputs)
+        return _graph_parts(graph_def(build))
 
     g, ops, inputs, consts = parts(tf.float32)
     memo: dict = {}
