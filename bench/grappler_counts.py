@@ -8,8 +8,14 @@ launch.  This script builds each variant's training or inference step here as
 GPU of the given compute capability, runs Grappler's default optimizers on it (TensorFlow's
 ``tf_optimizer.OptimizeGraph``: no GPU needed; the graph is never run), and counts what is left:
 nodes, kernels (nodes other than constants, identities, variable reads and shape ops), Casts
-and Transposes.  Set against the measured step times (``bench/GPU_RESULTS.md``) it says how
-much of a step's time the per-kernel costs can be.
+and Transposes, and the elements the Transposes move.  Set against the measured step times
+(``bench/GPU_RESULTS.md``) it says how much of a step's time the per-kernel costs can be.
+
+The layout optimizer (TensorFlow 2.21's ``generic_layout_optimizer.cc``) keeps a graph NHWC on
+a GPU only where at least half its Conv2D/Conv3D nodes prefer it: float16 (compute capability
+7.0 and up), bfloat16 (8.0 and up), or float32 with TF32 on (8.0 and up) in a graph with no
+float32 convolution gradient.  So a float32 training step runs NCHW, with its Transposes, and a
+float16 rewrite of it NHWC, without them.
 
 Usage::
 
@@ -68,13 +74,33 @@ def grappler_optimized(graph_def: Any, capability: str) -> Any:
     return tf_optimizer.OptimizeGraph(config, mg, verbose=False, cluster=cluster)
 
 
-def counts(graph_def: Any) -> dict[str, Any]:
+def counts(graph_def: Any, variable_shapes: Any = None) -> dict[str, Any]:
     """Nodes, kernels, Casts and Transposes of a GraphDef's main graph and its functions'
-    bodies, and its most frequent ops.  Pure."""
+    bodies, and its most frequent ops; and the elements the main graph's Transposes move
+    (``transposed_elements``, from static shapes with ``variable_shapes`` behind its variable
+    handles; ``transposes_unsized``: those whose input's shape is not fully known).  Pure."""
+    import math
+
+    from amp_rewrite.graph.shapes import graph_shapes
+    from amp_rewrite.graph.tensor_names import parse_graph_input
+
     ops = collections.Counter(n.op for n in graph_def.node)
     ops.update(n.op for f in graph_def.library.function for n in f.node_def)
+    moved, unsized = 0, 0
+    transposes = [n for n in graph_def.node if n.op == "Transpose"]
+    if transposes:
+        shapes = graph_shapes(graph_def, variable_shapes)
+        for n in transposes:
+            src = parse_graph_input(n.input[0])
+            found = shapes.get(src.node) or ()
+            shape = found[src.port] if src.port < len(found) else None
+            if shape is None or any(d is None or d < 0 for d in shape):
+                unsized += 1
+            else:
+                moved += math.prod(shape)
     return {"nodes": sum(ops.values()), "kernels": sum(c for o, c in ops.items() if o not in NO_KERNEL),
-            "casts": ops.get("Cast", 0), "transposes": ops.get("Transpose", 0), "top_ops": ops.most_common(20)}
+            "casts": ops.get("Cast", 0), "transposes": ops.get("Transpose", 0), "transposed_elements": moved,
+            "transposes_unsized": unsized, "top_ops": ops.most_common(20)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,14 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"capability": args.capability, "counts": {}}
     for w in args.workloads.split(","):
         for v in args.variants.split(","):
-            gd, _, compiled, _ = gpu_bench.variant_graph_def(w, v, target=f"gpu:{args.capability}",
-                                                             precision="float16")
+            gd, variable_shapes, compiled, _ = gpu_bench.variant_graph_def(w, v, target=f"gpu:{args.capability}",
+                                                                           precision="float16")
             if compiled:
                 raise SystemExit(f"{v} runs under XLA: its kernels are XLA's, not Grappler's nodes")
-            c = counts(grappler_optimized(gd, args.capability))
+            c = counts(grappler_optimized(gd, args.capability), variable_shapes)
             out["counts"][f"{w}|{v}"] = c
             print(f"{w} {v}: {c['nodes']} nodes, {c['kernels']} kernels, {c['casts']} Casts, "
-                  f"{c['transposes']} Transposes", flush=True)
+                  f"{c['transposes']} Transposes moving {c['transposed_elements'] / 1e6:.1f}M elements", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -638,10 +638,11 @@ def test_grappler_counts_what_a_step_without_xla_launches():
 
     got = {}
     for variant in ("float32", "ours_default"):
-        gd = gpu_bench.variant_graph_def("small_cnn-train-b8", variant, target="gpu:9.0",
-                                         precision="float16").graph_def
-        got[variant] = grappler_counts.counts(grappler_counts.grappler_optimized(gd, "9.0"))
+        step = gpu_bench.variant_graph_def("small_cnn-train-b8", variant, target="gpu:9.0", precision="float16")
+        got[variant] = grappler_counts.counts(grappler_counts.grappler_optimized(step.graph_def, "9.0"),
+                                              step.variable_shapes)
     assert got["float32"]["transposes"] > 0 and got["ours_default"]["transposes"] == 0
+    assert got["float32"]["transposed_elements"] > 0 and got["float32"]["transposes_unsized"] == 0
     assert got["ours_default"]["casts"] > got["float32"]["casts"]
     assert got["ours_default"]["kernels"] > got["float32"]["kernels"] > 0
     assert all(c["nodes"] > c["kernels"] for c in got.values())
