@@ -61,7 +61,8 @@ Inputs = Mapping[str, Sequence[tuple[str, int]]]
 #: and width, or width and input channels): the rules take a filter whose first three
 #: dimensions are all known and above 1, which every version fuses.  A float16 or bfloat16
 #: convolution fuses nothing, so converting one brings its bias and Relu back as kernels
-#: (:func:`float32_fusion` says which nodes those are).  A device class says which rules hold (:attr:`~amp_rewrite.plan.cost_model.DeviceCosts.fuses_bias_activation`).
+#: (:func:`float32_fusion` says which nodes those are).  A device class says which rules hold
+#: (:attr:`~amp_rewrite.plan.cost_model.DeviceCosts.fuses_bias_activation`).
 #: Ops by a constant that scale (folded into a convolution's weights when directly on it;
 #: Grappler turns a division by a constant into a Mul).
 FOLDABLE_SCALES = frozenset({"Mul", "RealDiv"})

@@ -312,8 +312,10 @@ def _unary_costs(p: PaintingState, free: list[bool], pricing: _Pricing, shape_aw
     swish_muls = {m for parts in swishes.values() for m in parts}
 
     def onednn(dense: str) -> bool:
-        # Under XLA its own convolution rewrites fuse a bias and an activation into cuDNN's
-        # call on a GPU too, so the GPU's Grappler rules (:mod:`.grappler_folds`) do not apply.
+        # Under XLA, XLA's fusion decides, not Grappler's GPU rules (:mod:`.grappler_folds`):
+        # the planner keeps pricing a frozen dense op's scale, bias and activation as folded
+        # there, as it did before those rules (a bias and an activation go into the dense op's
+        # fusion), where the step estimate prices each as a fused op's bytes.
         return compiled or pricing.costs_of(dense).fuses_bias_activation
 
     def unfused_by_low_conv(name: str, conv: str) -> None:
