@@ -12,7 +12,7 @@
 #
 # Stages, most wanted first (a session of 15 device minutes has room for about two after the
 # install; since the second 2026-11-28 run, which ran `measure`, EfficientNetB0's `more_xla`,
-# `loops` and the fold probe, `nodes` comes first, then `more_xla` and `misses`):
+# `loops` and the fold probe, `nodes` comes first, then `more_xla`, `misses` and `errors`):
 #   norm      Done-when line 1: ours as a user enables it against Keras's mixed_float16 + XLA
 #             and float32 + XLA, BERT first, then ResNet50; five variants, so both workloads
 #             fit the time budget (six left BERT out).  On the H200 (2026-11-27, second run,
@@ -50,6 +50,11 @@
 #             2026-11-28 run converting gained 3-6% where the model priced a 24-29% loss), then
 #             ResNet50 and BERT; then which element-wise ops Grappler folds into a frozen
 #             convolution (the probe's three 3x3 patterns, cuDNN's fusion, never ran on a GPU).
+#   errors    Done-when line 2's error column for the steps `measure_steps` chose on the second
+#             2026-11-28 run (the default lists' steps; that stage had no float32_strict): the
+#             first step's loss of ours_default, TF's pass and Keras's mixed_float16 against
+#             float32 with TF32 off, one repeat each, MobileNetV2, EfficientNetB0, the LSTM and
+#             ResNet50 b128.  About 4-5 minutes (TF's pass takes 33 s to its first step).
 #   loops     Casts hoisted out of loop bodies (amp_rewrite/loop_hoist.py, 2026-11-28) on the
 #             GPU: a recurrent decoder's greedy decoding at batch 1 and 8, float32 (TF32), the
 #             Casts left in the loop (where TensorFlow's pass puts them), hoisted twice (A/A),
@@ -70,7 +75,7 @@
 # gpu_profile after each variant), so a command stopped by its timeout keeps what it finished.
 # The stage's exit status is the first failing command's (0 when all succeeded).
 set -u
-stage=${1:?usage: bench/gpu_session.sh measure|misses|more_xla|nodes|norm|more|bf16|train|loops|profile OUT}
+stage=${1:?usage: bench/gpu_session.sh nodes|more_xla|misses|errors|measure|norm|more|bf16|train|loops|profile OUT}
 out=${2:?usage: bench/gpu_session.sh STAGE OUT}
 mkdir -p "$out" && out=$(cd "$out" && pwd) || exit 2
 cd "$(dirname "$0")/.." || exit 2
@@ -178,12 +183,19 @@ measure)
         --repeats 5 --steps 10 --warmup 2 --no-predict --time-budget 520 \
         --out "$out/gpu_measure.md"
     ;;
+errors)
+    step timeout 340 python3 bench/gpu_bench.py \
+        --workloads mobilenetv2-train-b64,efficientnetb0-train-b64,lstm-train-b64,resnet50-train-b128 \
+        --variants float32_strict,tf_amp,keras_mixed,ours_default \
+        --repeats 1 --steps 3 --warmup 1 --no-predict --time-budget 290 \
+        --out "$out/gpu_errors.md"
+    ;;
 loops)
     step timeout 300 python3 bench/loop_hoist.py --target auto --precision float16 \
         --only decode-b1,decode-b8 --rounds 9 --calls 5 --out "$out/loop_hoist"
     ;;
 *)
-    echo "unknown stage $stage: measure, misses, more_xla, nodes, norm, more, bf16, train, loops or profile" >&2
+    echo "unknown stage $stage: nodes, more_xla, misses, errors, measure, norm, more, bf16, train, loops or profile" >&2
     exit 2
     ;;
 esac

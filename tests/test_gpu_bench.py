@@ -665,7 +665,8 @@ def test_the_gpu_session_script_names_only_known_workloads_and_variants_and_fits
                 if re.search(r"timeout \d+ python3 bench/gpu_(bench|profile)\.py", line)]
     assert len(commands) >= 4
     stages = re.findall(r"^(\w+)\)$", text, flags=re.M)
-    assert stages == ["norm", "profile", "misses", "train", "nodes", "bf16", "more", "more_xla", "measure", "loops"]
+    assert stages == ["norm", "profile", "misses", "train", "nodes", "bf16", "more", "more_xla", "measure", "errors",
+                      "loops"]
     # bench/loop_hoist.py's workloads too (the loops stage).
     import loop_hoist
 
