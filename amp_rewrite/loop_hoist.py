@@ -47,8 +47,9 @@ one (a ref variable's read, entered; a placeholder), or of a read of a resource 
 where no resource entering the frame reaches anything but reads (in it, or in the frames it
 enters it into), moves before the ``Enter``,
 and a new constant ``Enter`` hands the frame the cast value, where the frame (nested frames
-included) writes no variable by the same rules (a ref variable's read shares the variable's
-buffer).  The frame's own ``Enter`` and read stay, unused: a MetaGraphDef's while_context
+included) and the frames around it write no variable by the same rules (a ref variable's read
+shares the variable's buffer; the read made before the frame runs in the enclosing one), and
+the read waits for nothing but the frame's pivot.  The frame's own ``Enter`` and read stay, unused: a MetaGraphDef's while_context
 names them.
 
 Part of the rewrite stage: imports only :mod:`amp_rewrite.graph` and the errors.  Each loop it
@@ -559,7 +560,11 @@ def _hoist_frames(g: nx.MultiDiGraph, gname: str, functions: Mapping[str, nx.Mul
                 continue
             frame = found[2]
             if frame not in writes_nothing:
-                writes_nothing[frame] = _frame_writes_nothing(g, frame, functions, registry)
+                # The frames around it too: the read made before this frame's Enter runs in
+                # the enclosing frame, once per iteration there, and a write there could race
+                # with it (parallel iterations).
+                writes_nothing[frame] = all(_frame_writes_nothing(g, f, functions, registry)
+                                            for f in (frame, *_enclosing_frames(g, frame)))
             if writes_nothing[frame]:
                 hoisted.append(_hoist_out_of_frame(g, gname, name, *found, seq=len(hoisted)))
                 moved = True
@@ -578,10 +583,12 @@ def _frame_candidate(g: nx.MultiDiGraph, cast: str) -> tuple[str, str | None, by
     (src, port), = ins
     read = None
     if g._node[src]["op"] == _READ and port == 0:
-        # Its control input is the frame's pivot, which puts it in the loop; a frame that
-        # writes nothing (checked by the caller) has nothing else to order it after.
+        # A control input that is the frame's pivot only puts it in the loop; a frame that
+        # writes nothing (checked by the caller) has nothing else to order it after.  Any other
+        # (a tf.control_dependencies inside the body, on something after a write outside the
+        # loop) orders the read, and a read made before the loop would lose that order.
         read_ins = ir.data_inputs(g, src)
-        if len(read_ins) != 1:
+        if len(read_ins) != 1 or not all(_is_pivot(g, ctrl) for ctrl in ir.control_inputs(g, src)):
             return None
         read, (src, port) = src, read_ins[0]
     enter = g._node[src]
@@ -591,6 +598,15 @@ def _frame_candidate(g: nx.MultiDiGraph, cast: str) -> tuple[str, str | None, by
     if frame is None or (read is None) != (enter["dtypes"].get("T") != dt.RESOURCE):
         return None
     return src, read, frame
+
+
+def _is_pivot(g: nx.MultiDiGraph, name: str) -> bool:
+    """Whether ``name`` is a TensorFlow 1 loop's pivot: the ``Identity`` of a ``Switch``'s
+    true output, which every op of an iteration waits for.  Pure."""
+    if g._node[name]["op"] != "Identity":
+        return False
+    ins = ir.data_inputs(g, name)
+    return len(ins) == 1 and ins[0][1] == 1 and g._node[ins[0][0]]["op"] in ("Switch", "RefSwitch")
 
 
 def _has_control_edges(g: nx.MultiDiGraph, name: str) -> bool:
@@ -606,8 +622,7 @@ def _frame_writes_nothing(g: nx.MultiDiGraph, frame: bytes, functions: Mapping[s
     (:func:`_holds_only_reads`), and every resource entering it reaches only ops that read it
     (:data:`_READS_ONLY`).  Pure."""
     # RefEnter too: a ref variable assigned in the loop enters as one.
-    enters = [n for n, d in g.nodes(data=True)
-              if d["op"] in (_ENTER, "RefEnter") and bytes_attr(d, "frame_name") == frame]
+    enters = _frame_enters(g, frame)
     for name in enters:
         if g._node[name]["dtypes"].get("T") == dt.RESOURCE and not _reaches_only_reads(g, name):
             return False
@@ -632,6 +647,21 @@ def _reaches_only_reads(g: nx.MultiDiGraph, resource: str) -> bool:
             elif data["op"] not in _READS_ONLY:
                 return False
     return True
+
+
+def _frame_enters(g: nx.MultiDiGraph, frame: bytes) -> list[str]:
+    """The ``Enter``/``RefEnter`` nodes of TensorFlow 1 loop ``frame`` in ``g``.  Pure."""
+    return [n for n, d in g.nodes(data=True)
+            if d["op"] in (_ENTER, "RefEnter") and bytes_attr(d, "frame_name") == frame]
+
+
+def _enclosing_frames(g: nx.MultiDiGraph, frame: bytes) -> list[bytes]:
+    """The TensorFlow 1 loops of ``g`` that ``frame`` is nested in (their nodes hold its
+    ``Enter`` nodes).  Pure."""
+    own = set(_frame_enters(g, frame))
+    others = sorted({bytes_attr(d, "frame_name") for _, d in g.nodes(data=True)
+                     if d["op"] in (_ENTER, "RefEnter")} - {frame, None})
+    return [f for f in others if own & _frame_nodes(g, _frame_enters(g, f))]
 
 
 def _frame_nodes(g: nx.MultiDiGraph, enters: list[str]) -> set[str]:

@@ -50,11 +50,12 @@
 #             2026-11-28 run converting gained 3-6% where the model priced a 24-29% loss), then
 #             ResNet50 and BERT; then which element-wise ops Grappler folds into a frozen
 #             convolution (the probe's three 3x3 patterns, cuDNN's fusion, never ran on a GPU).
-#   errors    Done-when line 2's error column for the steps `measure_steps` chose on the second
-#             2026-11-28 run (the default lists' steps; that stage had no float32_strict): the
-#             first step's loss of ours_default, TF's pass and Keras's mixed_float16 against
-#             float32 with TF32 off, one repeat each, MobileNetV2, EfficientNetB0, the LSTM and
-#             ResNet50 b128.  About 4-5 minutes (TF's pass takes 33 s to its first step).
+#   errors    Done-when line 2's error column for the default lists' steps, which `measure_steps`
+#             chose on the second 2026-11-28 run (that stage had no float32_strict): the first
+#             step's loss of ours_default, TF's pass and Keras's mixed_float16 against float32
+#             with TF32 off, one repeat each, on MobileNetV2, EfficientNetB0 and the LSTM, and
+#             ResNet50 b128.  About 4-5 minutes (TF's pass takes 33 s to its first step).  Its
+#             speed rows (one repeat, no float32 baseline) are no verdict on line 2's speed.
 #   loops     Casts hoisted out of loop bodies (amp_rewrite/loop_hoist.py, 2026-11-28) on the
 #             GPU: a recurrent decoder's greedy decoding at batch 1 and 8, float32 (TF32), the
 #             Casts left in the loop (where TensorFlow's pass puts them), hoisted twice (A/A),

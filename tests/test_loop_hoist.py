@@ -521,6 +521,87 @@ def test_a_weight_in_nested_tf1_loops_leaves_both_frames(resource, no_hoist):
     assert np.array_equal(_run_tf1(hoisted.graph_def, x), _run_tf1(plain.graph_def, x))
 
 
+def _tf1_graph(build):
+    """``build()``'s graph with control flow v1 (TF1 frames), an ``init`` op beside it."""
+    from tensorflow.python.ops import control_flow_util
+
+    g = tf.Graph()
+    old = control_flow_util.ENABLE_CONTROL_FLOW_V2
+    control_flow_util.ENABLE_CONTROL_FLOW_V2 = False
+    try:
+        with g.as_default():
+            build()
+            tf.group(tf.compat.v1.global_variables_initializer(), name="init")
+    finally:
+        control_flow_util.ENABLE_CONTROL_FLOW_V2 = old
+    return g.as_graph_def()
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["one-frame", "two-frames"])
+def test_a_tf1_read_ordered_after_a_write_by_a_control_edge_stays_in_its_frame(nested, no_hoist):
+    """A read in the loop under ``tf.control_dependencies`` on something after a write outside
+    the loop (the variable's handle entered earlier, without it): a read made before the loop
+    would read the value before the write (a second review, 2026-11-28)."""
+    rng = np.random.default_rng(0)
+    w0 = rng.normal(0, 0.3, (16, 16)).astype("float32")
+
+    def build():
+        x = tf.compat.v1.placeholder(tf.float32, [4, 16], name="x")
+        w = tf.compat.v1.get_variable("w", initializer=w0, use_resource=True)
+        with tf.control_dependencies([w.assign(0.5 * w0, read_value=False)]):
+            marker = tf.constant(0.0) + 0.0
+
+        def step(h):
+            w.read_value()  # enters the handle into the frame, with no control input
+            with tf.control_dependencies([marker]):
+                return tf.tanh(tf.matmul(h, w))
+
+        def body(i, h):
+            if nested:
+                h = tf.while_loop(lambda j, k: j < 2, lambda j, k: (j + 1, step(k)), (0, h))[1]
+            else:
+                h = step(h)
+            return i + 1, h
+
+        tf.identity(tf.while_loop(lambda i, h: i < 3, body, (0, x))[1], name="out")
+
+    gd = _tf1_graph(build)
+    opts = dict(target="gpu:8.0", precision="float16", fetches=["out"], use_env=False)
+    hoisted = amp_rewrite.rewrite_graph_def(gd, **opts)
+    plain = amp_rewrite.rewrite_graph_def(gd, lists_file=no_hoist, **opts)
+    assert plain.report["converted_nodes"] > 0 and _frame_casts(hoisted.graph_def)
+    x = np.random.default_rng(1).normal(size=(4, 16)).astype("float32")
+    assert np.array_equal(_run_tf1(hoisted.graph_def, x), _run_tf1(plain.graph_def, x))
+
+
+def test_a_tf1_inner_frame_keeps_its_cast_where_the_enclosing_frame_writes_the_variable(no_hoist):
+    """An inner loop reads ``w``, the outer loop assigns it after the inner one: a read made
+    before the inner frame runs in the outer one, where the next iteration's read could pass
+    the previous iteration's write (parallel iterations).  Nothing is hoisted."""
+    w0 = np.random.default_rng(0).normal(0, 0.3, (16, 16)).astype("float32")
+
+    def build():
+        x = tf.compat.v1.placeholder(tf.float32, [4, 16], name="x")
+        w = tf.compat.v1.get_variable("w", initializer=w0, use_resource=True)
+
+        def body(i, h):
+            h = tf.while_loop(lambda j, k: j < 2, lambda j, k: (j + 1, tf.tanh(tf.matmul(k, w))), (0, h))[1]
+            with tf.control_dependencies([h]):
+                update = w.assign(w * 0.5, read_value=False)
+            with tf.control_dependencies([update]):
+                return i + 1, tf.identity(h)
+
+        tf.identity(tf.while_loop(lambda i, h: i < 3, body, (0, x))[1], name="out")
+
+    gd = _tf1_graph(build)
+    opts = dict(target="gpu:8.0", precision="float16", fetches=["out"], use_env=False)
+    hoisted = amp_rewrite.rewrite_graph_def(gd, **opts)
+    plain = amp_rewrite.rewrite_graph_def(gd, lists_file=no_hoist, **opts)
+    assert "hoisted_casts" not in hoisted.report and _frame_casts(hoisted.graph_def)
+    x = np.random.default_rng(1).normal(size=(4, 16)).astype("float32")
+    assert np.array_equal(_run_tf1(hoisted.graph_def, x), _run_tf1(plain.graph_def, x))
+
+
 # --- What a review found (2026-11-28): files that must still load, writes that must be seen ---
 
 
