@@ -418,9 +418,9 @@ def test_a_loop_body_learns_the_shapes_of_the_variables_it_reads():
 # --- TensorFlow 1 loops (frames) ------------------------------------------------------------
 
 
-def _tf1_loop_graph(resource, *, write=False, nested=False, d=16):
-    """A TF1 while loop (control flow v1: Enter/Merge/Switch/NextIteration/Exit) whose body
-    multiplies by a weight variable; an ``init`` op and an ``out`` fetch."""
+def _tf1_graph(build):
+    """``build()``'s graph with control flow v1 (TF1 frames: Enter/Merge/Switch/NextIteration/
+    Exit), an ``init`` op beside it."""
     from tensorflow.python.ops import control_flow_util
 
     g = tf.Graph()
@@ -428,29 +428,44 @@ def _tf1_loop_graph(resource, *, write=False, nested=False, d=16):
     control_flow_util.ENABLE_CONTROL_FLOW_V2 = False
     try:
         with g.as_default():
-            x = tf.compat.v1.placeholder(tf.float32, [4, d], name="x")
-            w = tf.compat.v1.get_variable(
-                "w", initializer=np.random.default_rng(0).normal(0, 0.3, (d, d)).astype("float32"),
-                use_resource=resource)
-            counter = tf.compat.v1.get_variable("counter", initializer=0.0, use_resource=resource)
-
-            def step(h):
-                deps = [counter.assign_add(1.0)] if write else []
-                with tf.control_dependencies(deps):
-                    return tf.tanh(tf.matmul(h, w))
-
-            def body(i, h):
-                if nested:
-                    h = tf.while_loop(lambda j, k: j < 2, lambda j, k: (j + 1, step(k)), (0, h))[1]
-                else:
-                    h = step(h)
-                return i + 1, h
-
-            tf.identity(tf.while_loop(lambda i, h: i < 3, body, (0, x))[1], name="out")
+            build()
             tf.group(tf.compat.v1.global_variables_initializer(), name="init")
     finally:
         control_flow_util.ENABLE_CONTROL_FLOW_V2 = old
     return g.as_graph_def()
+
+
+def _tf1_loop_out(x, step, nested: bool) -> None:
+    """``out``: three iterations of ``h = step(h)`` from ``x`` in a TF1 while loop, each step
+    in an inner loop of two iterations where ``nested``."""
+    def body(i, h):
+        if nested:
+            h = tf.while_loop(lambda j, k: j < 2, lambda j, k: (j + 1, step(k)), (0, h))[1]
+        else:
+            h = step(h)
+        return i + 1, h
+
+    tf.identity(tf.while_loop(lambda i, h: i < 3, body, (0, x))[1], name="out")
+
+
+def _tf1_loop_graph(resource, *, write=False, nested=False, d=16):
+    """A TF1 while loop whose body multiplies by a weight variable; an ``init`` op and an
+    ``out`` fetch."""
+    def build():
+        x = tf.compat.v1.placeholder(tf.float32, [4, d], name="x")
+        w = tf.compat.v1.get_variable(
+            "w", initializer=np.random.default_rng(0).normal(0, 0.3, (d, d)).astype("float32"),
+            use_resource=resource)
+        counter = tf.compat.v1.get_variable("counter", initializer=0.0, use_resource=resource)
+
+        def step(h):
+            deps = [counter.assign_add(1.0)] if write else []
+            with tf.control_dependencies(deps):
+                return tf.tanh(tf.matmul(h, w))
+
+        _tf1_loop_out(x, step, nested)
+
+    return _tf1_graph(build)
 
 
 def _run_tf1(gd, x):
@@ -521,22 +536,6 @@ def test_a_weight_in_nested_tf1_loops_leaves_both_frames(resource, no_hoist):
     assert np.array_equal(_run_tf1(hoisted.graph_def, x), _run_tf1(plain.graph_def, x))
 
 
-def _tf1_graph(build):
-    """``build()``'s graph with control flow v1 (TF1 frames), an ``init`` op beside it."""
-    from tensorflow.python.ops import control_flow_util
-
-    g = tf.Graph()
-    old = control_flow_util.ENABLE_CONTROL_FLOW_V2
-    control_flow_util.ENABLE_CONTROL_FLOW_V2 = False
-    try:
-        with g.as_default():
-            build()
-            tf.group(tf.compat.v1.global_variables_initializer(), name="init")
-    finally:
-        control_flow_util.ENABLE_CONTROL_FLOW_V2 = old
-    return g.as_graph_def()
-
-
 @pytest.mark.parametrize("nested", [False, True], ids=["one-frame", "two-frames"])
 def test_a_tf1_read_ordered_after_a_write_by_a_control_edge_stays_in_its_frame(nested, no_hoist):
     """A read in the loop under ``tf.control_dependencies`` on something after a write outside
@@ -556,14 +555,7 @@ def test_a_tf1_read_ordered_after_a_write_by_a_control_edge_stays_in_its_frame(n
             with tf.control_dependencies([marker]):
                 return tf.tanh(tf.matmul(h, w))
 
-        def body(i, h):
-            if nested:
-                h = tf.while_loop(lambda j, k: j < 2, lambda j, k: (j + 1, step(k)), (0, h))[1]
-            else:
-                h = step(h)
-            return i + 1, h
-
-        tf.identity(tf.while_loop(lambda i, h: i < 3, body, (0, x))[1], name="out")
+        _tf1_loop_out(x, step, nested)
 
     gd = _tf1_graph(build)
     opts = dict(target="gpu:8.0", precision="float16", fetches=["out"], use_env=False)
