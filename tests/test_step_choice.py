@@ -365,8 +365,9 @@ def test_auto_measure_steps_is_off_on_a_cpu_and_a_gpu_that_cannot_profit(monkeyp
     """On this CPU (no GPU) the model's margin is the planner's own, and a GPU without Tensor
     Cores converts nothing: nothing is measured."""
     assert tf_function.auto_measure_steps({"target": "auto", "lists": "optimal"}, compiled=False) == 0
-    _this_machine_as(monkeypatch, "gpu:6.1")
-    assert tf_function.auto_measure_steps({"target": "auto", "lists": "optimal"}, compiled=False) == 0
+    for machine, steps in (("gpu:6.1", 0), ("gpu:6.1,8.0", 0), ("gpu:8.0,6.1", 3)):  # GPU:0 runs the steps
+        _this_machine_as(monkeypatch, machine)
+        assert tf_function.auto_measure_steps({"target": "auto", "lists": "optimal"}, compiled=False) == steps
 
 
 def _keras_model_and_data(units: int = 256, rows: int = 32 * 9, **options):

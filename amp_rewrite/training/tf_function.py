@@ -284,10 +284,12 @@ def auto_measure_steps(options: Mapping[str, Any], *, compiled: bool) -> int:
     try:
         machine = resolve_target(target)
         precision = resolve_precision(options.get("precision", "auto"), machine)[0]
-        # Only the devices the rewrite converts for: a GPU that cannot profit (compute
-        # capability below 7.0) keeps its steps float32, and there is nothing to time.
-        margin = whole_step_margin((costs_for(d, precision) for d in machine.eligible_devices(precision)),
-                                   compiled=False)
+        # The device a step's ops go to unless placed (the lowest-numbered GPU), where the
+        # rewrite converts for it: a GPU that cannot profit (compute capability below 7.0)
+        # keeps its steps float32, and there is nothing to time.
+        runs_on = machine.default_device()
+        margin = whole_step_margin([costs_for(runs_on, precision)] if runs_on in machine.eligible_devices(precision)
+                                   else [], compiled=False)
     except AmpRewriteError:
         return 0
     return AUTO_MEASURE_STEPS if margin > MIN_ESTIMATED_GAIN else 0
