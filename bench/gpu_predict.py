@@ -105,20 +105,43 @@ def rows_of(data: dict[str, Any], capability: str | None = None,
         for name, step in measured.items():
             if variants and name not in variants:
                 continue
+            priced = name
             if gpu_bench.variant_spec(name).measured:
-                continue  # chosen by measurement: no one plan to price
+                # Chosen by measurement: the step it chose is priced, where one is known.
+                priced = chosen_step(name, rec["variants"][name])
+                if priced is None:
+                    continue
             base = baseline_of(name)
             if base not in measured:
                 continue
-            pred = gpu_bench.predicted_step_ratio(rec["workload"], name, base, target=target,
+            pred = gpu_bench.predicted_step_ratio(rec["workload"], priced, base, target=target,
                                                   precision=precision, costs=costs)
             meas = step / measured[base]
-            rows.append({"workload": rec["workload"], "variant": name, "baseline": base, "measured": meas,
+            label = name if priced == name else f"{name} (ran {priced})"
+            rows.append({"workload": rec["workload"], "variant": label, "baseline": base, "measured": meas,
                          "predicted": pred, "off": pred / meas - 1.0, "measured_ms": step,
-                         "predicted_ms": _predicted_ms(rec["workload"], name, target, costs, precision)})
-            print(f"{rec['workload']} {name}: predicted {pred:.3f} measured {meas:.3f} "
+                         "predicted_ms": _predicted_ms(rec["workload"], priced, target, costs, precision)})
+            print(f"{rec['workload']} {label}: predicted {pred:.3f} measured {meas:.3f} "
                   f"({100 * (pred / meas - 1):+.0f}%)", flush=True)
     return rows
+
+
+#: The variant whose plan is each step ``ours_measured`` may choose (``measure_steps``'
+#: candidates, by the names its record gives them).
+MEASURED_CANDIDATES = {"planned": "ours_optimal", "default lists": "ours_default", "float32": "float32"}
+
+
+def chosen_step(variant: str, record: dict[str, Any]) -> str | None:
+    """The variant whose plan ``variant``'s measured step ran: the candidate its record says
+    ``measure_steps`` chose (every traced step the same one), as :data:`MEASURED_CANDIDATES`
+    names it; ``None`` for another measured variant (autotune, an extra variant) or a record
+    without one choice.  Pure."""
+    if variant != "ours_measured":
+        return None
+    choices = {c.get("chosen") for c in (record.get("rewrite") or {}).get("measured_choices") or []}
+    if len(choices) != 1:
+        return None
+    return MEASURED_CANDIDATES.get(choices.pop())
 
 
 def _predicted_ms(workload: str, variant: str, target: str, costs: Any, precision: str) -> float:

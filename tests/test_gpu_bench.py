@@ -280,15 +280,24 @@ def test_gpu_predict_prices_every_measured_variant_against_its_float32_here(tmp_
     record = {"machine": {"gpus": [{"compute_capability": [9, 0], "device_name": "NVIDIA H200"}]},
               "workloads": [{"workload": "small_cnn-train-b8",
                              "variants": {k: {"step_ms": v} for k, v in steps.items()}}]}
+    record["workloads"][0]["variants"]["ours_measured"] = {
+        "step_ms": 1.7, "rewrite": {"measured_choices": [{"chosen": "default lists"}]}}
     src = tmp_path / "run.json"
     src.write_text(json.dumps(record))
     out = tmp_path / "predicted.md"
     assert gpu_predict.main([str(src), "--out", str(out)]) == 0
     rows = {line.split(" | ")[2]: line for line in out.read_text().splitlines()[2:]}
-    assert set(rows) == {"tf_amp", "keras_mixed_xla", "ours_optimal_xla"}  # float32 ones are baselines
+    # float32 ones are baselines; a step measure_steps chose is priced as the step it ran
+    assert set(rows) == {"tf_amp", "keras_mixed_xla", "ours_optimal_xla", "ours_measured (ran ours_default)"}
     assert "| float32 | 0.900 |" in rows["tf_amp"] and "| float32_xla | 0.800 |" in rows["keras_mixed_xla"]
     # The step itself, measured and estimated: the model's absolute error shows.
     assert rows["tf_amp"].split(" | ")[7] == "1.80" and float(rows["tf_amp"].split(" | ")[8].rstrip(" |")) > 0
+    # A step chosen by measure_steps is priced as the step it chose.
+    assert gpu_predict.chosen_step("ours_measured", {"rewrite": {"measured_choices": [
+        {"candidates": {"planned": 2.1, "default lists": 1.9}, "chosen": "default lists"}]}}) == "ours_default"
+    assert gpu_predict.chosen_step("ours_measured", {"rewrite": {"measured_choices": [
+        {"chosen": "planned"}, {"chosen": "float32"}]}}) is None  # two signatures, two choices
+    assert gpu_predict.chosen_step("ours_autotune", {}) is None
     # A forecast, for a workload not measured yet: predicted only, said so.
     fc = tmp_path / "forecast.md"
     assert gpu_predict.main(["--forecast", "--workloads", "small_cnn-train-b8", "--variants",
