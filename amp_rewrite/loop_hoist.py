@@ -49,8 +49,8 @@ enters it into), moves before the ``Enter``,
 and a new constant ``Enter`` hands the frame the cast value, where the frame (nested frames
 included) and the frames around it write no variable by the same rules (a ref variable's read
 shares the variable's buffer; the read made before the frame runs in the enclosing one), and
-the read waits for nothing but the frame's pivot.  The frame's own ``Enter`` and read stay, unused: a MetaGraphDef's while_context
-names them.
+the read waits for nothing but the frame's pivot.  The frame's own ``Enter`` and read stay,
+unused: a MetaGraphDef's while_context names them.
 
 Part of the rewrite stage: imports only :mod:`amp_rewrite.graph` and the errors.  Each loop it
 changes is checked after (its types, its inputs and its functions' signatures one for one), and
@@ -551,7 +551,14 @@ def _hoist_frames(g: nx.MultiDiGraph, gname: str, functions: Mapping[str, nx.Mul
     until nothing moves, so a Cast leaves nested frames one at a time.  **Mutates** ``g``.
     Returns what it moved."""
     hoisted: list[HoistedCast] = []
-    writes_nothing: dict[bytes, bool] = {}
+    writes_nothing: dict[bytes, bool] = {}  # the frame and the frames around it
+    own: dict[bytes, bool] = {}  # the frame itself (nested frames included)
+
+    def writes_nothing_itself(f: bytes) -> bool:
+        if f not in own:
+            own[f] = _frame_writes_nothing(g, f, functions, registry)
+        return own[f]
+
     while True:
         moved = False
         for name in sorted(n for n, d in g.nodes(data=True) if d["op"] == "Cast" and d["proto"] is None):
@@ -563,8 +570,8 @@ def _hoist_frames(g: nx.MultiDiGraph, gname: str, functions: Mapping[str, nx.Mul
                 # The frames around it too: the read made before this frame's Enter runs in
                 # the enclosing frame, once per iteration there, and a write there could race
                 # with it (parallel iterations).
-                writes_nothing[frame] = all(_frame_writes_nothing(g, f, functions, registry)
-                                            for f in (frame, *_enclosing_frames(g, frame)))
+                writes_nothing[frame] = writes_nothing_itself(frame) and all(
+                    writes_nothing_itself(f) for f in _enclosing_frames(g, frame))
             if writes_nothing[frame]:
                 hoisted.append(_hoist_out_of_frame(g, gname, name, *found, seq=len(hoisted)))
                 moved = True
