@@ -198,8 +198,11 @@ def test_under_xla_the_greedy_colouring_is_taken_where_the_step_estimate_finds_i
     (check,) = _checks(unfused)
     assert set(check["rewritten_us"]) == {"min-cut"}
     # Without XLA this batch-2 step waits for the executor's host time per kernel (the GPU
-    # classes' host_per_kernel): a rewrite's Casts only add kernels, so float32 is kept.
-    assert check["given_us"] <= check["rewritten_us"]["min-cut"] and not check["kept"]
+    # classes' host_per_kernel): a rewrite's Casts add kernels where it saves the float32
+    # step's layout Transposes (a 7.0 GPU runs it NCHW), and the two come out within the
+    # class's 10% margin, so float32 is kept.
+    given, rewritten = check["given_us"], check["rewritten_us"]["min-cut"]
+    assert abs(given - rewritten) < 0.1 * given and not check["kept"]
     assert unfused["converted_nodes"] == 0
 
 

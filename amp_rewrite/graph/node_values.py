@@ -19,7 +19,8 @@ import numpy as np
 
 from . import dtypes as dt
 
-__all__ = ["bool_attr", "bytes_attr", "int_attr", "float_const_range", "MAX_CONST_ELEMENTS"]
+__all__ = ["bool_attr", "bytes_attr", "int_attr", "int_list_attr", "int_const_values", "float_const_range",
+           "MAX_CONST_ELEMENTS"]
 
 #: Largest constant whose values are read for a range (elements); a larger one counts as
 #: unknown.  A range proof needs the few scalars of an expression (``-0.5``, ``1/sqrt(2)``),
@@ -49,8 +50,43 @@ def bytes_attr(data: Mapping[str, Any], key: str) -> bytes | None:
     return None if value is None else bytes(value)
 
 
+def int_list_attr(data: Mapping[str, Any], key: str) -> tuple[int, ...] | None:
+    """The ``list(int)`` attribute ``key`` of the node whose IR dict is ``data`` (a
+    ``Squeeze``'s ``squeeze_dims``; an empty list is ``()``), or ``None`` as for
+    :func:`bool_attr`.  Pure."""
+    value = _attr_value(data, key, "list")
+    return None if value is None else tuple(int(i) for i in value.i)
+
+
+def int_const_values(data: Mapping[str, Any]) -> tuple[int, ...] | None:
+    """The values of an int32 or int64 ``Const`` of at most one dimension whose IR dict is
+    ``data`` (a reduction's axes), flattened; ``None`` when the node is not such a constant,
+    has no NodeDef, holds more than :data:`MAX_CONST_ELEMENTS` values, or values that cannot
+    be read.  Pure."""
+    proto = data.get("proto")
+    if proto is None or data.get("op") != "Const" or "value" not in proto.attr:
+        return None
+    tensor = proto.attr["value"].tensor
+    dims = [d.size for d in tensor.tensor_shape.dim]
+    if len(dims) > 1 or any(d < 0 for d in dims) or (dims and dims[0] > MAX_CONST_ELEMENTS):
+        return None
+    n = dims[0] if dims else 1
+    numpy_type = {dt.INT32: "<i4", dt.INT64: "<i8"}.get(tensor.dtype)
+    if numpy_type is None:
+        return None
+    if tensor.tensor_content:
+        raw = np.frombuffer(tensor.tensor_content, dtype=numpy_type)
+        return tuple(int(v) for v in raw) if raw.size == n else None
+    listed = list(tensor.int_val if tensor.dtype == dt.INT32 else tensor.int64_val)
+    if n == 0:
+        return ()
+    # No values stands for zeros; fewer than n repeat the last one (TensorProto's rule).
+    listed = listed or [0]
+    return tuple(int(v) for v in listed[:n]) + (int(listed[-1]),) * max(0, n - len(listed))
+
+
 def _attr_value(data: Mapping[str, Any], key: str, kind: str) -> Any:
-    """Field ``kind`` (``"b"``, ``"i"``, ``"s"``) of attribute ``key`` of the node's NodeDef,
+    """Field ``kind`` (``"b"``, ``"i"``, ``"s"``, ``"list"``) of attribute ``key`` of the node's NodeDef,
     or ``None`` where there is no NodeDef, no such attribute, or one of another kind.  Pure."""
     proto = data.get("proto")
     if proto is None or key not in proto.attr:

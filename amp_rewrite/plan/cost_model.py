@@ -78,6 +78,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Mapping, NamedTuple, Sequence
 
+from ..graph import dtypes as dt
 from ..graph.op_registry import OpRegistry
 from ..graph.shapes import Shape, numel
 from .targets import Device
@@ -234,6 +235,11 @@ class DeviceCosts:
     #: into it as with oneDNN on a CPU; ``False``: only as on a GPU, where one add and every
     #: activation run but a Conv2D's ``BiasAdd`` + ``Relu`` (:mod:`.grappler_folds`).
     fuses_bias_activation: bool = True
+    #: The convolution types TensorFlow's layout optimizer counts as running fastest
+    #: channels-last on this GPU (:mod:`.gpu_layout`): float16 from compute capability 7.0,
+    #: bfloat16 and TF32 float32 from 8.0 (float32 only where TF32 is on).  ``None``: not a GPU;
+    #: the optimizer leaves the layout of the graphs it runs as it is.
+    layout_nhwc_types: frozenset[int] | None = None
 
 
 #: Element-wise ops in bfloat16 on x86 CPUs, measured on this repository's benchmark CPU (AMD
@@ -468,25 +474,33 @@ GPU_RNN_STEP_TIME = 30_000.0
 GPU_RNN_EFFICIENCY = (0.5, 0.38)
 
 
-def _gpu_class(name: str, f32: float, low: float, bandwidth: float, misaligned_low: float) -> DeviceCosts:
+def _gpu_class(name: str, f32: float, low: float, bandwidth: float, misaligned_low: float,
+               nhwc_types: frozenset[int]) -> DeviceCosts:
     return DeviceCosts(name, f32, low, bandwidth, GPU_LOW_ELEMENTWISE, 1.5, GPU_KERNEL_OVERHEAD, 8, misaligned_low,
                        conv_rates=(f32 * _CONV_SHARE[0], low * _CONV_SHARE[1]),
                        dense_efficiency=GPU_DENSE_EFFICIENCY, kernel_overhead=GPU_KERNEL_OVERHEAD,
                        host_per_kernel=GPU_HOST_PER_KERNEL, unfused_step_error=GPU_UNFUSED_STEP_ERROR,
                        rnn_step_time=GPU_RNN_STEP_TIME, rnn_efficiency=GPU_RNN_EFFICIENCY,
-                       fuses_bias_activation=False)
+                       fuses_bias_activation=False, layout_nhwc_types=nhwc_types)
+
+
+#: The convolution types the layout optimizer keeps channels-last, per GPU family: float16
+#: Tensor Cores from 7.0; bfloat16 and TF32 from 8.0 (float32 where TF32 is on).
+_VOLTA_NHWC = frozenset({dt.HALF})
+_AMPERE_NHWC = frozenset({dt.HALF, dt.BFLOAT16, dt.FLOAT})
+_AMPERE_FP32_NHWC = frozenset({dt.HALF, dt.BFLOAT16})
 
 
 DEVICE_COSTS: dict[str, DeviceCosts] = {
     # Tensor Cores at about 8x the CUDA cores' FP32.  Without multiples of 8 cuBLAS of that
     # era falls back to half-precision FMA, about 2x FP32.
-    "gpu-volta": _gpu_class("gpu-volta", 15_700.0, 125_000.0, 900.0, 31_400.0),
+    "gpu-volta": _gpu_class("gpu-volta", 15_700.0, 125_000.0, 900.0, 31_400.0, _VOLTA_NHWC),
     # TF32 is float32's default: Tensor Cores in both precisions, float16 at 2x.  Misaligned
     # float16 is taken to gain nothing over TF32.
-    "gpu-ampere": _gpu_class("gpu-ampere", 156_000.0, 312_000.0, 1_800.0, 156_000.0),
-    "gpu-ampere-fp32": _gpu_class("gpu-ampere-fp32", 19_500.0, 312_000.0, 1_800.0, 39_000.0),
-    "gpu-hopper": _gpu_class("gpu-hopper", 366_000.0, 707_000.0, 3_000.0, 366_000.0),
-    "gpu-hopper-fp32": _gpu_class("gpu-hopper-fp32", 67_000.0, 707_000.0, 3_000.0, 134_000.0),
+    "gpu-ampere": _gpu_class("gpu-ampere", 156_000.0, 312_000.0, 1_800.0, 156_000.0, _AMPERE_NHWC),
+    "gpu-ampere-fp32": _gpu_class("gpu-ampere-fp32", 19_500.0, 312_000.0, 1_800.0, 39_000.0, _AMPERE_FP32_NHWC),
+    "gpu-hopper": _gpu_class("gpu-hopper", 366_000.0, 707_000.0, 3_000.0, 366_000.0, _AMPERE_NHWC),
+    "gpu-hopper-fp32": _gpu_class("gpu-hopper-fp32", 67_000.0, 707_000.0, 3_000.0, 134_000.0, _AMPERE_FP32_NHWC),
     # Sapphire Rapids AMX (bf16 and fp16 tiles): ~8x AVX-512 float32 on dense math;
     # element-wise float16 runs natively (AVX512-FP16).  Tiles are 16 rows x 32 bf16/fp16
     # values.  bfloat16 has no element-wise arithmetic there: see "cpu-amx-bf16" below.
@@ -516,6 +530,10 @@ DEVICE_COSTS: dict[str, DeviceCosts] = {
                                    large_elementwise=X86_BF16_LARGE_ELEMENTWISE,
                                    large_elements=X86_BF16_LARGE_ELEMENTS),
 }
+# Before Volta the rates are Volta's (such a GPU is never converted for: it cannot profit), but
+# the layout optimizer counts no convolution type there as channels-last.
+DEVICE_COSTS["gpu-pre-volta"] = replace(DEVICE_COSTS["gpu-volta"], name="gpu-pre-volta",
+                                        layout_nhwc_types=frozenset())
 # AMX in bfloat16: the tiles' dense rates, with the element-wise kernels of any x86 CPU
 # without bf16 arithmetic (above).
 DEVICE_COSTS["cpu-amx-bf16"] = replace(DEVICE_COSTS["cpu-amx"], name="cpu-amx-bf16", low_elementwise=1.2,
@@ -526,6 +544,8 @@ def gpu_costs(device: Device) -> DeviceCosts:
     """The class of a GPU by compute-capability family (an unknown capability counts as the
     newest), strict FP32 where TF32 is off.  bfloat16 (>= 8.0) runs at float16's rates."""
     major = device.capability[0] if device.capability else 9
+    if major < 7:  # no Tensor Cores: the layout optimizer keeps no type channels-last
+        return DEVICE_COSTS["gpu-pre-volta"]
     if major < 8:
         return DEVICE_COSTS["gpu-volta"]
     family = "gpu-ampere" if major == 8 else "gpu-hopper"

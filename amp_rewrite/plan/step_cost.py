@@ -63,6 +63,7 @@ from ..graph.shapes import Shape
 from . import grappler_folds
 from .cost_model import (ALIAS_OPS, DENSE_OPS, METADATA_OPS, UNKNOWN_DIM, DeviceCosts, cast_cost, constant_nodes,
                          elements, node_cost)
+from .gpu_layout import layout_transposes
 
 __all__ = ["BUFFER_OPS", "KERNEL_BOUNDARY_OPS", "LOOP_OPS", "NodeTime", "StepCheck", "StepEstimate", "call_counts",
            "estimate_graph", "estimate_graphs", "estimate_parts", "loop_trips", "node_precision", "total_of"]
@@ -93,11 +94,17 @@ class StepEstimate:
     #: The executor's host time without XLA: ``DeviceCosts.host_per_kernel`` per kernel it
     #: launches.  It overlaps the device's work, so a step takes the longer of the two.
     host_ns: float = 0.0
+    #: The layout optimizer's Transposes on a GPU without XLA (:mod:`.gpu_layout`): reading
+    #: and writing what each moves (their fixed time is in ``overhead_ns``, their host time in
+    #: ``host_ns``, and they count among ``kernels``).
+    layout_ns: float = 0.0
+    transposes: int = 0
 
     @property
     def device_ns(self) -> float:
-        """The device's time: dense, element-wise and Cast work, and the kernels' fixed time."""
-        return self.dense_ns + self.elementwise_ns + self.cast_ns + self.overhead_ns
+        """The device's time: dense, element-wise, Cast and layout work, and the kernels'
+        fixed time."""
+        return self.dense_ns + self.elementwise_ns + self.cast_ns + self.layout_ns + self.overhead_ns
 
     @property
     def total_ns(self) -> float:
@@ -114,7 +121,7 @@ class StepEstimate:
 
     def _fields(self) -> tuple[float, ...]:
         return (self.dense_ns, self.elementwise_ns, self.cast_ns, self.overhead_ns, self.kernels,
-                self.low_nodes, self.casts, self.host_ns)
+                self.low_nodes, self.casts, self.host_ns, self.layout_ns, self.transposes)
 
     def as_dict(self) -> dict[str, float]:
         """Microseconds per kind and the counts (for reports and JSON): ``device_us`` is the sum
@@ -123,13 +130,15 @@ class StepEstimate:
                 "dense_us": round(self.dense_ns / 1e3, 1),
                 "elementwise_us": round(self.elementwise_ns / 1e3, 1), "cast_us": round(self.cast_ns / 1e3, 1),
                 "overhead_us": round(self.overhead_ns / 1e3, 1), "host_us": round(self.host_ns / 1e3, 1),
-                "kernels": self.kernels, "low_nodes": self.low_nodes, "casts": self.casts}
+                "layout_us": round(self.layout_ns / 1e3, 1), "kernels": self.kernels, "low_nodes": self.low_nodes,
+                "casts": self.casts, "transposes": self.transposes}
 
 
 @dataclass(frozen=True)
 class NodeTime:
-    """One priced node of a step estimate: its op, kind (``"dense"``, ``"elementwise"`` or
-    ``"cast"``), the precision it runs in (``"float32"`` or ``"low"``), its estimated time
+    """One priced node of a step estimate: its op, kind (``"dense"``, ``"elementwise"``,
+    ``"cast"``, or ``"layout"`` for a Transpose the layout optimizer adds, keyed by the name
+    Grappler gives it), the precision it runs in (``"float32"`` or ``"low"``), its estimated time
     (ns) and, apart, the fixed time per kernel the step charges it (``kernel_overhead`` for a
     node that launches a kernel; a Cast's price already holds its own fixed time, so 0), its
     output elements and whether all its output shapes were known (else ``elements`` counts
@@ -394,8 +403,24 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
     # Tensors of a loop body the same every iteration, whose Casts the rewrite hoists before
     # the loop (amp_rewrite.loop_hoist; set by api for a profile that hoists).
     invariant = g.graph.get("loop_invariant") or frozenset()
-    ns = {"dense": 0.0, "elementwise": 0.0, "cast": 0.0, "overhead": 0.0, "host": 0.0}
+    ns = {"dense": 0.0, "elementwise": 0.0, "cast": 0.0, "overhead": 0.0, "host": 0.0, "layout": 0.0}
     kernels = low_nodes = casts = 0
+    # A function's body is priced as a graph of its own: at run time TensorFlow inlines it
+    # into the step it runs in (a loop's lowered into frames) before Grappler, which then
+    # decides one layout for the whole, here one per body.
+    transposes = () if compiled else _layout_transposes(g, shapes, costs_of, live, results)
+    for t in transposes:
+        costs = costs_of(g.nodes[t.node].get("device", ""))
+        n = t.elements if t.elements is not None else elements(None)
+        item = 2 if t.dtype in _LOW else 8 if t.dtype == dt.DOUBLE else 4
+        moved = 2 * n * item / costs.bandwidth  # read once, written once
+        ns["layout"] += moved
+        ns["overhead"] += costs.kernel_overhead
+        ns["host"] += costs.host_per_kernel
+        kernels += 1
+        if per_node is not None:
+            per_node[t.name] = NodeTime("Transpose", "layout", "low" if t.dtype in _LOW else "float32", moved, n,
+                                        costs.kernel_overhead, t.elements is not None)
     for name in order:
         node = g.nodes[name]
         op = node["op"]
@@ -445,7 +470,20 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
                                       sum(elements(s) for s in outs),
                                       costs.kernel_overhead if launches else 0.0, _known(outs))
     return StepEstimate(ns["dense"], ns["elementwise"], ns["cast"], ns["overhead"], kernels, low_nodes, casts,
-                        ns["host"])
+                        ns["host"], ns["layout"], len(transposes))
+
+
+def _layout_transposes(g: nx.MultiDiGraph, shapes: Mapping[str, tuple[Shape, ...]],
+                       costs_of: Callable[[str], DeviceCosts], live: frozenset[str] | None,
+                       results: frozenset[str]) -> tuple:
+    """The layout optimizer's Transposes in ``g`` (:func:`~amp_rewrite.plan.gpu_layout.layout_transposes`),
+    its nodes placed by ``costs_of`` (a GPU class: on a GPU) and shaped by ``shapes`` (those
+    of the Casts a rewrite inserted included).  Pure."""
+    def on_gpu(name: str) -> DeviceCosts | None:
+        costs = costs_of(g.nodes[name].get("device", ""))
+        return costs if costs.layout_nhwc_types is not None else None
+
+    return layout_transposes(g, on_gpu, live=live, results=results, shapes=shapes)
 
 
 def _known(shapes: list[Shape]) -> bool:

@@ -1,0 +1,153 @@
+"""The layout optimizer's Transposes (:mod:`amp_rewrite.plan.gpu_layout`), checked node for node
+against Grappler's own output on a virtual GPU (TensorFlow's pass runs offline: no GPU needed),
+and priced in the step estimate (:mod:`amp_rewrite.plan.step_cost`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import tensorflow as tf
+
+import amp_rewrite
+from amp_rewrite.graph import dtypes as dt
+from amp_rewrite.plan.cost_model import DEVICE_COSTS
+from amp_rewrite.plan.gpu_layout import NCHW, NHWC, layout_formats
+from amp_rewrite.training.tf_function import captured_variable_shapes
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+
+import grappler_counts  # noqa: E402
+
+C = 8  # channels
+
+
+def _step(low_convs: int = 0, train: bool = True, batch: int = 4, side: int = 12):
+    """A traced step of a small CNN written as Keras 3 writes its layers: three convolutions
+    (the first ``low_convs`` of them in float16, cast in and out), a batch norm of moments and
+    per-channel variables, ReLU, a depthwise convolution, max and average pooling, a channel
+    concatenation, a pad, a softsign (an op the optimizer does not convert), a bias add, global
+    pooling and a softmax classifier.  A training step
+    (gradients, SGD updates) or, with ``train=False``, the forward pass only.  Returns
+    ``(GraphDef, variable shapes, fetches)``."""
+    init = tf.random.stateless_normal
+    shapes = {"k0": (3, 3, 3, C), "k1": (3, 3, C, C), "k2": (1, 1, 2 * C, C), "dw": (3, 3, C, 1),
+              "gamma": (C,), "beta": (C,), "bias": (C,), "w": (C, 4)}
+    v = {k: tf.Variable(init(s, seed=(i, 1)) * 0.1, name=k) for i, (k, s) in enumerate(sorted(shapes.items()))}
+
+    def conv(x, k, i, **kw):
+        if i < low_convs:
+            y = tf.nn.conv2d(tf.cast(x, tf.float16), tf.cast(v[k], tf.float16), 1, "SAME", **kw)
+            return tf.cast(y, tf.float32)
+        return tf.nn.conv2d(x, v[k], 1, "SAME", **kw)
+
+    def forward(x):
+        h = conv(x, "k0", 0)
+        mean, var = tf.nn.moments(h, [0, 1, 2], keepdims=True)
+        h = (h - mean) * tf.math.rsqrt(tf.squeeze(var, [0, 1, 2]) + 1e-3) * v["gamma"] + v["beta"]
+        h = tf.nn.relu(h)
+        d = tf.nn.depthwise_conv2d(h, v["dw"], [1, 1, 1, 1], "SAME")
+        h = tf.concat([tf.nn.max_pool2d(h, 2, 2, "VALID"), tf.nn.avg_pool2d(d, 2, 2, "VALID")], axis=3)
+        # Softsign is not layout-agnostic: the regions on either side meet there.
+        h = tf.nn.softsign(tf.pad(conv(h, "k2", 2), [[0, 0], [1, 1], [1, 1], [0, 0]]))
+        h = tf.nn.relu6(tf.nn.bias_add(conv(h, "k1", 1), v["bias"]))
+        return tf.nn.softmax(tf.matmul(tf.reduce_mean(h, [1, 2]), v["w"]))
+
+    @tf.function
+    def step(x):
+        if not train:
+            return forward(x)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(forward(x))
+        for var, grad in zip(v.values(), tape.gradient(loss, list(v.values()))):
+            var.assign_sub(0.01 * grad)
+        return loss
+
+    graph = step.get_concrete_function(tf.TensorSpec([batch, side, side, 3], tf.float32)).graph
+    fetches = [t.op.name for t in graph.outputs]
+    return graph.as_graph_def(), captured_variable_shapes(graph), fetches
+
+
+def _compare(gd, variable_shapes, capability: str) -> tuple[dict, dict]:
+    """Grappler's layout Transposes (the step given as the runtime gives a function's body) and
+    ours, keyed alike."""
+    grappler = grappler_counts.layout_transposes_of(
+        grappler_counts.grappler_optimized(grappler_counts.as_function_body(gd, variable_shapes), capability))
+    ours = grappler_counts.our_layout_transposes(gd, variable_shapes, capability)
+    return grappler, ours
+
+
+def test_a_float32_training_step_runs_nchw_and_ours_are_grapplers_transposes_node_for_node():
+    gd, shapes, _ = _step()
+    grappler, ours = _compare(gd, shapes, "9.0")
+    # float32 convolution gradients keep TF32 convolutions out of the count: NCHW, with
+    # Transposes where converted ops meet unconverted ones (the softsign, the gradients'
+    # reshapes, ...).
+    assert len(grappler) >= 8
+    assert set(ours) == set(grappler)
+    assert any(k[2] == NCHW for k in ours) and any(k[2] == NHWC for k in ours)
+    assert all(t.elements and t.elements > 0 and t.dtype == dt.FLOAT for t in ours.values())
+
+
+@pytest.mark.parametrize("low_convs, transposed", [(1, True), (2, False), (3, False)])
+def test_the_layout_follows_the_share_of_float16_convolutions(low_convs, transposed):
+    # One float16 convolution of three: still NCHW, that one converted too (it reads and
+    # writes NCHW, cast around).  Two or three: at least half prefer NHWC, so the graph stays
+    # as Keras wrote it and nothing is transposed.
+    gd, shapes, _ = _step(low_convs=low_convs)
+    grappler, ours = _compare(gd, shapes, "9.0")
+    assert bool(grappler) is transposed
+    assert set(ours) == set(grappler)
+    if transposed:
+        assert any(t.dtype == dt.HALF for t in ours.values()) or any(
+            "Cast" in r for t in ours.values() for r in t.readers)
+
+
+@pytest.mark.parametrize("capability, transposed", [("9.0", False), ("8.0", False), ("7.0", True)])
+def test_float32_inference_stays_nhwc_where_tf32_runs_it(capability, transposed):
+    # Without convolution gradients, TF32 (8.0 and up) makes float32 convolutions prefer NHWC;
+    # a 7.x GPU has no TF32, so its float32 graph is converted: the input, and both sides of
+    # the softsign.
+    gd, shapes, _ = _step(train=False)
+    grappler, ours = _compare(gd, shapes, capability)
+    assert len(grappler) == (3 if transposed else 0)
+    assert set(ours) == set(grappler)
+
+
+def test_the_layout_decision_counts_only_convolutions_on_a_gpu():
+    gd, shapes, _ = _step()
+    g = amp_rewrite.api._import_to_price(gd, "gpu:9.0", "float16", False, shapes, None, None, None)[0].graph
+    hopper, strict = DEVICE_COSTS["gpu-hopper"], DEVICE_COSTS["gpu-hopper-fp32"]
+    assert layout_formats(g, lambda n: hopper) == (NHWC, NCHW)  # float32 gradients
+    assert layout_formats(g, lambda n: None) is None  # nothing on a GPU: nothing converted
+    fwd = amp_rewrite.api._import_to_price(_step(train=False)[0], "gpu:9.0", "float16", False, shapes, None, None,
+                                           None)[0].graph
+    assert layout_formats(fwd, lambda n: hopper) == (NCHW, NHWC)  # TF32 float32 prefers NHWC
+    assert layout_formats(fwd, lambda n: strict) == (NHWC, NCHW)  # TF32 off: it does not
+    assert layout_formats(fwd, lambda n: DEVICE_COSTS["gpu-pre-volta"]) == (NHWC, NCHW)
+
+
+def test_the_step_estimate_prices_the_transposes_only_where_they_run():
+    gd, shapes, fetches = _step(batch=32, side=32)
+    kw = dict(variable_shapes=shapes, fetches=fetches, precision="float16")
+    gpu = amp_rewrite.estimate_step_time(gd, target="gpu:9.0", **kw)
+    nodes = amp_rewrite.estimate_node_times(gd, target="gpu:9.0", **kw)
+    layout = {n: t for part in nodes.values() for n, t in part.items() if t.kind == "layout"}
+    assert gpu.transposes == len(layout) >= 4
+    assert gpu.layout_ns == pytest.approx(sum(t.ns for t in layout.values()))
+    assert all(n.endswith("-LayoutOptimizer") and t.op == "Transpose" for n, t in layout.items())
+    # Each moves its tensor through memory twice, and launches a kernel the host pays for.
+    hopper = DEVICE_COSTS["gpu-hopper"]
+    assert all(t.ns == pytest.approx(2 * 4 * t.elements / hopper.bandwidth) for t in layout.values())
+    without = gpu.kernels - gpu.transposes
+    assert gpu.host_ns == pytest.approx((without + gpu.transposes) * hopper.host_per_kernel)
+    # Under XLA there is no layout optimizer, nor on a CPU.
+    assert amp_rewrite.estimate_step_time(gd, target="gpu:9.0", compiled=True, **kw).transposes == 0
+    assert amp_rewrite.estimate_step_time(gd, target="cpu", **kw).transposes == 0
+    # A float16 rewrite of the step runs NHWC: none there.
+    rewritten = amp_rewrite.rewrite_graph_def(gd, target="gpu:9.0", precision="float16", variable_shapes=shapes,
+                                              fetches=fetches, use_env=False)
+    assert rewritten.graph_def is not gd and any(n.op == "Cast" for n in rewritten.graph_def.node)
+    low = amp_rewrite.estimate_step_time(rewritten.graph_def, target="gpu:9.0", **kw)
+    assert low.transposes == 0 and low.low_nodes > 0
