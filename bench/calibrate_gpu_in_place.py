@@ -121,6 +121,8 @@ def match(profile_nodes: dict[str, dict[str, Any]], priced: dict[str, dict[str, 
     for graph in sorted(priced, key=lambda g: g != ""):  # the main graph's node wins a name clash
         for name, t in priced[graph].items():
             by_name.setdefault(name, t)
+            for alias in getattr(t, "aliases", ()):  # a layout Transpose: any name Grappler gave it
+                by_name.setdefault(alias, t)
     out: list[Matched] = []
     unmatched = 0.0
     for raw, rec in profile_nodes.items():

@@ -81,6 +81,11 @@ def _compare(gd, variable_shapes, capability: str) -> tuple[dict, dict]:
 def test_a_float32_training_step_runs_nchw_and_ours_are_grapplers_transposes_node_for_node():
     gd, shapes, _ = _step()
     grappler, ours = _compare(gd, shapes, "9.0")
+    optimized = grappler_counts.grappler_optimized(grappler_counts.as_function_body(gd, shapes), "9.0")
+    # Each Transpose Grappler kept goes by one of the names ours gives it (measured per-node
+    # times are matched to the estimate's by name).
+    kept = {n.name for n in optimized.node if n.name.endswith("-LayoutOptimizer") and n.op == "Transpose"}
+    assert kept and kept <= {name for t in ours.values() for name in t.names}
     # float32 convolution gradients keep TF32 convolutions out of the count: NCHW, with
     # Transposes where converted ops meet unconverted ones (the softsign, the gradients'
     # reshapes, ...).
@@ -151,3 +156,27 @@ def test_the_step_estimate_prices_the_transposes_only_where_they_run():
     assert rewritten.graph_def is not gd and any(n.op == "Cast" for n in rewritten.graph_def.node)
     low = amp_rewrite.estimate_step_time(rewritten.graph_def, target="gpu:9.0", **kw)
     assert low.transposes == 0 and low.low_nodes > 0
+
+
+def test_int_attributes_and_constants_read_from_the_node_def():
+    from amp_rewrite.graph.node_values import int_const_values, int_list_attr
+
+    def node(build):
+        g = tf.Graph()
+        with g.as_default():
+            build()
+        return {n.name: {"op": n.op, "proto": n} for n in g.as_graph_def().node}
+
+    nodes = node(lambda: (tf.constant([1, -2, 3], tf.int32, name="a"), tf.constant(7, tf.int64, name="b"),
+                          tf.constant([5, 5, 5, 5], tf.int32, name="c"), tf.constant([1.5], name="f"),
+                          tf.constant([[1, 2]], name="m"),
+                          tf.squeeze(tf.zeros([1, 2, 1]), [0, 2], name="sq"), tf.squeeze(tf.zeros([1, 2]), name="s0")))
+    assert int_const_values(nodes["a"]) == (1, -2, 3)
+    assert int_const_values(nodes["b"]) == (7,)
+    assert int_const_values(nodes["c"]) == (5, 5, 5, 5)  # stored as one repeated value
+    assert int_const_values(nodes["f"]) is None  # not an integer
+    assert int_const_values(nodes["m"]) is None  # not a vector
+    assert int_const_values({"op": "Const", "proto": None}) is None
+    assert int_list_attr(nodes["sq"], "squeeze_dims") == (0, 2)
+    assert int_list_attr(nodes["s0"], "squeeze_dims") == ()
+    assert int_list_attr(nodes["sq"], "T") is None  # a type, not a list

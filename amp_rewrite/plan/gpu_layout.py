@@ -146,9 +146,10 @@ class LayoutTranspose:
     into ``to_format``, read by ``readers`` (the converted or unconverted nodes on the other
     side), moving ``elements`` elements (``None``: not fully known) of ``dtype``.  ``name``
     follows Grappler's pattern: after the first reader and the port it reads for one into the
-    new layout, after the producer, its port and its first consumer for one back (where a
-    tensor has several, common-subgraph elimination may keep another's name: 158 of the 211 of
-    MobileNetV2's float32 training step match)."""
+    new layout, after the producer, its port and its first consumer for one back.  Where the
+    optimizer made several, common-subgraph elimination keeps one of them, whose name is among
+    ``names`` (on MobileNetV2's float32 training step ``name`` is Grappler's for 158 of 211,
+    ``names`` hold all 211)."""
 
     node: str
     port: int
@@ -157,6 +158,9 @@ class LayoutTranspose:
     elements: int | None
     dtype: int | None
     name: str
+    #: Every name Grappler may have given it (one per edge it was made for, before
+    #: common-subgraph elimination kept one): to match measured nodes by name.
+    names: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -623,9 +627,15 @@ class _View:
         out = []
         for (name, port, to), edges in found.items():
             readers = tuple(sorted({r for r, _ in edges}))
-            first, q = min(edges)
-            label = (f"{name}-{port}-0-Transpose{dst}To{src}" if to == src
-                     else f"{first}-{q}-Transpose{src}To{dst}")
+            if to == src:  # back: one per consumer edge of the port (converted ones too, whose
+                # pairs cancel), numbered in name order
+                labels = [f"{name}-{port}-{k}-Transpose{dst}To{src}"
+                          for k in range(len(self.outs(name).get(port, edges)))]
+            else:  # into the new layout: one per reading edge (and, after those, one per other
+                # port of each reader: the arithmetic optimizer reorders an AddN's inputs)
+                labels = [f"{r}-{q}-Transpose{src}To{dst}" for r, q in sorted(edges)]
+                labels += [f"{r}-{q}-Transpose{src}To{dst}" for r in readers for q in range(len(self.ins(r)))
+                           if (r, q) not in edges]
             shape = self.shape((name, port))
             n = None
             if shape is not None and all(isinstance(d, int) and d >= 0 for d in shape):
@@ -636,5 +646,6 @@ class _View:
             types = node.get("dtypes") or {}
             dtype = types.get("DstT" if node["op"] == "Cast" else "T", types.get("dtype"))
             dtype = dtype if isinstance(dtype, int) else None
-            out.append(LayoutTranspose(name, port, to, readers, n, dtype, label + "-LayoutOptimizer"))
+            names = tuple(label + "-LayoutOptimizer" for label in labels)
+            out.append(LayoutTranspose(name, port, to, readers, n, dtype, names[0], names))
         return tuple(out)

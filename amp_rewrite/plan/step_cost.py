@@ -152,6 +152,9 @@ class NodeTime:
     elements: int
     fixed_ns: float = 0.0
     known_shape: bool = True
+    #: Other names the node may have where it runs (a layout Transpose's: Grappler keeps one of
+    #: several).
+    aliases: tuple[str, ...] = ()
 
     def scaled(self, times: int) -> "NodeTime":
         """This node run ``times`` times."""
@@ -420,7 +423,7 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
         kernels += 1
         if per_node is not None:
             per_node[t.name] = NodeTime("Transpose", "layout", "low" if t.dtype in _LOW else "float32", moved, n,
-                                        costs.kernel_overhead, t.elements is not None)
+                                        costs.kernel_overhead, t.elements is not None, t.names)
     for name in order:
         node = g.nodes[name]
         op = node["op"]
