@@ -177,6 +177,10 @@ def test_int_attributes_and_constants_read_from_the_node_def():
     assert int_const_values(nodes["f"]) is None  # not an integer
     assert int_const_values(nodes["m"]) is None  # not a vector
     assert int_const_values({"op": "Const", "proto": None}) is None
+    bad = type(nodes["a"]["proto"])()
+    bad.CopyFrom(nodes["a"]["proto"])
+    bad.attr["value"].tensor.tensor_content = b"\x01\x00\x00\x00\x02"  # 5 bytes for 3 int32s
+    assert int_const_values({"op": "Const", "proto": bad}) is None  # malformed: no value, no error
     assert int_list_attr(nodes["sq"], "squeeze_dims") == (0, 2)
     assert int_list_attr(nodes["s0"], "squeeze_dims") == ()
     assert int_list_attr(nodes["sq"], "T") is None  # a type, not a list

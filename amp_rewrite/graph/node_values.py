@@ -74,9 +74,11 @@ def int_const_values(data: Mapping[str, Any]) -> tuple[int, ...] | None:
     numpy_type = {dt.INT32: "<i4", dt.INT64: "<i8"}.get(tensor.dtype)
     if numpy_type is None:
         return None
-    if tensor.tensor_content:
-        raw = np.frombuffer(tensor.tensor_content, dtype=numpy_type)
-        return tuple(int(v) for v in raw) if raw.size == n else None
+    content = tensor.tensor_content
+    if content:
+        if len(content) != n * np.dtype(numpy_type).itemsize:
+            return None  # malformed: import validates elsewhere
+        return tuple(int(v) for v in np.frombuffer(content, dtype=numpy_type))
     listed = list(tensor.int_val if tensor.dtype == dt.INT32 else tensor.int64_val)
     if n == 0:
         return ()
