@@ -62,7 +62,11 @@ def as_function_body(graph_def: Any, variable_shapes: Any) -> Any:
     ``Placeholder`` nodes) as TensorFlow's runtime hands a ``tf.function``'s body to Grappler:
     every ``Placeholder`` an ``_Arg`` of its own index, with its shape (``_output_shapes``), and
     a variable's also with its variable's dtype and shape (``_handle_dtypes``,
-    ``_handle_shapes``; ``variable_shapes``: placeholder name -> shape).  Reads ``graph_def``."""
+    ``_handle_shapes``; ``variable_shapes``: placeholder name -> shape).  Reads ``graph_def``.
+
+    Offline, Grappler's item builder drops a data ``_Arg``'s ``_output_shapes`` (a
+    ``Placeholder``'s shape it drops as a feed's): an input that only a binary op reads (a mask,
+    a target) has no known rank here, whether or not it has one at run time."""
     from tensorflow.core.framework import types_pb2
 
     body = type(graph_def)()
@@ -100,7 +104,8 @@ def layout_transposes_of(graph_def: Any) -> dict[tuple[str, int, str], list[str]
     for n in graph_def.node:
         if n.op == "Transpose" and n.name.endswith("-LayoutOptimizer"):
             node, _, port = n.input[0].partition(":")
-            into = "NCHW" if n.name.split("-Transpose")[-1].startswith("NHWCToNCHW") else "NHWC"
+            # "...-TransposeNHWCToNCHW-LayoutOptimizer" (5-D: NDHWCToNCDHW), keyed by the 4-D name
+            into = n.name.split("-Transpose")[-1].split("To")[-1].split("-")[0].replace("D", "")
             found[(node, int(port or 0), into)] = sorted(readers[n.name])
     return found
 
@@ -111,16 +116,22 @@ def our_layout_transposes(graph_def: Any, variable_shapes: Any, capability: str)
     of a reshape Grappler removes is of the tensor that reshape hands on.  Reads
     ``graph_def``."""
     from amp_rewrite.api import _import_to_price
+    from amp_rewrite.graph.ir import data_inputs, ordered_nodes
     from amp_rewrite.plan import gpu_layout
+    from amp_rewrite.plan.cost_model import constant_nodes
 
-    imported, costs_of, _ = _import_to_price(graph_def, f"gpu:{capability}", "float16", False, variable_shapes,
-                                             None, None, None)
+    imported, costs_of, registry = _import_to_price(graph_def, f"gpu:{capability}", "float16", False,
+                                                    variable_shapes, None, None, None)
     g = imported.graph
 
     def on_gpu(name: str) -> Any:
         return costs_of(g.nodes[name].get("device", ""))
 
-    ours = gpu_layout.layout_transposes(g, on_gpu)
+    # What constant folding computes before the layout pass, as the step estimate folds it.
+    order = ordered_nodes(g)
+    consts = constant_nodes(order, {n: g.nodes[n]["op"] for n in order}, {n: data_inputs(g, n) for n in order},
+                            registry)
+    ours = gpu_layout.layout_transposes(g, on_gpu, constants=consts)
     return {tensor + (t.to_format,): t for tensor, t in zip(gpu_layout.source_tensors(g, ours), ours)}
 
 

@@ -184,3 +184,98 @@ def test_int_attributes_and_constants_read_from_the_node_def():
     assert int_list_attr(nodes["sq"], "squeeze_dims") == (0, 2)
     assert int_list_attr(nodes["s0"], "squeeze_dims") == ()
     assert int_list_attr(nodes["sq"], "T") is None  # a type, not a list
+
+
+_K = {}
+
+
+def _kernel(shape):
+    """A variable of ``shape`` (one per shape, made once: tf.function captures it)."""
+    if shape not in _K:
+        _K[shape] = tf.Variable(tf.random.stateless_normal(shape, seed=(len(_K), 1)) * 0.1)
+    return _K[shape]
+
+
+def _conv(x, **kw):
+    return tf.nn.relu(tf.nn.conv2d(x, _kernel((3, 3, 3, 8)), 1, "SAME", **kw))
+
+
+_NHWC, _NCHW = tf.TensorSpec([4, 12, 12, 3]), tf.TensorSpec([4, 3, 12, 12])
+#: Small inference graphs that exercise one rule each: (name, function, input, GPU).
+_RULE_CASES = [
+    # A scalar axis is not a vector: the mean is not converted.
+    ("scalar reduction axis", lambda x: tf.reduce_mean(_conv(x), axis=-1), _NHWC, "7.0"),
+    # ReverseV2 is converted whatever its axis operand.
+    ("reverse", lambda x: tf.nn.relu(tf.reverse(_conv(x), [2])), _NHWC, "7.0"),
+    # A converted Shape's output follows a transform (a permuted vector): so does the Fill.
+    ("fill of a shape", lambda x: _conv(x) + tf.ones(tf.shape(_conv(x))), tf.TensorSpec([None, 12, 12, 3]), "7.0"),
+    # 5-D: a Conv3D's global pooling over D, H and W is converted.
+    ("conv3d pooling", lambda x: tf.reduce_mean(tf.nn.relu(tf.nn.conv3d(
+        x, _kernel((3, 3, 3, 3, 8)), [1] * 5, "SAME")), axis=[1, 2, 3]) * 2.0, tf.TensorSpec([2, 6, 8, 8, 3]), "7.0"),
+    # NCHW convolutions a 9.0 GPU runs NHWC (float32 inference): H, W and C are the source
+    # layout's positions for reductions and squeezes.
+    ("NCHW mean over H, W", lambda x: tf.reduce_mean(_conv(x, data_format="NCHW"), axis=[2, 3]) * 2.0, _NCHW, "9.0"),
+    ("NCHW sum over C, H", lambda x: tf.reduce_sum(_conv(x, data_format="NCHW"), axis=[1, 2]) * 2.0, _NCHW, "9.0"),
+    ("NCHW squeeze of H, W", lambda x: tf.squeeze(tf.reduce_mean(_conv(x, data_format="NCHW"), axis=[2, 3],
+                                                                 keepdims=True), [2, 3]) * 2.0, _NCHW, "9.0"),
+    # A SelectV2 of a 4-D tensor and a scalar (dropout makes one): TensorFlow's pass fails on
+    # it and Grappler keeps the graph unconverted.
+    ("select with a scalar", lambda x: tf.nn.relu(tf.where(_conv(x) > 0, _conv(x), 0.0)), _NHWC, "7.0"),
+]
+
+
+@pytest.mark.parametrize("name, fn, spec, capability", _RULE_CASES, ids=[c[0] for c in _RULE_CASES])
+def test_each_rule_against_grappler(name, fn, spec, capability):
+    graph = tf.function(fn).get_concrete_function(spec).graph
+    gd, shapes = graph.as_graph_def(), captured_variable_shapes(graph)
+    grappler, ours = _compare(gd, shapes, capability)
+    assert set(ours) == set(grappler)
+    # Each case converts something, but the one whose conversion TensorFlow abandons.
+    assert bool(grappler) is (name != "select with a scalar")
+
+
+def test_a_step_with_dropout_or_a_convolution_in_a_loop_is_priced_without_transposes():
+    k0, k = _kernel((3, 3, 3, 8)), _kernel((3, 3, 8, 8))
+
+    def step(loop: bool):
+        @tf.function
+        def train(x):
+            with tf.GradientTape() as tape:
+                h = tf.nn.conv2d(x, k0, 1, "SAME")
+                if loop:  # a ConvLSTM-like loop: Grappler's pass fails on its frames
+                    _, h = tf.while_loop(lambda i, h: i < 3, lambda i, h: (i + 1, tf.tanh(tf.nn.conv2d(h, k, 1, "SAME"))),
+                                         [tf.constant(0), h], maximum_iterations=3)
+                else:
+                    h = tf.nn.dropout(tf.nn.relu(h), 0.2, seed=1)
+                loss = tf.reduce_mean(tf.square(tf.reduce_mean(tf.nn.conv2d(h, k, 1, "SAME"), [1, 2])))
+            for v, g in zip([k0, k], tape.gradient(loss, [k0, k])):
+                v.assign_sub(0.01 * g)
+            return loss
+
+        graph = train.get_concrete_function(_NHWC).graph
+        return graph.as_graph_def(), captured_variable_shapes(graph), [t.op.name for t in graph.outputs]
+
+    # Dropout: a float32 training step, yet Grappler leaves no Transpose (its pass failed).
+    gd, shapes, fetches = step(loop=False)
+    grappler, ours = _compare(gd, shapes, "9.0")
+    assert not grappler and not ours
+    est = amp_rewrite.estimate_step_time(gd, target="gpu:9.0", variable_shapes=shapes, fetches=fetches)
+    assert est.transposes == 0 and est.kernels > 0
+    # A convolution in a loop: Grappler converts through the loop's frames (this one) or fails
+    # on them (others); the model places no Transpose in a graph whose loop converts anything,
+    # rather than a wrong one at every boundary of the loop's body, once per iteration.
+    gd, shapes, fetches = step(loop=True)
+    assert grappler_counts.our_layout_transposes(gd, shapes, "9.0")  # the main graph alone
+    est = amp_rewrite.estimate_step_time(gd, target="gpu:9.0", variable_shapes=shapes, fetches=fetches)
+    assert est.transposes == 0 and est.kernels > 0
+
+
+def test_a_graph_saved_without_default_attributes_converts_as_with_them():
+    gd, shapes, _ = _step()
+    stripped = type(gd)()
+    stripped.CopyFrom(gd)
+    for n in stripped.node:
+        if "data_format" in n.attr and n.attr["data_format"].s == b"NHWC":
+            del n.attr["data_format"]  # the registered default, as a SavedModel strips it
+    assert not any("data_format" in n.attr for n in stripped.node)
+    assert set(grappler_counts.our_layout_transposes(stripped, shapes, "9.0")) == set(_compare(gd, shapes, "9.0")[1])

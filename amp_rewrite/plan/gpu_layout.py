@@ -35,10 +35,18 @@ per-channel operand's rank is known (at run time a ``tf.function``'s variables' 
 TensorFlow hands them to Grappler with the function's resource arguments); a ``Reshape``, a
 ``Softmax`` or an unknown op ends a region.
 
-Not modelled: 5-D rules beyond the rank test, the ``DataFormatVecPermute`` and ``Reshape``
-nodes a conversion adds for shape vectors and per-channel operands (host-side or free), and
-the special case of a ``Pad`` between two cancelling Transposes.  ``bench/grappler_counts.py
---layout`` checks this module node for node against Grappler's own output.
+Where TensorFlow's pass fails (it cannot transpose a scalar a converted ``SelectV2`` reads, as
+dropout makes one), Grappler keeps the graph as it was: so does this module.
+
+Not modelled: loops (a graph whose loop converts anything is left without Transposes here:
+Grappler converts through the loop's frames, or fails on them), the ``DataFormatVecPermute``
+and ``Reshape`` nodes a conversion adds for shape vectors and per-channel operands (host-side
+or free), nodes common-subgraph elimination merges before the pass, constants folded from
+more than the constant subgraphs the cost model knows, and the special case of a ``Pad``
+between two cancelling Transposes.  A function a step calls is taken as inlined into it (its
+arguments and results carry no Transpose; :mod:`.step_cost` decides one layout for the step
+and the functions it inlines).  ``bench/grappler_counts.py --layout`` checks this module node
+for node against Grappler's own output; ``tests/test_gpu_layout.py`` rule by rule.
 
 Pure: reads the graph (its ``shapes``), changes nothing.  Imports nothing of TensorFlow.
 """
@@ -56,7 +64,8 @@ from ..graph.node_values import bool_attr, bytes_attr, int_const_values, int_lis
 from ..graph.shapes import Shape
 from .cost_model import DeviceCosts
 
-__all__ = ["LayoutTranspose", "NCHW", "NHWC", "layout_formats", "layout_transposes", "source_tensors"]
+__all__ = ["ConvCensus", "LAYOUT_SENSITIVE_OPS", "LayoutTranspose", "NCHW", "NHWC", "conv_census", "layout_formats",
+           "layout_transposes", "source_tensors"]
 
 NHWC = "NHWC"
 NCHW = "NCHW"
@@ -94,6 +103,8 @@ _SENSITIVE: Mapping[str, _Rule] = {
     "MaxPoolV2": _Rule((0,), (0,)),
     **dict.fromkeys(("MaxPoolGrad", "MaxPoolGradGrad", "MaxPoolGradV2", "MaxPoolGradGradV2"), _Rule((0, 1, 2), (0,))),
 }
+#: The ops the optimizer converts whatever feeds them (convolutions, pooling, batch norms...).
+LAYOUT_SENSITIVE_OPS = frozenset(_SENSITIVE)
 #: Sensitive ops whose rank test reads an input (the port), not output 0.
 _RANK_FROM_INPUT = {"AvgPoolGrad": 1, "BiasAddGrad": 0, "MaxPoolV2": 0}
 #: Sensitive ops whose tensors must be 4-D; the rest take 4-D or 5-D.
@@ -134,10 +145,10 @@ _OTHER_AGNOSTIC = frozenset({"AddN", "Concat", "ConcatV2", "IdentityN", "Merge",
                              "_SwitchN"})
 _AGNOSTIC = _DEFAULT_AGNOSTIC | _BINARY | _UNARY_GRAD | _REDUCE | _PAD | _OTHER_AGNOSTIC
 
-#: The reduction axes (in the source layout's positions, N=0 H=1 W=2 C=3) a reduction
-#: without ``keep_dims`` may have and still be converted: whole groups only.
-_REDUCE_AXES_4D = (frozenset({0, 1, 2, 3}), frozenset({1, 2, 3}), frozenset({0, 1, 2}), frozenset({1, 2}),
-                   frozenset({3}))
+#: The dimension groups a reduction without ``keep_dims`` may reduce and still be converted
+#: (whole groups only), by the letters of the source layout: where they sit depends on it.
+_REDUCE_GROUPS = ("NHWC", "HWC", "NHW", "HW", "C")
+_REDUCE_GROUPS_5D = ("NDHWC", "DHWC", "NDHW", "DHW", "C")
 
 
 @dataclass(frozen=True)
@@ -169,17 +180,42 @@ class _Conversion:
 
     ins: frozenset[int]
     outs: frozenset[int]
+    #: Output ports that carry a permuted shape vector back (a converted ``Shape``'s): no
+    #: Transpose, but what reads them follows a transform.
+    permuted: frozenset[int] = frozenset()
 
 
-def layout_formats(g: nx.MultiDiGraph, on_gpu: Callable[[str], DeviceCosts | None],
-                   live: frozenset[str] | None = None) -> tuple[str, str] | None:
-    """``(source, destination)`` layout of the optimizer's conversion of ``g``: ``(NHWC, NCHW)``
-    unless at least half the counted convolutions prefer channels-last (module docstring), then
-    ``(NCHW, NHWC)``; ``None`` when no node runs on a GPU.  ``on_gpu`` maps a node to its GPU's
-    cost class, ``None`` off a GPU.  Only ``live`` nodes count (all when ``None``).  Pure."""
-    convs = prefer = 0
-    any_gpu = False
-    float32_backprop = False
+@dataclass(frozen=True)
+class ConvCensus:
+    """What the optimizer counts to pick a graph's layout: whether any node runs on a GPU, the
+    type and channels-last types of each counted convolution, and whether a float32
+    convolution gradient runs.  Graphs TensorFlow runs as one (a step and the functions it
+    inlines) add up (``+``)."""
+
+    any_gpu: bool = False
+    convs: tuple[tuple[int | None, frozenset[int]], ...] = ()
+    float32_backprop: bool = False
+
+    def __add__(self, other: "ConvCensus") -> "ConvCensus":
+        return ConvCensus(self.any_gpu or other.any_gpu, self.convs + other.convs,
+                          self.float32_backprop or other.float32_backprop)
+
+    def formats(self) -> tuple[str, str] | None:
+        """``(source, destination)`` layouts of the conversion: ``(NHWC, NCHW)`` unless at least
+        half the counted convolutions prefer channels-last (module docstring), then ``(NCHW,
+        NHWC)``; ``None`` when nothing runs on a GPU."""
+        if not self.any_gpu:
+            return None
+        prefer = sum(t is not None and t in fast and not (t == dt.FLOAT and self.float32_backprop)
+                     for t, fast in self.convs)
+        return (NCHW, NHWC) if self.convs and prefer * 2 >= len(self.convs) else (NHWC, NCHW)
+
+
+def conv_census(g: nx.MultiDiGraph, on_gpu: Callable[[str], DeviceCosts | None],
+                live: frozenset[str] | None = None) -> ConvCensus:
+    """The :class:`ConvCensus` of ``g``'s nodes that run (``live``; all when ``None``), placed by
+    ``on_gpu`` (a node's GPU cost class, ``None`` off a GPU).  Pure."""
+    any_gpu = float32_backprop = False
     counted: list[tuple[int | None, frozenset[int]]] = []
     for name, node in g.nodes(data=True):
         if live is not None and name not in live:
@@ -194,28 +230,49 @@ def layout_formats(g: nx.MultiDiGraph, on_gpu: Callable[[str], DeviceCosts | Non
             float32_backprop = True
         elif op in _COUNTED_CONVS:
             counted.append((t if isinstance(t, int) else None, costs.layout_nhwc_types or frozenset()))
-    if not any_gpu:
-        return None
-    for t, fast in counted:
-        convs += 1
-        prefer += t is not None and t in fast and not (t == dt.FLOAT and float32_backprop)
-    return (NCHW, NHWC) if convs and prefer * 2 >= convs else (NHWC, NCHW)
+    return ConvCensus(any_gpu, tuple(counted), float32_backprop)
+
+
+def layout_formats(g: nx.MultiDiGraph, on_gpu: Callable[[str], DeviceCosts | None],
+                   live: frozenset[str] | None = None) -> tuple[str, str] | None:
+    """``(source, destination)`` layouts of the optimizer's conversion of ``g`` alone
+    (:meth:`ConvCensus.formats` of :func:`conv_census`).  Pure."""
+    return conv_census(g, on_gpu, live).formats()
 
 
 def layout_transposes(g: nx.MultiDiGraph, on_gpu: Callable[[str], DeviceCosts | None], *,
                       live: frozenset[str] | None = None, results: Iterable[str] = (),
-                      shapes: Mapping[str, tuple[Shape, ...]] | None = None) -> tuple[LayoutTranspose, ...]:
+                      shapes: Mapping[str, tuple[Shape, ...]] | None = None,
+                      constants: frozenset[str] = frozenset(),
+                      formats: tuple[str, str] | None = None) -> tuple[LayoutTranspose, ...]:
     """The Transposes the layout optimizer leaves in ``g`` (module docstring), in the order of
     their producers in ``g``.  ``on_gpu`` maps a node to its GPU's cost class (``None``: the node
     does not run on a GPU, and is never converted).  Only ``live`` nodes run (all when
     ``None``); ``results`` are the graph's fetches, which the optimizer preserves as they are.
     Reads ranks from ``shapes`` (default ``g.graph["shapes"]``; an unknown rank converts
-    nothing).  Pure."""
-    formats = layout_formats(g, on_gpu, live)
+    nothing).  ``constants``: nodes constant folding turns into constants before the layout
+    optimizer runs (a Transpose of one is folded too).  ``formats``: the layouts decided for
+    the whole the graph runs in (:class:`ConvCensus`: a function inlined into a step), by
+    default ``g``'s own.
+
+    A function body (``g.graph["kind"] == "function"``) is taken as inlined where it runs: its
+    arguments and results are edges of the graph it runs in, which carry no Transpose of
+    their own here (a converted producer there feeds a converted reader here directly).
+
+    Nothing, as Grappler leaves it: a graph with a loop (``NextIteration``: its frames are
+    not modelled, and a conversion that reaches one can fail), and a graph whose conversion
+    TensorFlow's pass fails on and abandons: a converted op with an input it would transpose
+    whose rank is known and not 4 or 5 (a ``SelectV2`` of a 4-D tensor and a scalar, as
+    dropout makes: the optimizer cannot permute a scalar's shape).  Pure."""
+    if formats is None:
+        formats = layout_formats(g, on_gpu, live)
     if formats is None:
         return ()
     src, _ = formats
-    view = _View(g, on_gpu, live, frozenset(results), shapes)
+    if any(g.nodes[n]["op"] in ("NextIteration", "RefNextIteration") for n in g.nodes
+           if live is None or n in live):
+        return ()
+    view = _View(g, on_gpu, live, frozenset(results), shapes, constants)
     converted: dict[str, _Conversion] = {}
     for name in g.nodes:  # each on its own: the order does not matter here
         rule = view.sensitive_rule(name, src) if view.runs(name) and g.nodes[name]["op"] in _SENSITIVE else None
@@ -230,6 +287,8 @@ def layout_transposes(g: nx.MultiDiGraph, on_gpu: Callable[[str], DeviceCosts | 
             rule = view.agnostic_rule(name, src, converted)
             if rule is not None:
                 converted[name] = rule
+    if any(view.in_rank(name, p) not in (None, 4, 5) for name, conv in converted.items() for p in conv.ins):
+        return ()  # the pass fails on it, and Grappler keeps the graph as it was
     return view.transposes(order, converted, formats)
 
 
@@ -248,13 +307,21 @@ def source_tensors(g: nx.MultiDiGraph, transposes: Iterable[LayoutTranspose]) ->
     return out
 
 
+def _five_d(fmt: str) -> str:
+    """The 5-D layout of a 4-D one: NHWC -> NDHWC, NCHW -> NCDHW."""
+    return fmt[:-2] + "D" + fmt[-2:] if fmt.endswith("HW") else fmt[0] + "D" + fmt[1:]
+
+
 class _View:
     """The parts of a graph the conversion rules read: ops, ranks, running consumers."""
 
     def __init__(self, g: nx.MultiDiGraph, on_gpu: Callable[[str], DeviceCosts | None],
                  live: frozenset[str] | None, results: frozenset[str],
-                 shapes: Mapping[str, tuple[Shape, ...]] | None = None) -> None:
+                 shapes: Mapping[str, tuple[Shape, ...]] | None = None,
+                 constants: frozenset[str] = frozenset()) -> None:
         self.g = g
+        self.constants = constants
+        self._reaches: dict[str, bool] = {}
         self.on_gpu = on_gpu
         self.live = live
         self.results = results
@@ -268,6 +335,8 @@ class _View:
         """``name``'s op as the layout optimizer meets it (:meth:`_no_op_reshape`: a ``Reshape``
         back to the shape it started from is an ``Identity``)."""
         self._build()
+        if name in self.constants:
+            return "Const"
         return self._ops.get(name) or self.g.nodes[name]["op"]
 
     def runs(self, name: str) -> bool:
@@ -390,9 +459,11 @@ class _View:
         if rule is None or not self.processable(name):
             return None
         fmt = bytes_attr(node, "data_format")
-        data_format = fmt.decode("ascii", "replace") if fmt is not None else "NHWC"
+        # A GraphDef saved without default attributes gets them back before Grappler runs.
+        default = "NDHWC" if op.startswith("Conv3D") else "NHWC"
+        data_format = fmt.decode("ascii", "replace") if fmt is not None else default
         rank = self.in_rank(name, _RANK_FROM_INPUT[op]) if op in _RANK_FROM_INPUT else self.out_rank(name)
-        five_d = src[0] + "D" + src[1:]  # NHWC -> NDHWC
+        five_d = _five_d(src)
         if op in _FIVE_D_ONLY:
             fits = rank == 5 and data_format == five_d
         elif op in _FOUR_D_ONLY:
@@ -416,25 +487,62 @@ class _View:
         """Whether the converted producer of ``tensor`` transposes it back into the source
         layout (its port is one of its rule's outputs)."""
         conv = converted.get(tensor[0])
-        return conv is not None and tensor[1] in conv.outs
+        return conv is not None and (tensor[1] in conv.outs or tensor[1] in conv.permuted)
 
     def after_transform(self, name: str, converted: Mapping[str, _Conversion]) -> bool:
         """Whether a data input of ``name`` comes, through unconverted layout-agnostic ops, from
         an output a converted op transposes back (the optimizer's test for converting an
         agnostic op)."""
-        todo = [self.ins(name)[p] for p in self.seed_ports(name) if p < len(self.ins(name))]
-        seen: set[str] = set()
-        while todo:
-            tensor = todo.pop()
-            if self.carries_back(tensor, converted):
-                return True
-            src = tensor[0]
-            if src in converted or src in seen or self.op(src) not in _AGNOSTIC:
+        ins = self.ins(name)
+        return any(self._follows(ins[p], converted) for p in self.seed_ports(name) if p < len(ins))
+
+    def _follows(self, tensor: tuple[str, int], converted: Mapping[str, _Conversion]) -> bool:
+        """Whether ``tensor`` is transposed back by its converted producer, or made by an
+        unconverted agnostic op that follows a transform itself (:meth:`_reach`)."""
+        if self.carries_back(tensor, converted):
+            return True
+        src = tensor[0]
+        return src not in converted and self.op(src) in _AGNOSTIC and self._reach(src, converted)
+
+    def _reach(self, start: str, converted: Mapping[str, _Conversion]) -> bool:
+        """Whether unconverted agnostic op ``start`` follows a transform, searching depth first
+        and remembering each answer: the nodes above it are decided before it (topological
+        order), so an answer never changes, and a long chain is searched once, not once per
+        node below it.  A cycle counts as not reaching."""
+        memo = self._reaches
+        stack, open_ = [start], {start}
+        while stack:
+            n = stack[-1]
+            if n in memo:
+                stack.pop()
+                open_.discard(n)
                 continue
-            seen.add(src)
-            ins = self.ins(src)
-            todo.extend(ins[p] for p in self.seed_ports(src) if p < len(ins))
-        return False
+            ins = self.ins(n)
+            found, deeper = False, None
+            for p in self.seed_ports(n):
+                if p >= len(ins):
+                    continue
+                tensor = ins[p]
+                if self.carries_back(tensor, converted):
+                    found = True
+                    break
+                src = tensor[0]
+                if src in converted or self.op(src) not in _AGNOSTIC or src in open_:
+                    continue
+                if src not in memo:
+                    deeper = src
+                    break
+                if memo[src]:
+                    found = True
+                    break
+            if deeper is not None and not found:
+                stack.append(deeper)
+                open_.add(deeper)
+                continue
+            memo[n] = found
+            stack.pop()
+            open_.discard(n)
+        return memo.get(start, False)
 
     def seed_ports(self, name: str) -> tuple[int, ...]:
         """The data input ports the after-transform test follows from ``name``."""
@@ -497,15 +605,18 @@ class _View:
             if out != 4 or cond not in (0, 1, 4):
                 return None
             return _Conversion(frozenset({0, 1, 2} if cond == 4 else {1, 2}), frozenset({0}))
-        if op in _PAD or op in ("ReverseV2", "Tile", "Fill"):
+        if op == "ReverseV2":
+            return _Conversion(frozenset({0}), frozenset({0})) if out == 4 else None
+        if op in _PAD or op in ("Tile", "Fill"):
             if out != 4 or not self._const_shape_fits(name, 1 if op != "Fill" else 0,
                                                        (4, 2) if op in _PAD else (4,)):
                 return None
             return _Conversion(frozenset() if op == "Fill" else frozenset({0}), frozenset({0}))
         if op in _REDUCE:
-            return self._reduce_rule(name)
+            return self._reduce_rule(name, src)
         if op == "Shape":
-            return _Conversion(frozenset({0}), frozenset()) if self.in_rank(name, 0) in (4, 5) else None
+            return (_Conversion(frozenset({0}), frozenset(), frozenset({0})) if self.in_rank(name, 0) in (4, 5)
+                    else None)
         if op in ("Slice", "StridedSlice"):
             return self._slice_rule(name, op, out)
         if op in ("Split", "SplitV"):
@@ -515,7 +626,7 @@ class _View:
                 return None
             return _Conversion(frozenset({1} if op == "Split" else {0}), frozenset(range(len(outs))))
         if op == "Squeeze":
-            return self._squeeze_rule(name, out)
+            return self._squeeze_rule(name, out, src)
         if op in _SWITCH:
             if self.in_rank(name, 0) not in (4, 5):
                 return None
@@ -531,19 +642,23 @@ class _View:
         shape = self.shape(ins[port])
         return shape is not None and tuple(shape) == dims
 
-    def _reduce_rule(self, name: str) -> _Conversion | None:
+    def _reduce_rule(self, name: str, src: str) -> _Conversion | None:
         rank = self.in_rank(name, 0)
         if rank not in (4, 5):
             return None
         node = self.g.nodes[name]
         keep = bool(bool_attr(node, "keep_dims"))
         if not keep:
+            # The axes must be a constant vector (a scalar axis is not) naming whole groups.
             ins = self.ins(name)
+            axes_shape = self.shape(ins[1]) if len(ins) > 1 else None
             axes = int_const_values(self.g.nodes[ins[1][0]]) if len(ins) > 1 else None
-            if axes is None or rank != 4:
+            if axes is None or axes_shape is None or len(axes_shape) != 1:
                 return None
-            normal = [a + rank if a < 0 else a for a in axes]
-            if len(set(normal)) != len(normal) or frozenset(normal) not in _REDUCE_AXES_4D:
+            fmt = src if rank == 4 else _five_d(src)
+            letters = sorted(fmt[a + rank if a < 0 else a] for a in axes if -rank <= a < rank)
+            groups = _REDUCE_GROUPS if rank == 4 else _REDUCE_GROUPS_5D
+            if len(letters) != len(axes) or not any(sorted(g) == letters for g in groups):
                 return None
         return _Conversion(frozenset({0}), frozenset({0}) if keep else frozenset())
 
@@ -561,15 +676,19 @@ class _View:
             return None
         return _Conversion(frozenset({0}), frozenset({0}))
 
-    def _squeeze_rule(self, name: str, out: int | None) -> _Conversion | None:
+    def _squeeze_rule(self, name: str, out: int | None, src: str) -> _Conversion | None:
+        """A squeeze of a 4-D tensor whose H and W (the source layout's) are 1, down to [N, C]
+        or [C]."""
         dims = int_list_attr(self.g.nodes[name], "squeeze_dims")
         shape = self.shape(self.ins(name)[0]) if self.ins(name) else None
-        if dims is None or shape is None or len(shape) != 4 or shape[1] != 1 or shape[2] != 1:
+        h, w = src.index("H"), src.index("W")
+        if dims is None or shape is None or len(shape) != 4 or shape[h] != 1 or shape[w] != 1:
             return None
-        normal = sorted(d + 4 if d < 0 else d for d in dims)
-        if out == 2 and (not normal or normal == [1, 2]):
-            return _Conversion(frozenset({0}), frozenset())
-        if out == 1 and (not normal or normal == [0, 1, 2]):
+        letters = sorted(src[d + 4 if d < 0 else d] for d in dims if -4 <= d < 4)
+        if len(letters) != len(dims):
+            return None
+        if (out == 2 and (not letters or letters == sorted("HW"))) or (
+                out == 1 and (not letters or letters == sorted("NHW"))):
             return _Conversion(frozenset({0}), frozenset())
         return None
 
@@ -580,15 +699,13 @@ class _View:
             shape = self.shape(tensor)
             if shape is None or len(shape) != 4:
                 continue
-            src = tensor[0]
-            if self.carries_back(tensor, converted) or (
-                    src not in converted and self.op(src) in _AGNOSTIC
-                    and self.after_transform(src, converted)):
+            if self._follows(tensor, converted):
                 ports.append(p)
         if not ports:
             return None
-        outs = frozenset(ports) if self.op(name) == "IdentityN" else frozenset()
-        return _Conversion(frozenset(ports), outs)
+        if self.op(name) == "IdentityN":
+            return _Conversion(frozenset(ports), frozenset(ports))
+        return _Conversion(frozenset(ports), frozenset(), frozenset(ports))
 
     def _merge_rule(self, name: str, converted: Mapping[str, _Conversion]) -> _Conversion | None:
         """``Merge``: every input 4-D (or 5-D) and following a transform."""
@@ -597,12 +714,7 @@ class _View:
             return None
         for tensor in ins:
             shape = self.shape(tensor)
-            src = tensor[0]
-            if shape is None or len(shape) not in (4, 5):
-                return None
-            if not (self.carries_back(tensor, converted) or (
-                    src not in converted and self.op(src) in _AGNOSTIC
-                    and self.after_transform(src, converted))):
+            if shape is None or len(shape) not in (4, 5) or not self._follows(tensor, converted):
                 return None
         return _Conversion(frozenset(range(len(ins))), frozenset({0}))
 
@@ -611,6 +723,7 @@ class _View:
         """One Transpose per tensor and direction on the edges where exactly one end is
         converted; none of a constant (folded)."""
         src, dst = formats
+        boundary = self.g.graph.get("kind") == "function"
         found: dict[tuple[str, int, str], list[tuple[str, int]]] = {}
         for name in order:
             conv = converted.get(name)
@@ -621,6 +734,9 @@ class _View:
                     in_side = rc is not None and q in rc.ins
                     if out_side == in_side:
                         continue  # neither end converted, or a cancelled pair
+                    if boundary and (self.g.nodes[name].get("synthetic") == "arg"
+                                     or self.g.nodes[reader].get("synthetic") == "retval"):
+                        continue  # an edge of the graph the function is inlined into
                     if in_side and self.op(name) == "Const":
                         continue  # a Transpose of a constant is folded
                     found.setdefault((name, port, src if out_side else dst), []).append((reader, q))

@@ -63,7 +63,7 @@ from ..graph.shapes import Shape
 from . import grappler_folds
 from .cost_model import (ALIAS_OPS, DENSE_OPS, METADATA_OPS, UNKNOWN_DIM, DeviceCosts, cast_cost, constant_nodes,
                          elements, node_cost)
-from .gpu_layout import layout_transposes
+from .gpu_layout import LAYOUT_SENSITIVE_OPS, ConvCensus, conv_census, layout_transposes
 
 __all__ = ["BUFFER_OPS", "KERNEL_BOUNDARY_OPS", "LOOP_OPS", "NodeTime", "StepCheck", "StepEstimate", "call_counts",
            "estimate_graph", "estimate_graphs", "estimate_parts", "loop_trips", "node_precision", "total_of"]
@@ -384,7 +384,8 @@ def _fused_ns(g: nx.MultiDiGraph, name: str, op: str, outs: list[Shape], out_byt
 
 
 def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], registry: OpRegistry, *,
-                   compiled: bool, per_node: dict[str, NodeTime] | None = None) -> StepEstimate:
+                   compiled: bool, per_node: dict[str, NodeTime] | None = None, layout: bool = True,
+                   layout_formats: tuple[str, str] | None = None) -> StepEstimate:
     """Price every node of ``g`` in the type it has (module docstring).  ``costs_of`` maps a
     node's device string to its class; ``registry`` says which ops are stateful (never folded).
     Needs ``g.graph["shapes"]`` (unknown shapes count as the cost model's defaults); function
@@ -394,7 +395,9 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
     ``g.graph["fetches"]`` names its fetches, what they and its stateful ops need; else every
     node).  ``per_node``, when given, receives every priced node's :class:`NodeTime` (to set
     against measured per-node times: ``bench/calibrate_gpu_in_place.py``); the only thing
-    mutated."""
+    mutated.  Without XLA the layout optimizer's Transposes are priced too (``layout``; in the
+    layouts ``layout_formats`` where given: those decided for the step a function is inlined
+    into, :func:`estimate_parts`)."""
     order = ordered_nodes(g)
     shapes = _with_inserted_casts(g, order, g.graph.get("shapes") or {})
     signatures = g.graph.get("signatures") or {}
@@ -411,7 +414,8 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
     # A function's body is priced as a graph of its own: at run time TensorFlow inlines it
     # into the step it runs in (a loop's lowered into frames) before Grappler, which then
     # decides one layout for the whole, here one per body.
-    transposes = () if compiled else _layout_transposes(g, shapes, costs_of, live, results)
+    transposes = (() if compiled or not layout
+                  else _layout_transposes(g, shapes, costs_of, live, results, consts, layout_formats))
     for t in transposes:
         costs = costs_of(g.nodes[t.node].get("device", ""))
         n = t.elements if t.elements is not None else elements(None)
@@ -478,15 +482,22 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
 
 def _layout_transposes(g: nx.MultiDiGraph, shapes: Mapping[str, tuple[Shape, ...]],
                        costs_of: Callable[[str], DeviceCosts], live: frozenset[str] | None,
-                       results: frozenset[str]) -> tuple:
+                       results: frozenset[str], constants: frozenset[str],
+                       formats: tuple[str, str] | None) -> tuple:
     """The layout optimizer's Transposes in ``g`` (:func:`~amp_rewrite.plan.gpu_layout.layout_transposes`),
     its nodes placed by ``costs_of`` (a GPU class: on a GPU) and shaped by ``shapes`` (those
-    of the Casts a rewrite inserted included).  Pure."""
+    of the Casts a rewrite inserted included), ``constants`` folded first.  Pure."""
+    return layout_transposes(g, _gpu_placement(g, costs_of), live=live, results=results, shapes=shapes,
+                             constants=constants, formats=formats)
+
+
+def _gpu_placement(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts]) -> Callable[[str], DeviceCosts | None]:
+    """A node of ``g`` -> its GPU's class, ``None`` where it does not run on a GPU."""
     def on_gpu(name: str) -> DeviceCosts | None:
         costs = costs_of(g.nodes[name].get("device", ""))
         return costs if costs.layout_nhwc_types is not None else None
 
-    return layout_transposes(g, on_gpu, live=live, results=results, shapes=shapes)
+    return on_gpu
 
 
 def _known(shapes: list[Shape]) -> bool:
@@ -607,18 +618,70 @@ def estimate_parts(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGrap
     receives per graph its nodes' :class:`NodeTime`, per run of ``main`` (a loop body's times
     its iterations); the only thing mutated."""
     counts = call_counts(main, functions, registry) if counts is None else counts
+    # TensorFlow inlines the functions a step calls into it before Grappler, which then picks
+    # one layout for the whole: decided here over the main graph and every function that runs
+    # outside a loop.  A loop's body and what it calls are priced without Transposes (their
+    # frames are not modelled), and so is a graph whose loop converts something: Grappler
+    # converts through the loop's frames, or fails on them and converts nothing.
+    loops = _loop_functions(main, functions)
+    unmodelled = _graphs_with_layout_loops(main, functions)
+    running = [g for f, g in functions.items() if counts.get(f) and f not in loops]
+    census = sum((conv_census(g, _gpu_placement(g, costs_of), live_nodes(g, registry, g.graph.get("fetches")))
+                  for g in [main, *running]), ConvCensus())
+    formats = census.formats()
     nodes: dict[str, NodeTime] | None = {} if per_node is not None else None
-    parts = {"": estimate_graph(main, costs_of, registry, compiled=compiled, per_node=nodes)}
+    parts = {"": estimate_graph(main, costs_of, registry, compiled=compiled, per_node=nodes,
+                                layout="" not in unmodelled, layout_formats=formats)}
     if per_node is not None and nodes is not None:
         per_node[""] = nodes
     for name, times in counts.items():
         if times and name in functions:
             nodes = {} if per_node is not None else None
-            parts[name] = estimate_graph(functions[name], costs_of, registry, compiled=compiled,
-                                         per_node=nodes).scaled(times)
+            parts[name] = estimate_graph(functions[name], costs_of, registry, compiled=compiled, per_node=nodes,
+                                         layout=name not in loops and name not in unmodelled,
+                                         layout_formats=formats).scaled(times)
             if per_node is not None and nodes is not None:
                 per_node[name] = {n: t.scaled(times) for n, t in nodes.items()}
     return parts
+
+
+def _loop_functions(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph]) -> frozenset[str]:
+    """The functions of ``functions`` a loop runs (the bodies and conditions of ``main``'s and
+    every function's ``While`` nodes) and every function those call.  Pure."""
+    return _called_from(functions, [f for g in [main, *functions.values()] for n in g.nodes
+                                    if g.nodes[n]["op"] in LOOP_OPS for f in (g.nodes[n].get("funcs") or ())])
+
+
+def _graphs_with_layout_loops(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph]) -> frozenset[str]:
+    """The graphs (``""``: ``main``; else function names) with a loop whose body, or a function
+    it calls, has a layout-sensitive op.  Pure."""
+    out = set()
+    for key, g in [("", main), *functions.items()]:
+        for n in g.nodes:
+            if g.nodes[n]["op"] in LOOP_OPS:
+                body = _called_from(functions, list(g.nodes[n].get("funcs") or ()))
+                if any(functions[f].nodes[m]["op"] in LAYOUT_SENSITIVE_OPS for f in body for m in functions[f].nodes):
+                    out.add(key)
+                    break
+    return frozenset(out)
+
+
+def _called_from(functions: Mapping[str, nx.MultiDiGraph], roots: list[str]) -> frozenset[str]:
+    """``roots`` (those in ``functions``) and every function they call, transitively.  Pure."""
+    todo = list(roots)
+    found: set[str] = set()
+    while todo:
+        f = todo.pop()
+        if f in found or f not in functions:
+            continue
+        found.add(f)
+        g = functions[f]
+        signatures = g.graph.get("signatures") or {}
+        for n in g.nodes:
+            todo.extend(g.nodes[n].get("funcs") or ())
+            if g.nodes[n]["op"] in signatures:
+                todo.append(g.nodes[n]["op"])
+    return frozenset(found)
 
 
 def total_of(parts: Mapping[str, StepEstimate]) -> StepEstimate:
