@@ -279,3 +279,53 @@ def test_a_graph_saved_without_default_attributes_converts_as_with_them():
             del n.attr["data_format"]  # the registered default, as a SavedModel strips it
     assert not any("data_format" in n.attr for n in stripped.node)
     assert set(grappler_counts.our_layout_transposes(stripped, shapes, "9.0")) == set(_compare(gd, shapes, "9.0")[1])
+
+
+def test_a_called_function_is_inlined_into_the_step_before_its_layout_is_decided():
+    """A SavedModel's signature calls the model's function; a Keras step may call nested
+    functions.  TensorFlow inlines those calls before Grappler: one layout for the whole, no
+    Transpose at a call's boundary but where the other side is not converted."""
+    k1, k2 = _kernel((3, 3, 3, 8)), _kernel((3, 3, 8, 8))
+
+    @tf.function
+    def model(x):
+        return tf.nn.relu(tf.nn.conv2d(tf.nn.relu(tf.nn.conv2d(x, k1, 1, "SAME")), k2, 1, "SAME"))
+
+    @tf.function
+    def serve(x):
+        return model(x)
+
+    @tf.function
+    def features(x):  # the forward half alone: no convolution gradient, so NHWC by itself
+        return tf.nn.relu(tf.nn.conv2d(x, k1, 1, "SAME"))
+
+    @tf.function
+    def train(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(tf.reduce_mean(tf.nn.conv2d(features(x), k2, 1, "SAME"), [1, 2])))
+        for v, g in zip([k1, k2], tape.gradient(loss, [k1, k2])):
+            v.assign_sub(0.01 * g)
+        return loss
+
+    for fn, capability in ((serve, "7.0"), (train, "9.0")):
+        graph = fn.get_concrete_function(_NHWC).graph
+        gd, shapes, fetches = graph.as_graph_def(), captured_variable_shapes(graph), [t.op.name for t in graph.outputs]
+        assert gd.library.function and any(n.op in ("PartitionedCall", "StatefulPartitionedCall") for n in gd.node)
+        grappler, _ = _compare(gd, shapes, capability)
+        nodes = amp_rewrite.estimate_node_times(gd, target=f"gpu:{capability}", variable_shapes=shapes,
+                                                fetches=fetches)
+        ours = [n for part in nodes.values() for n, t in part.items() if t.kind == "layout"]
+        assert grappler and len(ours) == len(grappler)
+
+
+def test_inlining_gives_up_rather_than_copy_an_exponential_call_tree(monkeypatch):
+    from amp_rewrite.plan import inlined
+
+    gd, shapes, fetches = _step()  # no calls: the main graph itself, never copied
+    g = amp_rewrite.api._import_to_price(gd, "gpu:9.0", "float16", False, shapes, None, None, None)[0].graph
+    view = inlined.inline_calls(g, {}, lambda k: {}, lambda k: None, lambda k: frozenset())
+    assert view is not None and view.graph is g
+    monkeypatch.setattr(inlined, "MAX_INLINED_NODES", len(g) - 1)
+    assert inlined.inline_calls(g, {}, lambda k: {}, lambda k: None, lambda k: frozenset()) is None
+    est = amp_rewrite.estimate_step_time(gd, target="gpu:9.0", variable_shapes=shapes, fetches=fetches)
+    assert est.transposes == 0 and est.kernels > 0  # priced, without the Transposes it could not place

@@ -43,10 +43,11 @@ Grappler converts through the loop's frames, or fails on them), the ``DataFormat
 and ``Reshape`` nodes a conversion adds for shape vectors and per-channel operands (host-side
 or free), nodes common-subgraph elimination merges before the pass, constants folded from
 more than the constant subgraphs the cost model knows, and the special case of a ``Pad``
-between two cancelling Transposes.  A function a step calls is taken as inlined into it (its
-arguments and results carry no Transpose; :mod:`.step_cost` decides one layout for the step
-and the functions it inlines).  ``bench/grappler_counts.py --layout`` checks this module node
-for node against Grappler's own output; ``tests/test_gpu_layout.py`` rule by rule.
+between two cancelling Transposes.  The graph is one Grappler optimizes: :mod:`.step_cost`
+hands it a step with its function calls inlined (:mod:`.inlined`), as TensorFlow does; a
+function body given alone is taken as inlined where it runs (no Transpose at its arguments and
+results).  ``bench/grappler_counts.py --layout`` checks this module node for node against
+Grappler's own output; ``tests/test_gpu_layout.py`` rule by rule.
 
 Pure: reads the graph (its ``shapes``), changes nothing.  Imports nothing of TensorFlow.
 """
@@ -456,8 +457,8 @@ class _View:
         node = self.g.nodes[name]
         op = node["op"]
         rule = _SENSITIVE.get(op)
-        if rule is None or not self.processable(name):
-            return None
+        if rule is None or name in self.constants or not self.processable(name):
+            return None  # (constant folding computes a convolution of constants first)
         fmt = bytes_attr(node, "data_format")
         # A GraphDef saved without default attributes gets them back before Grappler runs.
         default = "NDHWC" if op.startswith("Conv3D") else "NHWC"

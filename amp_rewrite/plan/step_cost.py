@@ -63,7 +63,8 @@ from ..graph.shapes import Shape
 from . import grappler_folds
 from .cost_model import (ALIAS_OPS, DENSE_OPS, METADATA_OPS, UNKNOWN_DIM, DeviceCosts, cast_cost, constant_nodes,
                          elements, node_cost)
-from .gpu_layout import LAYOUT_SENSITIVE_OPS, ConvCensus, conv_census, layout_transposes
+from .gpu_layout import LAYOUT_SENSITIVE_OPS, LayoutTranspose, layout_transposes
+from .inlined import inline_calls
 
 __all__ = ["BUFFER_OPS", "KERNEL_BOUNDARY_OPS", "LOOP_OPS", "NodeTime", "StepCheck", "StepEstimate", "call_counts",
            "estimate_graph", "estimate_graphs", "estimate_parts", "loop_trips", "node_precision", "total_of"]
@@ -384,8 +385,7 @@ def _fused_ns(g: nx.MultiDiGraph, name: str, op: str, outs: list[Shape], out_byt
 
 
 def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], registry: OpRegistry, *,
-                   compiled: bool, per_node: dict[str, NodeTime] | None = None, layout: bool = True,
-                   layout_formats: tuple[str, str] | None = None) -> StepEstimate:
+                   compiled: bool, per_node: dict[str, NodeTime] | None = None, layout: bool = True) -> StepEstimate:
     """Price every node of ``g`` in the type it has (module docstring).  ``costs_of`` maps a
     node's device string to its class; ``registry`` says which ops are stateful (never folded).
     Needs ``g.graph["shapes"]`` (unknown shapes count as the cost model's defaults); function
@@ -395,9 +395,9 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
     ``g.graph["fetches"]`` names its fetches, what they and its stateful ops need; else every
     node).  ``per_node``, when given, receives every priced node's :class:`NodeTime` (to set
     against measured per-node times: ``bench/calibrate_gpu_in_place.py``); the only thing
-    mutated.  Without XLA the layout optimizer's Transposes are priced too (``layout``; in the
-    layouts ``layout_formats`` where given: those decided for the step a function is inlined
-    into, :func:`estimate_parts`)."""
+    mutated.  Without XLA the layout optimizer's Transposes in ``g`` are priced too, ``g`` taken
+    as a graph of its own (``layout``; :func:`estimate_parts` prices them over the step with its
+    calls inlined instead)."""
     order = ordered_nodes(g)
     shapes = _with_inserted_casts(g, order, g.graph.get("shapes") or {})
     signatures = g.graph.get("signatures") or {}
@@ -415,19 +415,11 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
     # into the step it runs in (a loop's lowered into frames) before Grappler, which then
     # decides one layout for the whole, here one per body.
     transposes = (() if compiled or not layout
-                  else _layout_transposes(g, shapes, costs_of, live, results, consts, layout_formats))
-    for t in transposes:
-        costs = costs_of(g.nodes[t.node].get("device", ""))
-        n = t.elements if t.elements is not None else elements(None)
-        item = 2 if t.dtype in _LOW else 8 if t.dtype == dt.DOUBLE else 4
-        moved = 2 * n * item / costs.bandwidth  # read once, written once
-        ns["layout"] += moved
-        ns["overhead"] += costs.kernel_overhead
-        ns["host"] += costs.host_per_kernel
-        kernels += 1
-        if per_node is not None:
-            per_node[t.name] = NodeTime("Transpose", "layout", "low" if t.dtype in _LOW else "float32", moved, n,
-                                        costs.kernel_overhead, t.elements is not None, t.names)
+                  else layout_transposes(g, _gpu_placement(g, costs_of), live=live, results=results, shapes=shapes,
+                                         constants=consts))
+    moved = _priced_transposes(g, transposes, costs_of, per_node)
+    ns["layout"], ns["overhead"], ns["host"], kernels = (moved.layout_ns, moved.overhead_ns, moved.host_ns,
+                                                         moved.kernels)
     for name in order:
         node = g.nodes[name]
         op = node["op"]
@@ -480,15 +472,63 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
                         ns["host"], ns["layout"], len(transposes))
 
 
-def _layout_transposes(g: nx.MultiDiGraph, shapes: Mapping[str, tuple[Shape, ...]],
-                       costs_of: Callable[[str], DeviceCosts], live: frozenset[str] | None,
-                       results: frozenset[str], constants: frozenset[str],
-                       formats: tuple[str, str] | None) -> tuple:
-    """The layout optimizer's Transposes in ``g`` (:func:`~amp_rewrite.plan.gpu_layout.layout_transposes`),
-    its nodes placed by ``costs_of`` (a GPU class: on a GPU) and shaped by ``shapes`` (those
-    of the Casts a rewrite inserted included), ``constants`` folded first.  Pure."""
-    return layout_transposes(g, _gpu_placement(g, costs_of), live=live, results=results, shapes=shapes,
-                             constants=constants, formats=formats)
+def _priced_transposes(g: nx.MultiDiGraph, transposes: tuple[LayoutTranspose, ...],
+                       costs_of: Callable[[str], DeviceCosts], per_node: dict[str, NodeTime] | None) -> StepEstimate:
+    """The layout optimizer's ``transposes`` in ``g`` priced: each a kernel reading and writing
+    its tensor, with its fixed and host time.  ``per_node``, when given, receives each one's
+    :class:`NodeTime` (the only thing mutated)."""
+    layout = overhead = host = 0.0
+    for t in transposes:
+        costs = costs_of(g.nodes[t.node].get("device", ""))
+        n = t.elements if t.elements is not None else elements(None)
+        item = 2 if t.dtype in _LOW else 8 if t.dtype == dt.DOUBLE else 4
+        moved = 2 * n * item / costs.bandwidth  # read once, written once
+        layout += moved
+        overhead += costs.kernel_overhead
+        host += costs.host_per_kernel
+        if per_node is not None:
+            per_node[t.name] = NodeTime("Transpose", "layout", "low" if t.dtype in _LOW else "float32", moved, n,
+                                        costs.kernel_overhead, t.elements is not None, t.names)
+    return StepEstimate(overhead_ns=overhead, kernels=len(transposes), host_ns=host, layout_ns=layout,
+                        transposes=len(transposes))
+
+
+def _step_layout(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph],
+                 costs_of: Callable[[str], DeviceCosts], registry: OpRegistry,
+                 per_node: dict[str, NodeTime] | None) -> StepEstimate:
+    """The layout optimizer's Transposes in the step ``main`` runs, priced
+    (:func:`_priced_transposes`): placed over ``main`` with its calls inlined, as TensorFlow
+    inlines them before Grappler (:func:`~amp_rewrite.plan.inlined.inline_calls`), so one
+    layout is decided for the whole, conversions cross function boundaries, and a failed
+    pass leaves the whole unconverted.  None where a graph of that whole has a loop that
+    converts something (:func:`_graphs_with_layout_loops`: not modelled), where inlining
+    would copy too much (:data:`~amp_rewrite.plan.inlined.MAX_INLINED_NODES`), or where
+    nothing runs on a GPU.  Pure but for ``per_node``."""
+    if not any(costs_of(main.nodes[n].get("device", "")).layout_nhwc_types is not None for n in main.nodes):
+        return StepEstimate()
+    graphs = {"": main, **functions}
+
+    def shapes_of(key: str) -> Mapping[str, tuple[Shape, ...]]:
+        g = graphs[key]
+        return _with_inserted_casts(g, ordered_nodes(g), g.graph.get("shapes") or {})
+
+    def live_of(key: str) -> frozenset[str] | None:
+        return live_nodes(graphs[key], registry, graphs[key].graph.get("fetches"))
+
+    def constants_of(key: str) -> frozenset[str]:
+        g = graphs[key]
+        order = ordered_nodes(g)
+        return constant_nodes(order, {n: g.nodes[n]["op"] for n in order}, {n: data_inputs(g, n) for n in order},
+                              registry)
+
+    view = inline_calls(main, functions, shapes_of, live_of, constants_of)
+    if view is None or ({""} | view.functions) & _graphs_with_layout_loops(main, functions):
+        return StepEstimate()
+    g = view.graph
+    transposes = layout_transposes(g, _gpu_placement(g, costs_of), live=view.live,
+                                   results=frozenset(main.graph.get("fetches") or ()), shapes=view.shapes,
+                                   constants=view.constants)
+    return _priced_transposes(g, transposes, costs_of, per_node)
 
 
 def _gpu_placement(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts]) -> Callable[[str], DeviceCosts | None]:
@@ -618,38 +658,22 @@ def estimate_parts(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGrap
     receives per graph its nodes' :class:`NodeTime`, per run of ``main`` (a loop body's times
     its iterations); the only thing mutated."""
     counts = call_counts(main, functions, registry) if counts is None else counts
-    # TensorFlow inlines the functions a step calls into it before Grappler, which then picks
-    # one layout for the whole: decided here over the main graph and every function that runs
-    # outside a loop.  A loop's body and what it calls are priced without Transposes (their
-    # frames are not modelled), and so is a graph whose loop converts something: Grappler
-    # converts through the loop's frames, or fails on them and converts nothing.
-    loops = _loop_functions(main, functions)
-    unmodelled = _graphs_with_layout_loops(main, functions)
-    running = [g for f, g in functions.items() if counts.get(f) and f not in loops]
-    census = sum((conv_census(g, _gpu_placement(g, costs_of), live_nodes(g, registry, g.graph.get("fetches")))
-                  for g in [main, *running]), ConvCensus())
-    formats = census.formats()
     nodes: dict[str, NodeTime] | None = {} if per_node is not None else None
-    parts = {"": estimate_graph(main, costs_of, registry, compiled=compiled, per_node=nodes,
-                                layout="" not in unmodelled, layout_formats=formats)}
+    parts = {"": estimate_graph(main, costs_of, registry, compiled=compiled, per_node=nodes, layout=False)}
+    # Without XLA, the layout optimizer's Transposes of the whole step (its calls inlined)
+    # count with the main graph's part.
+    if not compiled:
+        parts[""] = parts[""] + _step_layout(main, functions, costs_of, registry, nodes)
     if per_node is not None and nodes is not None:
         per_node[""] = nodes
     for name, times in counts.items():
         if times and name in functions:
             nodes = {} if per_node is not None else None
             parts[name] = estimate_graph(functions[name], costs_of, registry, compiled=compiled, per_node=nodes,
-                                         layout=name not in loops and name not in unmodelled,
-                                         layout_formats=formats).scaled(times)
+                                         layout=False).scaled(times)
             if per_node is not None and nodes is not None:
                 per_node[name] = {n: t.scaled(times) for n, t in nodes.items()}
     return parts
-
-
-def _loop_functions(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph]) -> frozenset[str]:
-    """The functions of ``functions`` a loop runs (the bodies and conditions of ``main``'s and
-    every function's ``While`` nodes) and every function those call.  Pure."""
-    return _called_from(functions, [f for g in [main, *functions.values()] for n in g.nodes
-                                    if g.nodes[n]["op"] in LOOP_OPS for f in (g.nodes[n].get("funcs") or ())])
 
 
 def _graphs_with_layout_loops(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph]) -> frozenset[str]:
