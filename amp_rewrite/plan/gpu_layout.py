@@ -81,9 +81,8 @@ _CONV_BACKPROPS = frozenset({"Conv2DBackpropFilter", "Conv2DBackpropInput", "Con
 
 @dataclass(frozen=True)
 class _Rule:
-    """How one op is converted: the data input ports that get a Transpose into the new
-    layout, the output ports that get one back, and the input ports whose producers say
-    whether a layout-agnostic op follows a converted one (``seeds``)."""
+    """How a layout-sensitive op is converted: the data input ports that get a Transpose into
+    the new layout, and the output ports that get one back."""
 
     ins: tuple[int, ...]
     outs: tuple[int, ...]
@@ -190,16 +189,11 @@ class _Conversion:
 class ConvCensus:
     """What the optimizer counts to pick a graph's layout: whether any node runs on a GPU, the
     type and channels-last types of each counted convolution, and whether a float32
-    convolution gradient runs.  Graphs TensorFlow runs as one (a step and the functions it
-    inlines) add up (``+``)."""
+    convolution gradient runs."""
 
     any_gpu: bool = False
     convs: tuple[tuple[int | None, frozenset[int]], ...] = ()
     float32_backprop: bool = False
-
-    def __add__(self, other: "ConvCensus") -> "ConvCensus":
-        return ConvCensus(self.any_gpu or other.any_gpu, self.convs + other.convs,
-                          self.float32_backprop or other.float32_backprop)
 
     def formats(self) -> tuple[str, str] | None:
         """``(source, destination)`` layouts of the conversion: ``(NHWC, NCHW)`` unless at least
@@ -244,17 +238,14 @@ def layout_formats(g: nx.MultiDiGraph, on_gpu: Callable[[str], DeviceCosts | Non
 def layout_transposes(g: nx.MultiDiGraph, on_gpu: Callable[[str], DeviceCosts | None], *,
                       live: frozenset[str] | None = None, results: Iterable[str] = (),
                       shapes: Mapping[str, tuple[Shape, ...]] | None = None,
-                      constants: frozenset[str] = frozenset(),
-                      formats: tuple[str, str] | None = None) -> tuple[LayoutTranspose, ...]:
+                      constants: frozenset[str] = frozenset()) -> tuple[LayoutTranspose, ...]:
     """The Transposes the layout optimizer leaves in ``g`` (module docstring), in the order of
     their producers in ``g``.  ``on_gpu`` maps a node to its GPU's cost class (``None``: the node
     does not run on a GPU, and is never converted).  Only ``live`` nodes run (all when
     ``None``); ``results`` are the graph's fetches, which the optimizer preserves as they are.
     Reads ranks from ``shapes`` (default ``g.graph["shapes"]``; an unknown rank converts
     nothing).  ``constants``: nodes constant folding turns into constants before the layout
-    optimizer runs (a Transpose of one is folded too).  ``formats``: the layouts decided for
-    the whole the graph runs in (:class:`ConvCensus`: a function inlined into a step), by
-    default ``g``'s own.
+    optimizer runs (a Transpose of one is folded too).
 
     A function body (``g.graph["kind"] == "function"``) is taken as inlined where it runs: its
     arguments and results are edges of the graph it runs in, which carry no Transpose of
@@ -265,8 +256,7 @@ def layout_transposes(g: nx.MultiDiGraph, on_gpu: Callable[[str], DeviceCosts | 
     TensorFlow's pass fails on and abandons: a converted op with an input it would transpose
     whose rank is known and not 4 or 5 (a ``SelectV2`` of a 4-D tensor and a scalar, as
     dropout makes: the optimizer cannot permute a scalar's shape).  Pure."""
-    if formats is None:
-        formats = layout_formats(g, on_gpu, live)
+    formats = layout_formats(g, on_gpu, live)
     if formats is None:
         return ()
     src, _ = formats

@@ -409,17 +409,14 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
     # Tensors of a loop body the same every iteration, whose Casts the rewrite hoists before
     # the loop (amp_rewrite.loop_hoist; set by api for a profile that hoists).
     invariant = g.graph.get("loop_invariant") or frozenset()
-    ns = {"dense": 0.0, "elementwise": 0.0, "cast": 0.0, "overhead": 0.0, "host": 0.0, "layout": 0.0}
+    ns = {"dense": 0.0, "elementwise": 0.0, "cast": 0.0, "overhead": 0.0, "host": 0.0}
     kernels = low_nodes = casts = 0
-    # A function's body is priced as a graph of its own: at run time TensorFlow inlines it
-    # into the step it runs in (a loop's lowered into frames) before Grappler, which then
-    # decides one layout for the whole, here one per body.
+    # ``g`` taken alone (the whole-step check prices one graph at a time): estimate_parts
+    # places the Transposes over the step with its calls inlined instead.
     transposes = (() if compiled or not layout
                   else layout_transposes(g, _gpu_placement(g, costs_of), live=live, results=results, shapes=shapes,
                                          constants=consts))
     moved = _priced_transposes(g, transposes, costs_of, per_node)
-    ns["layout"], ns["overhead"], ns["host"], kernels = (moved.layout_ns, moved.overhead_ns, moved.host_ns,
-                                                         moved.kernels)
     for name in order:
         node = g.nodes[name]
         op = node["op"]
@@ -468,8 +465,8 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
             per_node[name] = NodeTime(op, kind, "low" if kind == "cast" else precision or "float32", t,
                                       sum(elements(s) for s in outs),
                                       costs.kernel_overhead if launches else 0.0, _known(outs))
-    return StepEstimate(ns["dense"], ns["elementwise"], ns["cast"], ns["overhead"], kernels, low_nodes, casts,
-                        ns["host"], ns["layout"], len(transposes))
+    return moved + StepEstimate(ns["dense"], ns["elementwise"], ns["cast"], ns["overhead"], kernels, low_nodes,
+                                casts, ns["host"])
 
 
 def _priced_transposes(g: nx.MultiDiGraph, transposes: tuple[LayoutTranspose, ...],
