@@ -812,3 +812,21 @@ def test_done_when_judges_lines_1_and_2_from_paired_repeats_within_the_aa_gap(tm
     text = out.read_text()
     assert "| w-train | 0.json | no XLA | ours_optimal (100.50 ms) | 1.005 | holds |" in text
     assert "| w-train | 2.json | XLA | ours_user (44.00 ms) | 1.100 | fails |" in text
+
+
+def test_forecast_by_kind_prices_a_step_by_kind_with_its_layout_transposes(tmp_path, capsys):
+    """``bench/forecast_by_kind.py`` (run before the ``nodes`` stage measures the same steps):
+    here on the reduced CNN, a float32 training step carries the layout Transposes a GPU
+    without XLA runs it with, and its float16 rewrite none."""
+    import forecast_by_kind
+
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"machine": {"gpus": [{"device_name": "a GPU", "compute_capability": [9, 0]}]}}))
+    assert forecast_by_kind.main([str(run), "--workloads", "small_cnn-train-b8",
+                                  "--variants", "float32,ours_default"]) == 0
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if "small_cnn" in line]
+    by_variant = {r[1].strip(): r for r in rows}
+    assert set(by_variant) == {"float32", "ours_default"}
+    transposes = {v: int(r[8].split("(")[1].rstrip(") ")) for v, r in by_variant.items()}
+    assert transposes["float32"] > 0 and transposes["ours_default"] == 0
+    assert all(float(r[2]) > 0 for r in rows)

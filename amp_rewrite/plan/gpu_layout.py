@@ -159,8 +159,9 @@ class LayoutTranspose:
     follows Grappler's pattern: after the first reader and the port it reads for one into the
     new layout, after the producer, its port and its first consumer for one back.  Where the
     optimizer made several, common-subgraph elimination keeps one of them, whose name is among
-    ``names`` (on MobileNetV2's float32 training step ``name`` is Grappler's for 158 of 211,
-    ``names`` hold all 211)."""
+    ``names`` (offline, on the float32 training steps of MobileNetV2 and ResNet50 ``names`` held
+    every name Grappler gave, on EfficientNetB0's all but 9 of 460, where ``name`` alone held
+    three in four)."""
 
     node: str
     port: int
