@@ -65,8 +65,8 @@ from ..graph.node_values import bool_attr, bytes_attr, int_const_values, int_lis
 from ..graph.shapes import Shape
 from .cost_model import DeviceCosts
 
-__all__ = ["ConvCensus", "LAYOUT_SENSITIVE_OPS", "LayoutTranspose", "NCHW", "NHWC", "conv_census", "layout_formats",
-           "layout_transposes", "source_tensors"]
+__all__ = ["LAYOUT_SENSITIVE_OPS", "LayoutTranspose", "NCHW", "NHWC", "layout_formats", "layout_transposes",
+           "source_tensors"]
 
 NHWC = "NHWC"
 NCHW = "NCHW"
@@ -186,31 +186,12 @@ class _Conversion:
     permuted: frozenset[int] = frozenset()
 
 
-@dataclass(frozen=True)
-class ConvCensus:
-    """What the optimizer counts to pick a graph's layout: whether any node runs on a GPU, the
-    type and channels-last types of each counted convolution, and whether a float32
-    convolution gradient runs."""
-
-    any_gpu: bool = False
-    convs: tuple[tuple[int | None, frozenset[int]], ...] = ()
-    float32_backprop: bool = False
-
-    def formats(self) -> tuple[str, str] | None:
-        """``(source, destination)`` layouts of the conversion: ``(NHWC, NCHW)`` unless at least
-        half the counted convolutions prefer channels-last (module docstring), then ``(NCHW,
-        NHWC)``; ``None`` when nothing runs on a GPU."""
-        if not self.any_gpu:
-            return None
-        prefer = sum(t is not None and t in fast and not (t == dt.FLOAT and self.float32_backprop)
-                     for t, fast in self.convs)
-        return (NCHW, NHWC) if self.convs and prefer * 2 >= len(self.convs) else (NHWC, NCHW)
-
-
-def conv_census(g: nx.MultiDiGraph, on_gpu: Callable[[str], DeviceCosts | None],
-                live: frozenset[str] | None = None) -> ConvCensus:
-    """The :class:`ConvCensus` of ``g``'s nodes that run (``live``; all when ``None``), placed by
-    ``on_gpu`` (a node's GPU cost class, ``None`` off a GPU).  Pure."""
+def layout_formats(g: nx.MultiDiGraph, on_gpu: Callable[[str], DeviceCosts | None],
+                   live: frozenset[str] | None = None) -> tuple[str, str] | None:
+    """``(source, destination)`` layouts of the optimizer's conversion of ``g``: ``(NHWC, NCHW)``
+    unless at least half the counted convolutions prefer channels-last (module docstring), then
+    ``(NCHW, NHWC)``; ``None`` when no node runs on a GPU.  ``on_gpu`` maps a node to its GPU's
+    cost class, ``None`` off a GPU.  Only ``live`` nodes count (all when ``None``).  Pure."""
     any_gpu = float32_backprop = False
     counted: list[tuple[int | None, frozenset[int]]] = []
     for name, node in g.nodes(data=True):
@@ -226,14 +207,10 @@ def conv_census(g: nx.MultiDiGraph, on_gpu: Callable[[str], DeviceCosts | None],
             float32_backprop = True
         elif op in _COUNTED_CONVS:
             counted.append((t if isinstance(t, int) else None, costs.layout_nhwc_types or frozenset()))
-    return ConvCensus(any_gpu, tuple(counted), float32_backprop)
-
-
-def layout_formats(g: nx.MultiDiGraph, on_gpu: Callable[[str], DeviceCosts | None],
-                   live: frozenset[str] | None = None) -> tuple[str, str] | None:
-    """``(source, destination)`` layouts of the optimizer's conversion of ``g`` alone
-    (:meth:`ConvCensus.formats` of :func:`conv_census`).  Pure."""
-    return conv_census(g, on_gpu, live).formats()
+    if not any_gpu:
+        return None
+    prefer = sum(t is not None and t in fast and not (t == dt.FLOAT and float32_backprop) for t, fast in counted)
+    return (NCHW, NHWC) if counted and prefer * 2 >= len(counted) else (NHWC, NCHW)
 
 
 def layout_transposes(g: nx.MultiDiGraph, on_gpu: Callable[[str], DeviceCosts | None], *,

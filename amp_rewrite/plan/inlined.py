@@ -39,16 +39,14 @@ CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
 @dataclass(frozen=True)
 class Inlined:
     """A step's graph with its calls inlined (:func:`inline_calls`): the graph, its nodes'
-    output shapes, the nodes that run and those constant folding computes, each node's origin
-    (``(function name, or "" for the main graph; node name there)``), and the functions that
-    were inlined.  ``live`` is ``None`` where every node runs; ``graph`` is the main graph
+    output shapes, the nodes that run and those constant folding computes, and the functions
+    that were inlined.  ``live`` is ``None`` where every node runs; ``graph`` is the main graph
     itself where it calls nothing to inline (never to be changed)."""
 
     graph: nx.MultiDiGraph
     shapes: Mapping[str, tuple[Shape, ...]]
     live: frozenset[str] | None
     constants: frozenset[str]
-    origin: Mapping[str, tuple[str, str]]
     functions: frozenset[str]
 
 
@@ -103,8 +101,7 @@ def inline_calls(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph]
                 instances.append(_Instance(f, f"{inst.prefix}{n}/", (i, n)))
         i += 1
     if len(instances) == 1:  # no call to inline: the main graph itself, not a copy
-        return Inlined(main, shapes_of(""), live_of(""), constants_of(""), {n: ("", n) for n in main.nodes},
-                       frozenset())
+        return Inlined(main, shapes_of(""), live_of(""), constants_of(""), frozenset())
     rets = {k: function_args(g, "retval") for k, g in functions.items()}
 
     def resolve(i: int, tensor: tuple[str, int]) -> tuple[str, int] | None:
@@ -137,7 +134,6 @@ def inline_calls(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph]
     shapes: dict[str, tuple[Shape, ...]] = {}
     live: set[str] = set()
     constants: set[str] = set()
-    origin: dict[str, tuple[str, str]] = {}
     kept: list[tuple[int, str]] = []
     for i, inst in enumerate(instances):
         g = graphs[inst.key]
@@ -149,7 +145,6 @@ def inline_calls(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph]
                 continue  # a call, or an argument or result of an inlined body: edges now
             name = f"{inst.prefix}{n}"
             out.add_node(name, **{**node, "order": (i, *node.get("order", (0, 0)))})
-            origin[name] = (inst.key, n)
             kept.append((i, n))
             if n in own_shapes:
                 shapes[name] = own_shapes[n]
@@ -165,5 +160,4 @@ def inline_calls(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph]
             if src is not None and src[0] in out:
                 out.add_edge(src[0], name, key=q, src_port=src[1], dst_port=q, pos=q, text=None)
     # The inlined graph's results are the main graph's: what runs is what ran.
-    return Inlined(out, shapes, frozenset(live), frozenset(constants), origin,
-                   frozenset(instances[k].key for k in range(1, len(instances))))
+    return Inlined(out, shapes, frozenset(live), frozenset(constants), frozenset(inst.key for inst in instances[1:]))

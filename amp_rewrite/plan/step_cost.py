@@ -612,12 +612,8 @@ def call_counts(main: nx.MultiDiGraph, functions: Mapping[str, nx.MultiDiGraph],
         for n in ordered_nodes(g):
             if live is not None and n not in live:
                 continue
-            node = g.nodes[n]
-            called = set(node.get("funcs") or ())
-            if node["op"] in signatures:
-                called.add(node["op"])
-            times = loop_trips(g, n) if node["op"] in LOOP_OPS else 1
-            out.extend((f, times) for f in sorted(called) if f in functions)
+            times = loop_trips(g, n) if g.nodes[n]["op"] in LOOP_OPS else 1
+            out.extend((f, times) for f in sorted(_calls(g, n, signatures)) if f in functions)
     # Only callers that run count: a function called by main and by a library function that
     # never runs would otherwise wait for that caller forever and never pass its count on.
     reachable, todo = {""}, [""]
@@ -699,10 +695,18 @@ def _called_from(functions: Mapping[str, nx.MultiDiGraph], roots: list[str]) -> 
         g = functions[f]
         signatures = g.graph.get("signatures") or {}
         for n in g.nodes:
-            todo.extend(g.nodes[n].get("funcs") or ())
-            if g.nodes[n]["op"] in signatures:
-                todo.append(g.nodes[n]["op"])
+            todo.extend(_calls(g, n, signatures))
     return frozenset(found)
+
+
+def _calls(g: nx.MultiDiGraph, name: str, signatures: Mapping[str, object]) -> set[str]:
+    """The functions node ``name`` of ``g`` calls: those its attributes name (loop bodies,
+    branches, a call's target) and its op where that is a function of ``signatures``.  Pure."""
+    node = g.nodes[name]
+    called = set(node.get("funcs") or ())
+    if node["op"] in signatures:
+        called.add(node["op"])
+    return called
 
 
 def total_of(parts: Mapping[str, StepEstimate]) -> StepEstimate:
