@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import gzip
 import json
 import math
 import os
@@ -56,6 +57,9 @@ NAME_PREFIXES = ("amp_rewrite/",)
 BAND_EDGES = (5e6, 2e7, 2e8)
 #: Element-wise nodes at most this large time the per-kernel floor, not bandwidth.
 SMALL_ELEMENTS = 4096
+#: The fit's element-wise nodes move at least this many elements (inputs and outputs): below,
+#: the kernel's fixed time, which the step estimate charges apart, dominates.
+FIT_ELEMENTS = 200_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +75,7 @@ class Matched:
     measured_ms: float
     elements: int  #: output elements, 0 where a shape was unknown
     flops: float
+    fixed_ms: float = 0.0  #: the part of ``estimated_ms`` that is the kernel's fixed time
 
 
 def _band(flops: float) -> str:
@@ -136,7 +141,7 @@ def match(profile_nodes: dict[str, dict[str, Any]], priced: dict[str, dict[str, 
             continue
         # The estimate as the step prices the node: its time and its kernel's fixed time.
         out.append(Matched(variant, name, t.op, t.kind, t.precision, (t.ns + t.fixed_ns) / 1e6, rec["ms"],
-                           t.elements if t.known_shape else 0, flops.get(name, 0.0)))
+                           t.elements if t.known_shape else 0, flops.get(name, 0.0), t.fixed_ns / 1e6))
     return out, unmatched
 
 
@@ -199,10 +204,23 @@ def small_kernel_floor(rows: list[Matched]) -> dict[str, Any] | None:
     return {"nodes": len(small), "median_us": 1e3 * statistics.median(small)} if small else None
 
 
+def bare_class(costs: Any, bandwidth: float | None = None) -> Any:
+    """``costs`` without its measured tables (every element-wise op at its memory-bound time,
+    every dense op at its roofline, a Cast at its bytes' time), at ``bandwidth`` where given:
+    the prices :func:`fit_tables` divides the measured times by.  Pure."""
+    return dataclasses.replace(costs, elementwise={}, large_elementwise={}, dense={}, low_elementwise=1.0,
+                               cast_traffic=1.0, cast_in_place=None,
+                               bandwidth=bandwidth if bandwidth is not None else costs.bandwidth)
+
+
 def calibrate(profile: dict[str, Any], *, target: str, precision: str,
-              low_variants: tuple[str, ...]) -> dict[str, Any]:
+              low_variants: tuple[str, ...], bare: bool = False, bandwidth: float | None = None) -> dict[str, Any]:
     """Every workload of ``profile`` (``gpu_profile.py --nodes`` JSON): the tables of the module
-    docstring.  Traces the variants' graphs here."""
+    docstring.  Traces the variants' graphs here.  ``bare``: each node priced by
+    :func:`bare_class` (the fit's denominators), else by the class as it is (a check of its
+    tables), at ``bandwidth`` where given (the profiled GPU's)."""
+    from amp_rewrite.plan.cost_model import costs_for
+
     import amp_rewrite
     import gpu_bench
 
@@ -221,6 +239,9 @@ def calibrate(profile: dict[str, Any], *, target: str, precision: str,
             if compiled:
                 continue
             tgt, costs = gpu_bench.variant_target_and_costs(variant, target, precision)
+            if bare or bandwidth is not None:
+                costs = costs or costs_for(tgt.devices[0], precision)
+                costs = bare_class(costs, bandwidth) if bare else dataclasses.replace(costs, bandwidth=bandwidth)
             priced = amp_rewrite.estimate_node_times(gd, target=tgt, precision=precision, variable_shapes=shapes,
                                                      costs=costs, fetches=fetches)
             flops = dense_flops(gd, shapes, target, precision, fetches)
@@ -242,8 +263,88 @@ def calibrate(profile: dict[str, Any], *, target: str, precision: str,
             if variant in rows and "float32" in rows:
                 result["low_over_float32"][variant] = low_over_float32(rows["float32"], rows[variant])
                 result["casts"][variant] = cast_line(rows[variant])
+        result["rows"] = rows
         out["workloads"][workload] = result
     return out
+
+
+def fit_tables(result: dict[str, Any], *, bandwidth: float, low_variant: str = "ours_default",
+               min_elements: int = FIT_ELEMENTS) -> dict[str, Any]:
+    """The device class's tables from a :func:`calibrate` result priced ``bare`` at
+    ``bandwidth``, pooled over its workloads (sums, as the planner adds node times):
+
+    * ``elementwise``: per op, over nodes whose bare price moves at least ``min_elements``
+      float32 elements (small ones time the per-kernel floor), the float32 nodes of
+      ``float32`` and of ``low_variant`` (those it left float32, in its layout): measured
+      time over the memory-bound time (the float32 factor); and over the nodes that
+      ``low_variant`` converted, their time there over the same nodes' float32 time in
+      ``float32`` (the low ratio, ``None`` where it converted none);
+    * ``dense``: per dense op, the float32 nodes' time over their roofline (the band's scale)
+      and the converted ones' time over float32's (its ratio);
+    * ``casts``: ``low_variant``'s Casts, the median of those of at most
+      :data:`SMALL_ELEMENTS` elements (the fixed time) and the rest's time per element beyond
+      it over their bytes' memory-bound time (the traffic factor).
+
+    Pure."""
+    sums: dict[tuple[str, str], list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0])
+    small_casts: list[float] = []
+    big_casts: list[Matched] = []
+    for r in result["workloads"].values():
+        rows = r["rows"]
+        base = {m.name: m for m in rows.get("float32", [])}
+        for variant, matched in rows.items():
+            if variant not in ("float32", low_variant):  # TF32 off, or another rewrite
+                continue
+            for m in matched:
+                own = m.estimated_ms - m.fixed_ms
+                if m.kind == "cast" and variant == low_variant and m.elements > 0:
+                    (small_casts.append(m.measured_ms) if m.elements <= SMALL_ELEMENTS else big_casts.append(m))
+                    continue
+                if m.kind not in ("elementwise", "dense"):
+                    continue
+                if m.kind == "elementwise" and own * 1e6 * bandwidth / 4 < min_elements:
+                    continue
+                if m.precision == "float32":
+                    acc = sums[(m.kind, m.op)]
+                    acc[0] += m.measured_ms
+                    acc[1] += own
+                    acc[2] += 1
+                elif variant == low_variant and m.name in base and base[m.name].precision == "float32":
+                    acc = sums[(m.kind + "-low", m.op)]
+                    acc[0] += m.measured_ms
+                    acc[1] += base[m.name].measured_ms
+                    acc[2] += 1
+    tables: dict[str, Any] = {"bandwidth": bandwidth, "elementwise": {}, "dense": {}, "casts": None}
+    for (kind, op), (measured, priced, n) in sorted(sums.items()):
+        if kind not in ("elementwise", "dense"):
+            continue
+        low = sums.get((kind + "-low", op))
+        tables[kind][op] = {"nodes": n, "measured_ms": measured, "scale": _ratio(measured, priced),
+                            "low_nodes": low[2] if low else 0,
+                            "low_ratio": _ratio(low[0], low[1]) if low else None}
+    if small_casts and big_casts:
+        fixed = statistics.median(small_casts)
+        per_element = sum(m.measured_ms - fixed for m in big_casts) / sum(m.elements for m in big_casts)
+        tables["casts"] = {"casts": len(small_casts) + len(big_casts), "fixed_us": 1e3 * fixed,
+                           "ns_per_element": 1e6 * per_element,
+                           "traffic": 1e6 * per_element / (6 / bandwidth)}
+    return tables
+
+
+def fit_markdown(tables: dict[str, Any]) -> str:
+    """:func:`fit_tables`'s result as the tables :mod:`amp_rewrite.plan.cost_model` keeps.  Pure."""
+    lines = [f"# Fitted GPU tables (bare prices at {tables['bandwidth']:g} bytes/ns)", "",
+             "| kind | op | nodes | measured ms | float32 scale | converted nodes | low / float32 |",
+             "|---|---|---|---|---|---|---|"]
+    for kind in ("elementwise", "dense"):
+        for op, t in sorted(tables[kind].items(), key=lambda kv: -kv[1]["measured_ms"]):
+            lines.append(f"| {kind} | {op} | {t['nodes']} | {t['measured_ms']:.2f} | {_f(t['scale'], '.2f')} | "
+                         f"{t['low_nodes']} | {_f(t['low_ratio'], '.2f')} |")
+    c = tables["casts"]
+    if c:
+        lines += ["", f"Casts ({c['casts']}): {c['fixed_us']:.2f} us + {c['ns_per_element']:.5f} ns/element "
+                      f"({c['traffic']:.2f}x the memory-bound time of 6 bytes per element)"]
+    return "\n".join(lines) + "\n"
 
 
 def _f(x: Any, fmt: str = ".3f") -> str:
@@ -286,23 +387,39 @@ def markdown(result: dict[str, Any], top: int = 20) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _class_bandwidth(target: str, precision: str) -> float:
+    import amp_rewrite
+    from amp_rewrite.plan.cost_model import costs_for
+
+    return costs_for(amp_rewrite.resolve_target(target).devices[0], precision).bandwidth
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("profile", help="gpu_profile.py --nodes JSON")
+    p.add_argument("profile", help="gpu_profile.py --nodes JSON (.json.gz read as gzip)")
     p.add_argument("--capability", default="9.0", help="compute capability of the profiled GPU (default 9.0)")
     p.add_argument("--target", help="price with this target instead of gpu:<capability> (cpu for the smoke run)")
     p.add_argument("--precision", default=None, help="default: the profile's")
     p.add_argument("--low-variants", default="ours_default,ours_tensorflow,ours_optimal,tf_amp",
                    help="variants whose low-precision nodes are set against float32's")
+    p.add_argument("--bandwidth", type=float, help="the profiled GPU's memory bandwidth (bytes/ns; the H200's: 4300)")
+    p.add_argument("--fit", action="store_true",
+                   help="price every node without the class's tables and print the tables the profile implies")
     p.add_argument("--out", help="markdown file")
     p.add_argument("--json", help="JSON file")
     args = p.parse_args(argv)
-    with open(args.profile) as f:
+    with (gzip.open(args.profile, "rt") if args.profile.endswith(".gz") else open(args.profile)) as f:
         profile = json.load(f)
     target = args.target or f"gpu:{args.capability}"
     precision = args.precision or profile.get("precision", "float16")
-    result = calibrate(profile, target=target, precision=precision, low_variants=tuple(args.low_variants.split(",")))
+    result = calibrate(profile, target=target, precision=precision, low_variants=tuple(args.low_variants.split(",")),
+                       bare=args.fit, bandwidth=args.bandwidth)
     text = markdown(result)
+    if args.fit:
+        bandwidth = args.bandwidth or _class_bandwidth(target, precision)
+        text = fit_markdown(fit_tables(result, bandwidth=bandwidth)) + "\n" + text
+    for r in result["workloads"].values():
+        r.pop("rows")  # the matched nodes: for the fit, not the JSON
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
