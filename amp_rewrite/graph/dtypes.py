@@ -33,6 +33,7 @@ __all__ = [
     "name",
     "from_name",
     "base",
+    "itemsize",
 ]
 
 INVALID = 0
@@ -111,3 +112,13 @@ def from_name(text: str) -> int:
     product error with context.
     """
     return _BY_NAME[text.lower()]
+
+
+_ITEMSIZE = {FLOAT: 4, DOUBLE: 8, INT32: 4, UINT8: 1, INT16: 2, INT8: 1, INT64: 8, BOOL: 1, QINT8: 1, QUINT8: 1,
+             QINT32: 4, BFLOAT16: 2, QINT16: 2, QUINT16: 2, UINT16: 2, HALF: 2}
+
+
+def itemsize(dtype: int, default: int = 4) -> int:
+    """Bytes per element of ``dtype`` (a reference type as its base type); ``default`` for
+    types without a fixed size (strings, resources, variants) and unknown ones."""
+    return _ITEMSIZE.get(base(dtype), default)

@@ -22,7 +22,8 @@ op -- because its job is to rank colourings, not to predict step times:
   a class measured at large sizes too has a second table for tensors past an edge
   (:attr:`DeviceCosts.large_elementwise`: large tensors stream from memory, where small ones
   stay in the caches and pay fixed costs);
-* a Cast costs ``op_overhead + elements * (4 + 2) / bandwidth``, or, for a tensor of known
+* a Cast costs ``op_overhead + elements * (4 + 2) / bandwidth * cast_traffic`` (the
+  class's measured traffic factor, :attr:`DeviceCosts.cast_traffic`), or, for a tensor of known
   shape on a device class whose Casts were measured in place inside models
   (:attr:`DeviceCosts.cast_in_place`), that measured fixed cost plus cost per element;
 * a dense op in low precision whose weights change every step (a variable's read, and any
@@ -55,13 +56,15 @@ calibrated by timing every node of Keras models in float32 and in bfloat16, in p
 (``bench/calibrate_in_place.py``), and Casts inserted into models (see CONTRIBUTING.md).
 GPUs have one class per compute-capability family (:func:`gpu_costs`): Hopper's rates were
 measured on an H100 through TensorFlow, Ampere's and Volta's are NVIDIA's published peaks, and
-float32 is TF32 from 8.0 unless TF32 is off (:data:`TF32_OFF`); a Cast on a GPU costs about
-2 us of device time (kernel launch).  Without XLA, TensorFlow's executor also spends host time
-on each kernel (:data:`GPU_HOST_PER_KERNEL`, measured in whole steps on the H100's host),
-which overlaps the device: a step of many small kernels waits for its host, and a rewrite's
-Casts lengthen it (``StepEstimate.total_ns``); and a GPU's element-wise kernels there gain
-nothing in low precision (:data:`GPU_LOW_ELEMENTWISE`).  The AMX ones follow the vendors'
-published ratios (AMX about 8x AVX-512 float32).
+float32 is TF32 from 8.0 unless TF32 is off (:data:`TF32_OFF`).  Without XLA, TensorFlow's
+executor also spends host time on each kernel (:data:`GPU_HOST_PER_KERNEL`, measured in whole
+steps on the H100's host), which overlaps the device: a step of many small kernels waits for
+its host, and a rewrite's Casts lengthen it (``StepEstimate.total_ns``); and TensorFlow's own
+kernels there, its Casts among them, were timed node by node inside training steps on an H200
+(:data:`GPU_ELEMENTWISE`, :data:`GPU_DENSE`, :data:`GPU_CAST_TRAFFIC`): reductions and
+broadcasts run several times their bytes' time, float32 depthwise convolutions several times
+their roofline, and most element-wise ops take 0.4-0.7 of their float32 time in float16.  The
+AMX ones follow the vendors' published ratios (AMX about 8x AVX-512 float32).
 Shape-aware: a matrix whose dimensions miss the device's preferred multiple loses part of
 the low-precision speed-up (:func:`alignment_efficiency`).
 
@@ -86,8 +89,8 @@ from .targets import Device
 __all__ = ["DeviceCosts", "DenseBand", "dense_band", "conv_positions", "elementwise_entry",
            "X86_BF16_LARGE_ELEMENTWISE", "X86_BF16_LARGE_ELEMENTS", "DEVICE_COSTS", "costs_for", "gpu_costs",
            "TF32_OFF",
-           "GPU_DENSE_EFFICIENCY", "GPU_KERNEL_OVERHEAD", "GPU_HOST_PER_KERNEL", "GPU_LOW_ELEMENTWISE", "NodeCost",
-           "node_cost",
+           "GPU_DENSE_EFFICIENCY", "GPU_KERNEL_OVERHEAD", "GPU_HOST_PER_KERNEL", "GPU_LOW_ELEMENTWISE", "GPU_ELEMENTWISE",
+           "GPU_DENSE", "GPU_CAST_FIXED", "GPU_CAST_TRAFFIC", "NodeCost", "node_cost", "compiled_compute_factor",
            "cast_cost", "DENSE_OPS", "RNN_OPS", "RNN_GRAD_OPS", "ALIAS_OPS", "METADATA_OPS", "misaligned_dims",
            "alignment_efficiency", "elements", "constant_nodes"]
 
@@ -240,6 +243,15 @@ class DeviceCosts:
     #: bfloat16 and TF32 float32 from 8.0 (float32 only where TF32 is on).  ``None``: not a GPU;
     #: the optimizer leaves the layout of the graphs it runs as it is.
     layout_nhwc_types: frozenset[int] | None = None
+    #: Whether :attr:`elementwise` and :attr:`dense` describe TensorFlow's own kernels run op by
+    #: op (a GPU's: Eigen's broadcasting and reduction kernels, TensorFlow's float32 depthwise
+    #: convolutions), so that a graph compiled by XLA, which emits its own kernels, is priced
+    #: without them.  ``False``: they hold under XLA too (a CPU's: the compute factors are the
+    #: ops' arithmetic, and the dense bands its libraries' calls).
+    tables_unfused_only: bool = False
+    #: A Cast's time over the memory-bound time of its bytes (``4 + low bytes`` per element),
+    #: where :attr:`cast_in_place` does not price it: 1 for a kernel at the device's bandwidth.
+    cast_traffic: float = 1.0
 
 
 #: Element-wise ops in bfloat16 on x86 CPUs, measured on this repository's benchmark CPU (AMD
@@ -437,15 +449,66 @@ GPU_KERNEL_OVERHEAD = 2_000.0
 #: 3134 of 3818 for ResNet50's (whose float32 layout Transposes and integer ops it does not
 #: see), so there the host share is priced low.
 GPU_HOST_PER_KERNEL = 12_000.0
-#: Without XLA, an element-wise op in float16 or bfloat16 on a GPU takes as long as in float32:
-#: TensorFlow's Eigen kernels move half-precision data in 4-byte (two-element) packets where
-#: float32 moves 16-byte ones, so halving the bytes does not halve the time.  Inferred from
-#: the H100's whole steps without XLA (bench/GPU_RESULTS.md, 2026-11-26 (7)): priced at 0.5,
-#: ResNet50's training step in our rewrite came out 28% under its measured ratio to float32
-#: and batch-64 inference 28-29% under; priced at 1.0, 10% and 4-7%.  Per-node profiles
-#: (``bench/calibrate_gpu_in_place.py``) are to confirm it op by op.  Under XLA the kernels are
-#: XLA's own and their bytes are what the model prices (``node_cost(compiled=True)``).
-GPU_LOW_ELEMENTWISE = 1.0
+#: Without XLA, TensorFlow runs a GPU step op by op, each in its own kernel, and those kernels
+#: were measured node by node inside real training steps on an H200 (``bench/gpu_profile.py
+#: --nodes``, 2026-11-28, ``bench/gpu_runs/2026-11-28c-h200/nodes.json.gz``: every kernel's
+#: time per TensorFlow node, three steps each of MobileNetV2, EfficientNetB0 and ResNet50 at
+#: 224x224, batch 64, in float32 (channels-first, as the layout optimizer runs them) and in our
+#: default lists' float16 (channels-last); ``bench/calibrate_gpu_in_place.py`` matched them to
+#: the model's nodes).  Per op, tensors of at least 200,000 elements, the summed time over the
+#: memory-bound time at the H200's 4.3 TB/s, and the summed low-precision time over the same
+#: nodes' float32 time where the rewrite converted them:
+#:
+#: * streaming kernels ran at the bandwidth: ``AddN`` 1.04, ``RealDiv`` 1.00, ``Relu`` 1.00,
+#:   ``Relu6`` 1.02;
+#: * binary ops that broadcast a per-channel operand (a batch norm's ``x - mean``) 2.3-2.6
+#:   (``Sub`` 2.49, ``AddV2`` 2.33, ``SquaredDifference`` 2.59), ``Mul`` (a mix) 1.50,
+#:   ``BiasAdd`` 1.61;
+#: * the unfused batch norm's reductions (``Mean``, ``Sum``; 4.5-8.8 by model and layout) 7.15
+#:   and 7.43, its gradient's ``Tile`` 3.88 (2.5 channels-last, 5.8-6.1 channels-first),
+#:   ``BiasAddGrad`` 3.26, ``Pad`` 2.96; together the device time the model had missed (on
+#:   MobileNetV2's float32 step it had priced 33.8 ms of the 51.4 these nodes took);
+#: * converted to float16: 0.40-0.67 of float32 for most (``ReluGrad`` 0.40, ``Relu`` 0.49,
+#:   ``AddN`` 0.50, ``Sub``/``AddV2``/``RealDiv`` 0.60, ``Mul`` 0.67), ``Sigmoid`` 0.89,
+#:   ``BiasAdd`` 0.80, ``Relu6Grad`` 0.82, and ``Relu6`` 1.62 (channels-last in float16
+#:   against channels-first in float32).  Over every converted element-wise node, 0.67: the
+#:   generic ratio (:data:`GPU_LOW_ELEMENTWISE`).  The whole-step inference of 2026-11-26
+#:   (1.0: no gain) had the unseen reductions and layouts in it.
+#:
+#: The ratios pool both layouts, weighted as these steps run them; per model they vary as the
+#: bullets say.  Under XLA none of this applies (:attr:`DeviceCosts.tables_unfused_only`).
+#: ``bench/calibrate_gpu_in_place.py nodes.json.gz --fit --bandwidth 4300`` prints these
+#: tables from the profile (``fit_tables.md`` beside it; ``tests/test_gpu_cost_tables.py``
+#: checks that they are its figures).
+GPU_ELEMENTWISE: Mapping[str, tuple[float, float]] = MappingProxyType({
+    "AddN": (1.04, 0.50), "RealDiv": (1.0, 0.60), "Relu": (1.0, 0.49), "Relu6": (1.02, 1.62),
+    "Sub": (2.49, 0.59), "AddV2": (2.33, 0.60), "SquaredDifference": (2.59, 0.67), "Mul": (1.50, 0.67),
+    "BiasAdd": (1.61, 0.80), "Mean": (7.15, 0.67), "Sum": (7.43, 0.67), "Tile": (3.88, 0.27),
+    "BiasAddGrad": (3.26, 0.67), "Pad": (2.96, 0.35), "Sigmoid": (1.90, 0.89), "ReluGrad": (1.23, 0.40),
+    "Relu6Grad": (1.22, 0.82), "Slice": (1.58, 0.87),
+})
+GPU_LOW_ELEMENTWISE = 0.67
+#: The depthwise convolutions of the same steps (:class:`DenseBand`: float32 time over the
+#: roofline at the class's rates, low precision over float32): in float32 TensorFlow runs its
+#: own kernels, 4.05-9.32x the roofline, in float16 cuDNN's, at 0.19-0.33 of that; with TF32
+#: off alike (no TF32 in them).  Conv2D and its gradients are not banded.  They ran at
+#: 1.10-1.50x their roofline in float32 and at 0.33-0.35 of that in float16, but that ratio
+#: spans two layouts (float32 channels-first, as the layout optimizer runs a training step,
+#: against float16 channels-last), which an inference step, whose float32 convolutions stay
+#: channels-last with TF32, does not share: priced with such bands, the H100's batch-64
+#: inference (2026-11-26, whole steps) came out 28-30% under its measured ratio, without them
+#: 20-22%, and the training steps moved by 1-13% either way.  Conv2D keeps the rates until a
+#: per-node profile of an inference step (channels-last in both precisions) measures it.
+GPU_DENSE: Mapping[str, tuple[DenseBand, ...]] = MappingProxyType({
+    "DepthwiseConv2dNative": (DenseBand(math.inf, 4.05, 0.33),),
+    "DepthwiseConv2dNativeBackpropInput": (DenseBand(math.inf, 8.64, 0.33),),
+    "DepthwiseConv2dNativeBackpropFilter": (DenseBand(math.inf, 9.32, 0.19),),
+})
+#: A Cast in our rewrite's steps (1,187 of them): 1.06 us (the median below 4,096 elements)
+#: plus 0.0029 ns per element, 2.08 times the memory-bound time of its 6 bytes per element at
+#: 4.3 TB/s; the same line prices TensorFlow's pass's Casts in those steps within 0.3%.
+GPU_CAST_FIXED = 1_060.0
+GPU_CAST_TRAFFIC = 2.08
 #: The model's error on a GPU's whole steps without XLA.  On the lent H100 (2026-11-26) the
 #: predicted low/float32 ratios of the mixed training steps without XLA came out 6-10% under
 #: the measured ones (TensorFlow's pass on ResNet50 and BERT-base, ours on ResNet50; ours on
@@ -476,7 +539,8 @@ GPU_RNN_EFFICIENCY = (0.5, 0.38)
 
 def _gpu_class(name: str, f32: float, low: float, bandwidth: float, misaligned_low: float,
                nhwc_types: frozenset[int]) -> DeviceCosts:
-    return DeviceCosts(name, f32, low, bandwidth, GPU_LOW_ELEMENTWISE, 1.5, GPU_KERNEL_OVERHEAD, 8, misaligned_low,
+    return DeviceCosts(name, f32, low, bandwidth, GPU_LOW_ELEMENTWISE, 1.5, GPU_CAST_FIXED, 8, misaligned_low,
+                       GPU_ELEMENTWISE, dense=GPU_DENSE, tables_unfused_only=True, cast_traffic=GPU_CAST_TRAFFIC,
                        conv_rates=(f32 * _CONV_SHARE[0], low * _CONV_SHARE[1]),
                        dense_efficiency=GPU_DENSE_EFFICIENCY, kernel_overhead=GPU_KERNEL_OVERHEAD,
                        host_per_kernel=GPU_HOST_PER_KERNEL, unfused_step_error=GPU_UNFUSED_STEP_ERROR,
@@ -752,7 +816,7 @@ def node_cost(
     if compiled and op not in DENSE_OPS:
         # Fused: only the output's bytes move, once; the arithmetic beyond the memory-bound
         # time (the compute factor) is done in float32 registers in either precision.
-        compute, _ = costs.elementwise.get(op, (1.0, costs.low_elementwise))
+        compute = compiled_compute_factor(costs, op)
         out_elems = sum(elements(s) for s in out_shapes)
         arithmetic = (compute - 1.0) * out_elems * 4 / costs.bandwidth
         return NodeCost(out_elems * 4 / costs.bandwidth + arithmetic,
@@ -779,8 +843,8 @@ def node_cost(
                 low_rate = max(costs.misaligned_low_flops * costs.dense_efficiency,
                                low_rate * alignment_efficiency(dims, costs.multiple))
         fixed = 0.0 if constant_weights and "BackpropFilter" not in op else costs.low_dense_overhead
-        band = dense_band(costs, op, flops, conv_positions(op, in_shapes, out_shapes),
-                          constant_weights=constant_weights)
+        band = None if compiled and costs.tables_unfused_only else dense_band(
+            costs, op, flops, conv_positions(op, in_shapes, out_shapes), constant_weights=constant_weights)
         if band is None:
             return NodeCost(flops / f32_rate + mem_high + serial, flops / low_rate + mem_low + fixed + serial,
                             flops, bad)
@@ -807,6 +871,16 @@ def _large(costs: DeviceCosts, op: str, elems: int) -> bool:
     return bool(costs.large_elements) and elems >= costs.large_elements and op in costs.large_elementwise
 
 
+def compiled_compute_factor(costs: DeviceCosts, op: str) -> float:
+    """Under XLA, element-wise ``op``'s float32 time over its memory-bound time on ``costs``'
+    class: its arithmetic, which XLA's fused kernel still does.  1 where the class's table
+    measured TensorFlow's own kernels (:attr:`DeviceCosts.tables_unfused_only`), whose
+    inefficiencies XLA's kernels do not share.  Pure."""
+    if costs.tables_unfused_only:
+        return 1.0
+    return costs.elementwise.get(op, (1.0, costs.low_elementwise))[0]
+
+
 def elementwise_entry(costs: DeviceCosts, op: str, elems: int) -> tuple[float, float] | None:
     """The measured ``(float32 scale, low/float32 ratio)`` of element-wise ``op`` on
     ``costs``' class for a node reading and writing ``elems`` elements, or ``None`` where the
@@ -827,4 +901,4 @@ def cast_cost(shape: Shape, low_bytes: int, costs: DeviceCosts, *, compiled: boo
     if costs.cast_in_place is not None and _dims(shape) is not None:
         fixed, per_element = costs.cast_in_place
         return fixed + elements(shape) * per_element
-    return costs.op_overhead + elements(shape) * (4 + low_bytes) / costs.bandwidth
+    return costs.op_overhead + elements(shape) * (4 + low_bytes) / costs.bandwidth * costs.cast_traffic

@@ -61,9 +61,10 @@ from ..graph.liveness import live_nodes
 from ..graph.op_registry import OpRegistry
 from ..graph.shapes import Shape
 from . import grappler_folds
-from .cost_model import (ALIAS_OPS, DENSE_OPS, METADATA_OPS, UNKNOWN_DIM, DeviceCosts, cast_cost, constant_nodes,
-                         elements, node_cost)
+from .cost_model import (ALIAS_OPS, DENSE_OPS, METADATA_OPS, UNKNOWN_DIM, DeviceCosts, cast_cost,
+                         compiled_compute_factor, constant_nodes, elements, node_cost)
 from .gpu_layout import LAYOUT_SENSITIVE_OPS, LayoutTranspose, layout_transposes
+from .host_trips import host_round_trips
 from .inlined import inline_calls
 
 __all__ = ["BUFFER_OPS", "KERNEL_BOUNDARY_OPS", "LOOP_OPS", "NodeTime", "StepCheck", "StepEstimate", "call_counts",
@@ -100,6 +101,11 @@ class StepEstimate:
     #: ``host_ns``, and they count among ``kernels``).
     layout_ns: float = 0.0
     transposes: int = 0
+    #: Round trips through the host without XLA (:mod:`.host_trips`): nodes assigned to a GPU
+    #: that run on its host, each copying GPU tensors down and its results back.  Serial: added
+    #: to the longer of the device's and the host's times.
+    host_trip_ns: float = 0.0
+    host_trips: int = 0
 
     @property
     def device_ns(self) -> float:
@@ -110,8 +116,9 @@ class StepEstimate:
     @property
     def total_ns(self) -> float:
         """The step's time: the device's, or the host's where the executor cannot keep the
-        device busy (small kernels, many of them)."""
-        return max(self.device_ns, self.host_ns)
+        device busy (small kernels, many of them), plus the round trips through the host that
+        neither can overlap."""
+        return max(self.device_ns, self.host_ns) + self.host_trip_ns
 
     def __add__(self, other: "StepEstimate") -> "StepEstimate":
         return StepEstimate(*(a + b for a, b in zip(self._fields(), other._fields())))
@@ -122,17 +129,20 @@ class StepEstimate:
 
     def _fields(self) -> tuple[float, ...]:
         return (self.dense_ns, self.elementwise_ns, self.cast_ns, self.overhead_ns, self.kernels,
-                self.low_nodes, self.casts, self.host_ns, self.layout_ns, self.transposes)
+                self.low_nodes, self.casts, self.host_ns, self.layout_ns, self.transposes, self.host_trip_ns,
+                self.host_trips)
 
     def as_dict(self) -> dict[str, float]:
         """Microseconds per kind and the counts (for reports and JSON): ``device_us`` is the sum
-        of the kinds, ``host_us`` the executor's, ``total_us`` the longer of the two."""
+        of the kinds, ``host_us`` the executor's, ``total_us`` the longer of the two plus
+        ``host_trip_us``."""
         return {"total_us": round(self.total_ns / 1e3, 1), "device_us": round(self.device_ns / 1e3, 1),
                 "dense_us": round(self.dense_ns / 1e3, 1),
                 "elementwise_us": round(self.elementwise_ns / 1e3, 1), "cast_us": round(self.cast_ns / 1e3, 1),
                 "overhead_us": round(self.overhead_ns / 1e3, 1), "host_us": round(self.host_ns / 1e3, 1),
                 "layout_us": round(self.layout_ns / 1e3, 1), "kernels": self.kernels, "low_nodes": self.low_nodes,
-                "casts": self.casts, "transposes": self.transposes}
+                "casts": self.casts, "transposes": self.transposes,
+                "host_trip_us": round(self.host_trip_ns / 1e3, 1), "host_trips": self.host_trips}
 
 
 @dataclass(frozen=True)
@@ -378,8 +388,7 @@ def _fused_ns(g: nx.MultiDiGraph, name: str, op: str, outs: list[Shape], out_byt
     writing its output where it must be in memory, and reading it back (or its inputs, where
     a later reader recomputes it) once per later stage.  Pure."""
     n = sum(elements(s) for s in outs)
-    compute, _ = costs.elementwise.get(op, (1.0, costs.low_elementwise))
-    t = (compute - 1.0) * n * 4 / costs.bandwidth
+    t = (compiled_compute_factor(costs, op) - 1.0) * n * 4 / costs.bandwidth
     written, reads = _memory_reads(g, name, stage, signatures, folded, live, results)
     return t + n * out_bytes * (written + reads) / costs.bandwidth, written
 
@@ -413,9 +422,9 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
     kernels = low_nodes = casts = 0
     # ``g`` taken alone (the whole-step check prices one graph at a time): estimate_parts
     # places the Transposes over the step with its calls inlined instead.
+    on_gpu = _gpu_placement(g, costs_of)
     transposes = (() if compiled or not layout
-                  else layout_transposes(g, _gpu_placement(g, costs_of), live=live, results=results, shapes=shapes,
-                                         constants=consts))
+                  else layout_transposes(g, on_gpu, live=live, results=results, shapes=shapes, constants=consts))
     moved = _priced_transposes(g, transposes, costs_of, per_node)
     for name in order:
         node = g.nodes[name]
@@ -449,7 +458,7 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
             ins_of = data_inputs(g, name)
             ins = [_shape_of(shapes, src, port) for src, port in ins_of]
             weights = ins_of[1][0] if kind == "dense" and len(ins_of) > 1 else None
-            nc = node_cost(priced_op, ins, outs, 2, costs, constant_weights=weights in consts)
+            nc = node_cost(priced_op, ins, outs, 2, costs, constant_weights=weights in consts, compiled=compiled)
             t, launches = (nc.low if precision == "low" else nc.high), True
         else:
             low_out = types.get("DstT") != dt.FLOAT if kind == "cast" else precision == "low"
@@ -465,8 +474,10 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
             per_node[name] = NodeTime(op, kind, "low" if kind == "cast" else precision or "float32", t,
                                       sum(elements(s) for s in outs),
                                       costs.kernel_overhead if launches else 0.0, _known(outs))
+    trips = () if compiled else host_round_trips(g, lambda n: on_gpu(n) is not None, registry, shapes=shapes,
+                                                  live=live)
     return moved + StepEstimate(ns["dense"], ns["elementwise"], ns["cast"], ns["overhead"], kernels, low_nodes,
-                                casts, ns["host"])
+                                casts, ns["host"], host_trip_ns=sum(t.ns for t in trips), host_trips=len(trips))
 
 
 def _priced_transposes(g: nx.MultiDiGraph, transposes: tuple[LayoutTranspose, ...],

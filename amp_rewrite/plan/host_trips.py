@@ -1,0 +1,142 @@
+"""Ops a GPU step hands to its host, and what the round trip costs.
+
+TensorFlow places a node on the GPU it is assigned to only where that GPU has a kernel for
+the node's types; otherwise soft placement runs it on the host's CPU.  In a GPU step such a
+node's inputs that the GPU produced are copied to the host, the node runs there, and its
+outputs are copied back for the GPU ops that read them.  The round trip is serial: the copy to
+the host waits for the GPU to finish the work queued before it (``CopyGPUTensorToCPU``), the
+GPU ops after it wait for the copy back, and neither the host nor the GPU can run ahead
+through it.  So a step pays it on top of the longer of its host and device times
+(:attr:`~amp_rewrite.plan.step_cost.StepEstimate.host_trip_ns`).
+
+Seen on an H200 (``bench/gpu_runs/2026-11-28c-h200/``): Keras 3's loss-scale optimizer checks
+an embedding's sparse gradient by densifying it (``tf.fill`` of ``True`` and a
+``TensorScatterUpdate`` of the finite flags), and ``TensorScatterUpdate`` has no GPU kernel
+for ``bool``.  Its LSTM training step copied 10.2 MB down, 4.2 MB down and 10.2 MB back every
+step, and ran 1.3-1.5x float32's step where our rewrite of the same model, whose finite check
+reads only the gradient's values, ran 0.84-0.95x.
+
+Pure functions of a graph and an op registry; they change nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import networkx as nx
+
+from ..graph import dtypes as dt
+from ..graph.ir import consumers_by_port, data_inputs
+from ..graph.op_registry import KernelSpec, OpRegistry
+from ..graph.shapes import Shape
+from .cost_model import elements
+
+__all__ = ["HOST_LINK_BANDWIDTH", "HOST_OP_BANDWIDTH", "HostTrip", "host_round_trips", "runs_on_host"]
+
+#: Host-device copies (bytes/ns): the H200's, in the profile above (10.24 MB in 0.188 ms, 4.19
+#: MB in 0.079 ms: 53-54 GB/s).
+HOST_LINK_BANDWIDTH = 54.0
+#: A host op's own time per byte it reads and writes (bytes/ns): that ``TensorScatterUpdate``
+#: (a bool [10000, 1024] tensor, 4,096 rows updated: 24.7 MB) took 4.8 ms on this
+#: repository's CPU (AMD EPYC, 2 cores, TensorFlow 2.21), standing in for the GPU's host.
+HOST_OP_BANDWIDTH = 5.1
+#: Ops that launch nothing or are placed by rules of their own (arguments, constants, which
+#: the placer puts beside their readers, and control flow).
+_NOT_PLACED = frozenset({"_Arg", "_Retval", "Placeholder", "PlaceholderWithDefault", "Const", "HostConst", "NoOp",
+                         "Identity", "IdentityN", "Switch", "Merge", "Enter", "Exit", "NextIteration", "LoopCond",
+                         "If", "StatelessIf", "While", "StatelessWhile", "PartitionedCall",
+                         "StatefulPartitionedCall", "VarHandleOp", "ReadVariableOp"})
+
+
+@dataclass(frozen=True)
+class HostTrip:
+    """One node of a GPU step that runs on the host: the bytes copied down for it and back up
+    from it, and what it reads and writes there."""
+
+    node: str
+    op: str
+    down_bytes: int
+    up_bytes: int
+    host_bytes: int
+
+    @property
+    def ns(self) -> float:
+        """The round trip's serial time: both copies and the host op."""
+        return (self.down_bytes + self.up_bytes) / HOST_LINK_BANDWIDTH + self.host_bytes / HOST_OP_BANDWIDTH
+
+
+def _accepts(kernels: tuple[KernelSpec, ...], label: str, types: Mapping[str, int | tuple[int, ...]]) -> bool:
+    for kernel in kernels:
+        if kernel.label != label:
+            continue
+        if all(attr in types and (all(t in allowed for t in types[attr]) if isinstance(types[attr], tuple)
+                                  else types[attr] in allowed)
+               for attr, allowed in kernel.constraints):
+            return True
+    return False
+
+
+def runs_on_host(op: str, types: Mapping[str, int | tuple[int, ...]], registry: OpRegistry, label: str = "") -> bool:
+    """Whether a node of ``op`` with type attributes ``types``, assigned to a GPU, runs on the
+    host: a CPU kernel accepts it and neither a GPU kernel nor a device-default one does (as
+    TensorFlow's kernel lookup falls back).  An op with no CPU kernel for them either (a
+    function call, an unknown op) is not placed by kernels.  Pure."""
+    if op in _NOT_PLACED or not _accepts(registry.kernels(op, "CPU"), label, types):
+        return False
+    return not (_accepts(registry.kernels(op, "GPU"), label, types)
+                or _accepts(registry.kernels(op, "DEFAULT"), label, types))
+
+
+def _bytes(shapes: Mapping[str, tuple[Shape, ...]], src: str, port: int, size: int) -> int:
+    out = shapes.get(src, ())
+    return elements(out[port]) * size if port < len(out) else 0
+
+
+def host_round_trips(g: nx.MultiDiGraph, on_gpu: Callable[[str], bool], registry: OpRegistry, *,
+                     shapes: Mapping[str, tuple[Shape, ...]], live: frozenset[str] | None = None
+                     ) -> tuple[HostTrip, ...]:
+    """The nodes of ``g`` assigned to a GPU (``on_gpu``) that run on its host
+    (:func:`runs_on_host`) with both a GPU-produced input and a GPU reader: each a
+    :class:`HostTrip`, in node-name order.  ``live``: the nodes that run (others ignored).
+    Each tensor counts at the size of the node's ``T`` attribute (4 bytes without one), its
+    shape from ``shapes`` (unknown dimensions as the cost model's defaults).  Pure."""
+
+    placed: dict[tuple[object, ...], bool] = {}
+
+    def host(name: str) -> bool:
+        node = g.nodes[name]
+        types = node.get("dtypes") or {}
+        key = (node["op"], node.get("label", ""), tuple(sorted(types.items())))
+        if key not in placed:
+            # A GPU keeps int32 tensors in host memory: an int32 op without a GPU kernel copies
+            # nothing (shape arithmetic, mostly).
+            only_int32 = bool(types) and all(v == dt.INT32 or (isinstance(v, tuple) and set(v) <= {dt.INT32})
+                                             for v in types.values())
+            placed[key] = not only_int32 and runs_on_host(node["op"], types, registry, node.get("label", ""))
+        return placed[key]
+
+    def gpu_side(name: str) -> bool:
+        node = g.nodes[name]
+        return (on_gpu(name) and (live is None or name in live) and node["op"] not in ("Const", "HostConst")
+                and not host(name))
+
+    trips = []
+    for name in sorted(g.nodes):
+        if (live is not None and name not in live) or not on_gpu(name) or not host(name):
+            continue
+        node = g.nodes[name]
+        t = node.get("dtypes", {}).get("T")
+        size = dt.itemsize(t) if isinstance(t, int) else 4
+        ins = data_inputs(g, name)
+        down = sum(_bytes(shapes, src, port, size) for src, port in ins if gpu_side(src))
+        read = sum(_bytes(shapes, src, port, size) for src, port in ins)
+        up = written = 0
+        for port, readers in consumers_by_port(g, name).items():
+            b = _bytes(shapes, name, port, size)
+            written += b
+            if any(gpu_side(reader) for reader, _, _ in readers):
+                up += b
+        if down and up:
+            trips.append(HostTrip(name, node["op"], down, up, read + written))
+    return tuple(trips)
