@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
             ms = [f"{ns / 1e6:.2f}" for ns in (e.total_ns, e.device_ns, e.dense_ns, e.elementwise_ns, e.cast_ns,
                                                 e.layout_ns, e.overhead_ns, e.host_ns)]
             bound = "host" if e.host_ns > e.device_ns else "device"
+            if e.host_trips:  # serial round trips through the host come on top of either
+                bound += f" + {e.host_trips} host round trip(s), {e.host_trip_ns / 1e6:.2f} ms"
             print(f"| {w} | {v} | {ms[0]} | {bound} | {ms[1]} | {ms[2]} | {ms[3]} | {ms[4]} | {ms[5]} ({e.transposes}) "
                   f"| {ms[6]} | {ms[7]} ({e.kernels}) |", flush=True)
     return 0

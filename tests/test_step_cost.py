@@ -484,10 +484,10 @@ def test_node_times_add_up_to_the_step_estimate():
     assert ("MatMul", "dense", "low") in kinds and ("Cast", "cast", "low") in kinds
 
 
-def _called_functions_step() -> tf.compat.v1.GraphDef:
-    """A step that runs two library functions, each an ``N`` x ``N`` MatMul, and a loop whose
+def _called_functions_step(M: int = N) -> tf.compat.v1.GraphDef:
+    """A step that runs two library functions, each an ``M`` x ``M`` MatMul, and a loop whose
     body is one (seven rows): the main graph, functions and a loop body, all priced."""
-    T, M = 7, N
+    T = 7
 
     @tf.function
     def first(x, w):
@@ -536,8 +536,10 @@ def test_a_rewrite_prices_the_step_as_given_and_as_rewritten_as_estimate_step_ti
 def test_a_function_the_rewrite_skips_keeps_its_price_as_given():
     """A library function the rewrite cannot take (here: a cycle not closed by a loop) is
     exported as it was, so the rewritten step prices it as given; the other function's MatMul
-    is priced in float16."""
-    gd = _called_functions_step()
+    is priced in float16.  (4096 x 4096: at 2048 a MatMul called alone gains less in float16
+    than its three Casts cost, each 2.08x its bytes' time as an H200 ran them.)"""
+    M = 4096
+    gd = _called_functions_step(M)
     bodies = {f.signature.name: f for f in gd.library.function
               if any(n.op == "MatMul" for n in f.node_def) and not any(n.op == "Relu" for n in f.node_def)
               and any(n.op == "Mul" for n in f.node_def)}
@@ -548,7 +550,7 @@ def test_a_function_the_rewrite_skips_keeps_its_price_as_given():
     result = amp_rewrite.rewrite_graph_def(gd, lists="optimal", price_step=True, target=TARGET,
                                            precision="float16", use_env=False)
     assert name in result.report["skipped_functions"]
-    one = node_cost("MatMul", [(N, N), (N, N)], [(N, N)], 2, DEVICE_COSTS["gpu-hopper"],
+    one = node_cost("MatMul", [(M, M), (M, M)], [(M, M)], 2, DEVICE_COSTS["gpu-hopper"],
                     constant_weights=False)
     given, rewritten = result.step_estimates.given, result.step_estimates.rewritten
     assert given == amp_rewrite.estimate_step_time(gd, target=TARGET)
@@ -786,8 +788,9 @@ def test_under_xla_an_op_of_inputs_alone_is_recomputed_by_a_later_reader():
 def test_the_optimal_planner_gives_what_never_runs_no_time():
     """A node nothing needs costs no time (TensorFlow prunes it), so the optimal planner does
     not convert it to gain some -- nor adds Casts for it -- and says why; the MatMul that
-    runs converts.  Without fetches every node of the main graph may run, and both convert."""
-    M = 2048
+    runs converts.  Without fetches every node of the main graph may run, and both convert.
+    (4096 x 4096: at 2048 a MatMul alone gains less in float16 than its Casts cost on a GPU.)"""
+    M = 4096
 
     @tf.function
     def step(x, w):

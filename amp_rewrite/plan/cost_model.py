@@ -40,13 +40,16 @@ only what a fused op still moves, one consistent rule for both kinds:
   or, when fused into its consumer, the bytes that consumer would otherwise read), in the
   precision it runs in, plus the arithmetic part of its float32 time (the per-op compute
   factor of :attr:`DeviceCosts.elementwise` above 1, which XLA does in float32 registers in
-  either precision, so it does not change with the colour).  The class's measured low/float32
-  ratios are those of TensorFlow's own kernels and do not apply to XLA's generated code;
+  either precision, so it does not change with the colour; 1 on a GPU, whose factors measure
+  TensorFlow's own kernels, :attr:`DeviceCosts.tables_unfused_only`).  The class's measured
+  low/float32 ratios are those of TensorFlow's own kernels and do not apply to XLA's
+  generated code;
 * a Cast costs no fixed time (no launch, no executor overhead) and writes one extra copy of
   its tensor in the low-precision type: ``elements * low_bytes / bandwidth``.  (Its read is
   shared with the fused producer or replaces the consumer's read of the float32 tensor.)
 
-Dense ops are priced as without XLA: XLA calls the same GEMM/convolution libraries.  This
+Dense ops are priced as without XLA: XLA calls the same GEMM/convolution libraries (but for a
+GPU's measured depthwise bands, which are TensorFlow's own float32 kernels).  This
 makes converting cheap and memory traffic what remains, which is what XLA's fusion does; the
 model deliberately ignores fusions XLA may fail to form (a fusion's size limits, ops it
 cannot fuse), so it leans towards converting under XLA.
@@ -90,7 +93,7 @@ __all__ = ["DeviceCosts", "DenseBand", "dense_band", "conv_positions", "elementw
            "X86_BF16_LARGE_ELEMENTWISE", "X86_BF16_LARGE_ELEMENTS", "DEVICE_COSTS", "costs_for", "gpu_costs",
            "TF32_OFF",
            "GPU_DENSE_EFFICIENCY", "GPU_KERNEL_OVERHEAD", "GPU_HOST_PER_KERNEL", "GPU_LOW_ELEMENTWISE", "GPU_ELEMENTWISE",
-           "GPU_DENSE", "GPU_CAST_FIXED", "GPU_CAST_TRAFFIC", "NodeCost", "node_cost", "compiled_compute_factor",
+           "GPU_DENSE", "GPU_CAST_TRAFFIC", "GPU_GUESSED_LOW", "NodeCost", "node_cost", "compiled_compute_factor",
            "cast_cost", "DENSE_OPS", "RNN_OPS", "RNN_GRAD_OPS", "ALIAS_OPS", "METADATA_OPS", "misaligned_dims",
            "alignment_efficiency", "elements", "constant_nodes"]
 
@@ -188,7 +191,8 @@ class DeviceCosts:
                                                            hash=False)
     #: A Cast of a tensor of known shape inserted into a model, measured in place
     #: (``bench/calibrate_casts.py``): (fixed ns, ns per element).  ``None``: ``op_overhead +
-    #: elements * (4 + low bytes) / bandwidth``, which also prices a Cast of unknown size.
+    #: elements * (4 + low bytes) / bandwidth * cast_traffic``, which also prices a Cast of
+    #: unknown size.
     cast_in_place: tuple[float, float] | None = None
     #: Fixed extra time of a dense op in low precision whose weights change every step
     #: (variables, and every filter gradient): the library re-lays them out per call (ns).
@@ -252,6 +256,11 @@ class DeviceCosts:
     #: A Cast's time over the memory-bound time of its bytes (``4 + low bytes`` per element),
     #: where :attr:`cast_in_place` does not price it: 1 for a kernel at the device's bandwidth.
     cast_traffic: float = 1.0
+    #: Ops of :attr:`elementwise` whose float32 factor was measured but not their low ratio (no
+    #: such node was converted where they were timed): priced with the generic ratio, and not
+    #: counted as measured (:attr:`NodeCost.measured`), so the planner takes no gain from them
+    #: without XLA.
+    guessed_low: frozenset[str] = frozenset()
 
 
 #: Element-wise ops in bfloat16 on x86 CPUs, measured on this repository's benchmark CPU (AMD
@@ -455,44 +464,51 @@ GPU_HOST_PER_KERNEL = 12_000.0
 #: time per TensorFlow node, three steps each of MobileNetV2, EfficientNetB0 and ResNet50 at
 #: 224x224, batch 64, in float32 (channels-first, as the layout optimizer runs them) and in our
 #: default lists' float16 (channels-last); ``bench/calibrate_gpu_in_place.py`` matched them to
-#: the model's nodes).  Per op, tensors of at least 200,000 elements, the summed time over the
-#: memory-bound time at the H200's 4.3 TB/s, and the summed low-precision time over the same
-#: nodes' float32 time where the rewrite converted them:
+#: the model's nodes).  Per op, over nodes moving at least 2M elements (inputs and outputs),
+#: each less the kernels' fixed time (the small kernels' median, 1.1-1.2 us, which the step
+#: charges apart as :data:`GPU_KERNEL_OVERHEAD`): the summed time over the memory-bound time
+#: at the H200's 4.3 TB/s, and the summed low-precision time over the same nodes' float32 time
+#: where the rewrite converted them:
 #:
-#: * streaming kernels ran at the bandwidth: ``AddN`` 1.04, ``RealDiv`` 1.00, ``Relu`` 1.00,
-#:   ``Relu6`` 1.02;
-#: * binary ops that broadcast a per-channel operand (a batch norm's ``x - mean``) 2.3-2.6
-#:   (``Sub`` 2.49, ``AddV2`` 2.33, ``SquaredDifference`` 2.59), ``Mul`` (a mix) 1.50,
-#:   ``BiasAdd`` 1.61;
-#: * the unfused batch norm's reductions (``Mean``, ``Sum``; 4.5-8.8 by model and layout) 7.15
-#:   and 7.43, its gradient's ``Tile`` 3.88 (2.5 channels-last, 5.8-6.1 channels-first),
-#:   ``BiasAddGrad`` 3.26, ``Pad`` 2.96; together the device time the model had missed (on
+#: * streaming kernels ran at the bandwidth: ``AddN`` 1.01, ``RealDiv`` 0.94, ``Relu`` 0.94,
+#:   ``Relu6`` 0.96;
+#: * binary ops that broadcast a per-channel operand (a batch norm's ``x - mean``) 2.3-2.5
+#:   (``Sub`` 2.42, ``AddV2`` 2.27, ``SquaredDifference`` 2.53), ``Mul`` (a mix) 1.45,
+#:   ``BiasAdd`` 1.56;
+#: * the unfused batch norm's reductions (``Mean``, ``Sum``; 4.5-8.8 by model and layout) 7.00
+#:   and 7.29, its gradient's ``Tile`` 3.72 (2.5 channels-last, 5.8-6.1 channels-first),
+#:   ``BiasAddGrad`` 3.15, ``Pad`` 2.94; together the device time the model had missed (on
 #:   MobileNetV2's float32 step it had priced 33.8 ms of the 51.4 these nodes took);
-#: * converted to float16: 0.40-0.67 of float32 for most (``ReluGrad`` 0.40, ``Relu`` 0.49,
-#:   ``AddN`` 0.50, ``Sub``/``AddV2``/``RealDiv`` 0.60, ``Mul`` 0.67), ``Sigmoid`` 0.89,
-#:   ``BiasAdd`` 0.80, ``Relu6Grad`` 0.82, and ``Relu6`` 1.62 (channels-last in float16
-#:   against channels-first in float32).  Over every converted element-wise node, 0.67: the
-#:   generic ratio (:data:`GPU_LOW_ELEMENTWISE`).  The whole-step inference of 2026-11-26
-#:   (1.0: no gain) had the unseen reductions and layouts in it.
+#: * converted to float16: 0.38-0.66 of float32 for most (``ReluGrad`` 0.38, ``Relu`` 0.46,
+#:   ``AddN`` 0.48, ``Sub``/``AddV2``/``RealDiv`` 0.57-0.58, ``Mul`` 0.66), ``Sigmoid`` 0.89,
+#:   ``BiasAdd`` 0.80, ``Relu6Grad`` 0.82, and ``Relu6`` 1.66 (channels-last in float16
+#:   against channels-first in float32).  Over every converted element-wise node, the generic
+#:   ratio (:data:`GPU_LOW_ELEMENTWISE`), which also prices the measured ops of which the
+#:   rewrite converted none (:data:`GPU_GUESSED_LOW`: the planner takes no gain from them).
+#:   The whole-step inference of 2026-11-26 (1.0: no gain) had the unseen reductions and
+#:   layouts in it.
 #:
 #: The ratios pool both layouts, weighted as these steps run them; per model they vary as the
 #: bullets say.  Under XLA none of this applies (:attr:`DeviceCosts.tables_unfused_only`).
 #: ``bench/calibrate_gpu_in_place.py nodes.json.gz --fit --bandwidth 4300`` prints these
 #: tables from the profile (``fit_tables.md`` beside it; ``tests/test_gpu_cost_tables.py``
 #: checks that they are its figures).
+GPU_LOW_ELEMENTWISE = 0.66
 GPU_ELEMENTWISE: Mapping[str, tuple[float, float]] = MappingProxyType({
-    "AddN": (1.04, 0.50), "RealDiv": (1.0, 0.60), "Relu": (1.0, 0.49), "Relu6": (1.02, 1.62),
-    "Sub": (2.49, 0.59), "AddV2": (2.33, 0.60), "SquaredDifference": (2.59, 0.67), "Mul": (1.50, 0.67),
-    "BiasAdd": (1.61, 0.80), "Mean": (7.15, 0.67), "Sum": (7.43, 0.67), "Tile": (3.88, 0.27),
-    "BiasAddGrad": (3.26, 0.67), "Pad": (2.96, 0.35), "Sigmoid": (1.90, 0.89), "ReluGrad": (1.23, 0.40),
-    "Relu6Grad": (1.22, 0.82), "Slice": (1.58, 0.87),
+    "AddN": (1.01, 0.48), "RealDiv": (0.94, 0.57), "Relu": (0.94, 0.46), "Relu6": (0.96, 1.66),
+    "Sub": (2.42, 0.57), "AddV2": (2.27, 0.58), "SquaredDifference": (2.53, GPU_LOW_ELEMENTWISE),
+    "Mul": (1.45, 0.66), "BiasAdd": (1.56, 0.80), "Mean": (7.00, GPU_LOW_ELEMENTWISE),
+    "Sum": (7.29, GPU_LOW_ELEMENTWISE), "Tile": (3.72, 0.25), "BiasAddGrad": (3.15, GPU_LOW_ELEMENTWISE),
+    "Pad": (2.94, 0.35), "Sigmoid": (1.85, 0.89), "ReluGrad": (1.19, 0.38), "Relu6Grad": (1.18, 0.82),
+    "Slice": (1.56, 0.87),
 })
-GPU_LOW_ELEMENTWISE = 0.67
+#: The ops above whose low ratio the profile did not measure.
+GPU_GUESSED_LOW = frozenset({"SquaredDifference", "Mean", "Sum", "BiasAddGrad"})
 #: The depthwise convolutions of the same steps (:class:`DenseBand`: float32 time over the
 #: roofline at the class's rates, low precision over float32): in float32 TensorFlow runs its
-#: own kernels, 4.05-9.32x the roofline, in float16 cuDNN's, at 0.19-0.33 of that; with TF32
-#: off alike (no TF32 in them).  Conv2D and its gradients are not banded.  They ran at
-#: 1.10-1.50x their roofline in float32 and at 0.33-0.35 of that in float16, but that ratio
+#: own kernels, 4.01-9.27x the roofline, in float16 cuDNN's, at 0.18-0.33 of that (the
+#: TF32-off classes take the same bands over their own roofline, unmeasured).  Conv2D and its gradients are not banded.  They ran at
+#: 1.07-1.47x their roofline in float32 and at 0.31-0.33 of that in float16, but that ratio
 #: spans two layouts (float32 channels-first, as the layout optimizer runs a training step,
 #: against float16 channels-last), which an inference step, whose float32 convolutions stay
 #: channels-last with TF32, does not share: priced with such bands, the H100's batch-64
@@ -500,14 +516,15 @@ GPU_LOW_ELEMENTWISE = 0.67
 #: 20-22%, and the training steps moved by 1-13% either way.  Conv2D keeps the rates until a
 #: per-node profile of an inference step (channels-last in both precisions) measures it.
 GPU_DENSE: Mapping[str, tuple[DenseBand, ...]] = MappingProxyType({
-    "DepthwiseConv2dNative": (DenseBand(math.inf, 4.05, 0.33),),
-    "DepthwiseConv2dNativeBackpropInput": (DenseBand(math.inf, 8.64, 0.33),),
-    "DepthwiseConv2dNativeBackpropFilter": (DenseBand(math.inf, 9.32, 0.19),),
+    "DepthwiseConv2dNative": (DenseBand(math.inf, 4.01, 0.32),),
+    "DepthwiseConv2dNativeBackpropInput": (DenseBand(math.inf, 8.59, 0.33),),
+    "DepthwiseConv2dNativeBackpropFilter": (DenseBand(math.inf, 9.27, 0.18),),
 })
-#: A Cast in our rewrite's steps (1,187 of them): 1.06 us (the median below 4,096 elements)
-#: plus 0.0029 ns per element, 2.08 times the memory-bound time of its 6 bytes per element at
-#: 4.3 TB/s; the same line prices TensorFlow's pass's Casts in those steps within 0.3%.
-GPU_CAST_FIXED = 1_060.0
+#: A Cast in our rewrite's steps (1,187 of them): 1.06 us of busy time (the median below 4,096
+#: elements) plus 0.0029 ns per element, 2.08 times the memory-bound time of its 6 bytes per
+#: element at 4.3 TB/s; the same line prices TensorFlow's pass's Casts in those steps within
+#: 0.3%.  A Cast's fixed time stays every kernel's (:data:`GPU_KERNEL_OVERHEAD`, which also
+#: holds the gap a kernel leaves on the device): the traffic factor is what the fit changes.
 GPU_CAST_TRAFFIC = 2.08
 #: The model's error on a GPU's whole steps without XLA.  On the lent H100 (2026-11-26) the
 #: predicted low/float32 ratios of the mixed training steps without XLA came out 6-10% under
@@ -539,8 +556,9 @@ GPU_RNN_EFFICIENCY = (0.5, 0.38)
 
 def _gpu_class(name: str, f32: float, low: float, bandwidth: float, misaligned_low: float,
                nhwc_types: frozenset[int]) -> DeviceCosts:
-    return DeviceCosts(name, f32, low, bandwidth, GPU_LOW_ELEMENTWISE, 1.5, GPU_CAST_FIXED, 8, misaligned_low,
+    return DeviceCosts(name, f32, low, bandwidth, GPU_LOW_ELEMENTWISE, 1.5, GPU_KERNEL_OVERHEAD, 8, misaligned_low,
                        GPU_ELEMENTWISE, dense=GPU_DENSE, tables_unfused_only=True, cast_traffic=GPU_CAST_TRAFFIC,
+                       guessed_low=GPU_GUESSED_LOW,
                        conv_rates=(f32 * _CONV_SHARE[0], low * _CONV_SHARE[1]),
                        dense_efficiency=GPU_DENSE_EFFICIENCY, kernel_overhead=GPU_KERNEL_OVERHEAD,
                        host_per_kernel=GPU_HOST_PER_KERNEL, unfused_step_error=GPU_UNFUSED_STEP_ERROR,
@@ -809,7 +827,9 @@ def node_cost(
     ``in_shapes``/``out_shapes`` are the shapes of its float tensors (others do not change
     with the colour).  Unknown dimensions count as :data:`UNKNOWN_DIM`.  ``compiled``: the
     graph runs under XLA, and an element-wise op is priced as fused (module docstring);
-    dense ops are priced the same either way.
+    dense ops are priced the same either way (but for the measured bands of a class whose tables
+    describe TensorFlow's own kernels, :attr:`DeviceCosts.tables_unfused_only`, which XLA does
+    not run).
     """
     if op in ALIAS_OPS or op in METADATA_OPS:
         return NodeCost(0.0, 0.0, 0.0)
@@ -863,7 +883,7 @@ def node_cost(
         small_compute, small_ratio = costs.elementwise.get(op, (1.0, costs.low_elementwise))
         floor = costs.large_elements * 4 / costs.bandwidth * small_compute
         high, low = max(high, floor), max(low, floor * small_ratio)
-    return NodeCost(high, low, 0.0, measured=entry is not None)
+    return NodeCost(high, low, 0.0, measured=entry is not None and op not in costs.guessed_low)
 
 
 def _large(costs: DeviceCosts, op: str, elems: int) -> bool:

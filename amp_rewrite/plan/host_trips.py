@@ -30,19 +30,25 @@ from ..graph import dtypes as dt
 from ..graph.ir import consumers_by_port, data_inputs
 from ..graph.op_registry import KernelSpec, OpRegistry
 from ..graph.shapes import Shape
+from ..graph.type_attrs import output_dtypes
 from .cost_model import elements
 
-__all__ = ["HOST_LINK_BANDWIDTH", "HOST_OP_BANDWIDTH", "HostTrip", "host_round_trips", "runs_on_host"]
+__all__ = ["HOST_LINK_BANDWIDTH", "HOST_MEMORY_TYPES", "HOST_OP_BANDWIDTH", "HostTrip", "host_round_trips",
+           "runs_on_host"]
 
 #: Host-device copies (bytes/ns): the H200's, in the profile above (10.24 MB in 0.188 ms, 4.19
 #: MB in 0.079 ms: 53-54 GB/s).
 HOST_LINK_BANDWIDTH = 54.0
+#: Types a GPU kernel keeps in host memory (or that never leave it): a tensor of these types
+#: crosses no link between a GPU op and a host op.
+HOST_MEMORY_TYPES = frozenset({dt.INT32, dt.STRING, dt.RESOURCE, dt.VARIANT})
 #: A host op's own time per byte it reads and writes (bytes/ns): that ``TensorScatterUpdate``
 #: (a bool [10000, 1024] tensor, 4,096 rows updated: 24.7 MB) took 4.8 ms on this
 #: repository's CPU (AMD EPYC, 2 cores, TensorFlow 2.21), standing in for the GPU's host.
 HOST_OP_BANDWIDTH = 5.1
 #: Ops that launch nothing or are placed by rules of their own (arguments, constants, which
-#: the placer puts beside their readers, and control flow).
+#: the placer puts beside their readers, and control flow).  They are never host ops here, and
+#: never the GPU side of a copy either: the placer puts them where their neighbours are.
 _NOT_PLACED = frozenset({"_Arg", "_Retval", "Placeholder", "PlaceholderWithDefault", "Const", "HostConst", "NoOp",
                          "Identity", "IdentityN", "Switch", "Merge", "Enter", "Exit", "NextIteration", "LoopCond",
                          "If", "StatelessIf", "While", "StatelessWhile", "PartitionedCall",
@@ -51,18 +57,19 @@ _NOT_PLACED = frozenset({"_Arg", "_Retval", "Placeholder", "PlaceholderWithDefau
 
 @dataclass(frozen=True)
 class HostTrip:
-    """One node of a GPU step that runs on the host: the bytes copied down for it and back up
-    from it, and what it reads and writes there."""
+    """One group of connected nodes of a GPU step that run on the host (``nodes``, sorted; their
+    ops in ``ops``): the bytes copied down for them and back up from them, and what they read
+    and write there."""
 
-    node: str
-    op: str
+    nodes: tuple[str, ...]
+    ops: tuple[str, ...]
     down_bytes: int
     up_bytes: int
     host_bytes: int
 
     @property
     def ns(self) -> float:
-        """The round trip's serial time: both copies and the host op."""
+        """The round trip's serial time: both copies and the host ops."""
         return (self.down_bytes + self.up_bytes) / HOST_LINK_BANDWIDTH + self.host_bytes / HOST_OP_BANDWIDTH
 
 
@@ -88,55 +95,78 @@ def runs_on_host(op: str, types: Mapping[str, int | tuple[int, ...]], registry: 
                 or _accepts(registry.kernels(op, "DEFAULT"), label, types))
 
 
-def _bytes(shapes: Mapping[str, tuple[Shape, ...]], src: str, port: int, size: int) -> int:
-    out = shapes.get(src, ())
-    return elements(out[port]) * size if port < len(out) else 0
-
-
 def host_round_trips(g: nx.MultiDiGraph, on_gpu: Callable[[str], bool], registry: OpRegistry, *,
                      shapes: Mapping[str, tuple[Shape, ...]], live: frozenset[str] | None = None
                      ) -> tuple[HostTrip, ...]:
     """The nodes of ``g`` assigned to a GPU (``on_gpu``) that run on its host
-    (:func:`runs_on_host`) with both a GPU-produced input and a GPU reader: each a
-    :class:`HostTrip`, in node-name order.  ``live``: the nodes that run (others ignored).
-    Each tensor counts at the size of the node's ``T`` attribute (4 bytes without one), its
-    shape from ``shapes`` (unknown dimensions as the cost model's defaults).  Pure."""
-
+    (:func:`runs_on_host`), grouped where they feed one another, each group with both a tensor
+    copied down from a GPU op and one copied back up to a GPU op: a :class:`HostTrip` each,
+    ordered by their first node's name.  ``live``: the nodes that run (others ignored).  A
+    tensor counts at its producer's output type and its shape from ``shapes`` (unknown
+    dimensions as the cost model's defaults); one of :data:`HOST_MEMORY_TYPES` crosses no
+    link.  An int32-only node is never a host op (a GPU keeps int32 tensors in host memory).
+    Pure."""
+    signatures = g.graph.get("signatures") or {}
     placed: dict[tuple[object, ...], bool] = {}
 
     def host(name: str) -> bool:
         node = g.nodes[name]
+        op = node["op"]
+        if op in _NOT_PLACED or op in signatures or not on_gpu(name) or (live is not None and name not in live):
+            return False
         types = node.get("dtypes") or {}
-        key = (node["op"], node.get("label", ""), tuple(sorted(types.items())))
+        key = (op, node.get("label", ""), tuple(sorted(types.items())))
         if key not in placed:
-            # A GPU keeps int32 tensors in host memory: an int32 op without a GPU kernel copies
-            # nothing (shape arithmetic, mostly).
             only_int32 = bool(types) and all(v == dt.INT32 or (isinstance(v, tuple) and set(v) <= {dt.INT32})
                                              for v in types.values())
-            placed[key] = not only_int32 and runs_on_host(node["op"], types, registry, node.get("label", ""))
+            placed[key] = not only_int32 and runs_on_host(op, types, registry, node.get("label", ""))
         return placed[key]
 
     def gpu_side(name: str) -> bool:
         node = g.nodes[name]
-        return (on_gpu(name) and (live is None or name in live) and node["op"] not in ("Const", "HostConst")
+        return (node["op"] not in _NOT_PLACED and on_gpu(name) and (live is None or name in live)
                 and not host(name))
 
+    def nbytes(src: str, port: int) -> int:
+        node = g.nodes[src]
+        types = output_dtypes(registry.op(node["op"]), node.get("dtypes") or {}, node.get("ints") or {})
+        dtype = types[port] if types and port < len(types) else None
+        if dtype in HOST_MEMORY_TYPES:
+            return 0
+        out = shapes.get(src, ())
+        return elements(out[port]) * dt.itemsize(dtype if dtype is not None else dt.FLOAT) if port < len(out) else 0
+
+    hosts = {name for name in g.nodes if host(name)}
     trips = []
-    for name in sorted(g.nodes):
-        if (live is not None and name not in live) or not on_gpu(name) or not host(name):
+    seen: set[str] = set()
+    for start in sorted(hosts):
+        if start in seen:
             continue
-        node = g.nodes[name]
-        t = node.get("dtypes", {}).get("T")
-        size = dt.itemsize(t) if isinstance(t, int) else 4
-        ins = data_inputs(g, name)
-        down = sum(_bytes(shapes, src, port, size) for src, port in ins if gpu_side(src))
-        read = sum(_bytes(shapes, src, port, size) for src, port in ins)
-        up = written = 0
-        for port, readers in consumers_by_port(g, name).items():
-            b = _bytes(shapes, name, port, size)
-            written += b
-            if any(gpu_side(reader) for reader, _, _ in readers):
-                up += b
+        group, stack = [], [start]
+        seen.add(start)
+        while stack:  # the host nodes connected to ``start`` by data edges
+            name = stack.pop()
+            group.append(name)
+            neighbours = [src for src, _ in data_inputs(g, name)]
+            neighbours += [reader for readers in consumers_by_port(g, name).values() for reader, _, _ in readers]
+            for other in neighbours:
+                if other in hosts and other not in seen:
+                    seen.add(other)
+                    stack.append(other)
+        down = up = moved = 0
+        copied: set[tuple[str, int]] = set()  # a tensor crosses once, whichever host ops read it
+        for name in group:
+            for src, port in data_inputs(g, name):
+                b = nbytes(src, port)
+                moved += b
+                if gpu_side(src) and (src, port) not in copied:
+                    copied.add((src, port))
+                    down += b
+            for port, readers in consumers_by_port(g, name).items():
+                b = nbytes(name, port)
+                moved += b
+                up += b if any(gpu_side(reader) for reader, _, _ in readers) else 0
         if down and up:
-            trips.append(HostTrip(name, node["op"], down, up, read + written))
+            group.sort()
+            trips.append(HostTrip(tuple(group), tuple(g.nodes[n]["op"] for n in group), down, up, moved))
     return tuple(trips)

@@ -29,6 +29,9 @@ precision (Keras's ``mixed_float16``) alike, with the same per-node rules
   price includes its own); and the executor spends host time on each
   (:attr:`~amp_rewrite.plan.cost_model.DeviceCosts.host_per_kernel`, a GPU's), which overlaps
   the device's work: the step takes the longer of the two (:attr:`StepEstimate.total_ns`);
+  a node assigned to a GPU that has no GPU kernel for its types runs on the host instead, and
+  where it reads a GPU tensor and a GPU op reads its result the round trip is paid on top, in
+  neither's shadow (:mod:`.host_trips`);
 * under XLA (``compiled=True``) dense ops are kernels as without it, and element-wise ops
   (Casts included) fuse.  Where fusions end is read from the graph: XLA cannot fuse across a
   dense op or a reduction (:data:`KERNEL_BOUNDARY_OPS`), so each node gets a *stage*, the
@@ -426,10 +429,16 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
     transposes = (() if compiled or not layout
                   else layout_transposes(g, on_gpu, live=live, results=results, shapes=shapes, constants=consts))
     moved = _priced_transposes(g, transposes, costs_of, per_node)
+    # Nodes that run on the host for want of a GPU kernel: priced as their round trip, not as
+    # GPU kernels.
+    trips = () if compiled else host_round_trips(g, lambda n: on_gpu(n) is not None, registry, shapes=shapes,
+                                                  live=live)
+    on_host = frozenset(n for trip in trips for n in trip.nodes)
     for name in order:
         node = g.nodes[name]
         op = node["op"]
-        if (live is not None and name not in live) or not _priced(op, name, signatures, folded):
+        if ((live is not None and name not in live) or not _priced(op, name, signatures, folded)
+                or name in on_host):
             continue
         types = node.get("dtypes") or {}
         is_cast = op == "Cast" and _is_low_cast(types)
@@ -474,8 +483,6 @@ def estimate_graph(g: nx.MultiDiGraph, costs_of: Callable[[str], DeviceCosts], r
             per_node[name] = NodeTime(op, kind, "low" if kind == "cast" else precision or "float32", t,
                                       sum(elements(s) for s in outs),
                                       costs.kernel_overhead if launches else 0.0, _known(outs))
-    trips = () if compiled else host_round_trips(g, lambda n: on_gpu(n) is not None, registry, shapes=shapes,
-                                                  live=live)
     return moved + StepEstimate(ns["dense"], ns["elementwise"], ns["cast"], ns["overhead"], kernels, low_nodes,
                                 casts, ns["host"], host_trip_ns=sum(t.ns for t in trips), host_trips=len(trips))
 
