@@ -44,7 +44,7 @@
 #   train     The optimal profile's no-XLA training plans against float32 and its A/A gap,
 #             TF's pass and the default lists: since the GPU classes were fitted to the third
 #             2026-11-28 run's per-node times the planner converts MobileNetV2's and
-#             EfficientNetB0's steps (predicted 0.878 and 0.799 of float32, where the default
+#             EfficientNetB0's steps (predicted 0.814 and 0.800 of float32, where the default
 #             lists' steps ran 0.94) and keeps ResNet50's float32 (forecast:
 #             gpu_runs/forecast-2026-11-28d-h200-train.md); then ResNet50 with TF32 off in a
 #             process of its own (in one process the strict step ran TF32's autotuned
