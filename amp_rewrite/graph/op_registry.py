@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol
+from typing import Any, Iterable, Mapping, Protocol
 
 __all__ = [
     "ArgSpec",
@@ -20,6 +20,7 @@ __all__ = [
     "OpSignature",
     "KernelSpec",
     "OpRegistry",
+    "kernel_accepts",
     "TensorFlowRegistry",
     "signature_from_opdef",
     "default_registry",
@@ -73,6 +74,26 @@ class KernelSpec:
     device_type: str
     constraints: tuple[tuple[str, frozenset[int]], ...]
     label: str = ""
+
+
+def kernel_accepts(kernels: Iterable[KernelSpec], label: str, types: Mapping[str, int | tuple[int, ...]]) -> bool:
+    """Whether one of ``kernels`` accepts a node with these type attrs and kernel label: the
+    labels match and every constrained attribute is present with allowed types.  Pure."""
+    for kernel in kernels:
+        if kernel.label != label:
+            continue
+        for attr, allowed in kernel.constraints:
+            val = types.get(attr)
+            if val is None:
+                break
+            if isinstance(val, tuple):
+                if not all(t in allowed for t in val):
+                    break
+            elif val not in allowed:
+                break
+        else:
+            return True
+    return False
 
 
 class OpRegistry(Protocol):

@@ -28,7 +28,7 @@ import networkx as nx
 
 from ..graph import dtypes as dt
 from ..graph.ir import consumers_by_port, data_inputs
-from ..graph.op_registry import KernelSpec, OpRegistry
+from ..graph.op_registry import OpRegistry, kernel_accepts
 from ..graph.shapes import Shape
 from ..graph.type_attrs import output_dtypes
 from .cost_model import elements
@@ -73,26 +73,15 @@ class HostTrip:
         return (self.down_bytes + self.up_bytes) / HOST_LINK_BANDWIDTH + self.host_bytes / HOST_OP_BANDWIDTH
 
 
-def _accepts(kernels: tuple[KernelSpec, ...], label: str, types: Mapping[str, int | tuple[int, ...]]) -> bool:
-    for kernel in kernels:
-        if kernel.label != label:
-            continue
-        if all(attr in types and (all(t in allowed for t in types[attr]) if isinstance(types[attr], tuple)
-                                  else types[attr] in allowed)
-               for attr, allowed in kernel.constraints):
-            return True
-    return False
-
-
 def runs_on_host(op: str, types: Mapping[str, int | tuple[int, ...]], registry: OpRegistry, label: str = "") -> bool:
     """Whether a node of ``op`` with type attributes ``types``, assigned to a GPU, runs on the
     host: a CPU kernel accepts it and neither a GPU kernel nor a device-default one does (as
     TensorFlow's kernel lookup falls back).  An op with no CPU kernel for them either (a
     function call, an unknown op) is not placed by kernels.  Pure."""
-    if op in _NOT_PLACED or not _accepts(registry.kernels(op, "CPU"), label, types):
+    if op in _NOT_PLACED or not kernel_accepts(registry.kernels(op, "CPU"), label, types):
         return False
-    return not (_accepts(registry.kernels(op, "GPU"), label, types)
-                or _accepts(registry.kernels(op, "DEFAULT"), label, types))
+    return not (kernel_accepts(registry.kernels(op, "GPU"), label, types)
+                or kernel_accepts(registry.kernels(op, "DEFAULT"), label, types))
 
 
 def host_round_trips(g: nx.MultiDiGraph, on_gpu: Callable[[str], bool], registry: OpRegistry, *,

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 from itertools import chain
-from typing import Any, Iterable, Mapping, Protocol
+from typing import Any, Mapping, Protocol
 
 import networkx as nx
 
 from ..graph import dtypes as dt
 from ..graph import ir
-from ..graph.op_registry import KernelSpec, OpRegistry, OpSignature
+from ..graph.op_registry import OpRegistry, OpSignature, kernel_accepts
 from ..graph.shapes import tensor_numel
 from ..graph.type_attrs import NodeTypes, TypeAttr, get_dtype, node_types, opaque_node_types
 from ..graph.type_graph import build_type_graph_from_lists
@@ -117,27 +117,6 @@ def _data_inputs(pred: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> list[tu
             elif q >= 0:
                 return _inputs_by_port(pred)
     return ins
-
-
-def _kernel_matches(
-    kernels: Iterable[KernelSpec], label: str, types: Mapping[str, int | tuple[int, ...]]
-) -> bool:
-    """Whether one of ``kernels`` accepts a node with these type attrs and kernel label."""
-    for kernel in kernels:
-        if kernel.label != label:
-            continue
-        for attr, allowed in kernel.constraints:
-            val = types.get(attr)
-            if val is None:
-                break
-            if isinstance(val, tuple):
-                if not all(t in allowed for t in val):
-                    break
-            elif val not in allowed:
-                break
-        else:
-            return True
-    return False
 
 
 def _copied_values(shapes: Mapping[str, tuple[Any, ...]], source: tuple[str, int], node: str) -> int | None:
@@ -571,8 +550,8 @@ class PaintingState:
         # Like TensorFlow's kernel lookup, fall back to DEVICE_DEFAULT registrations (used by
         # GPU and pluggable devices for ops such as IdentityN) when no kernel of the device
         # type matches.
-        found = _kernel_matches(self.registry.kernels(op, parsed.type), label, types) or (
-            _kernel_matches(self.registry.kernels(op, "DEFAULT"), label, types)
+        found = kernel_accepts(self.registry.kernels(op, parsed.type), label, types) or (
+            kernel_accepts(self.registry.kernels(op, "DEFAULT"), label, types)
         )
         self._kernel_cache[key] = found
         return found
