@@ -111,11 +111,6 @@ def host_round_trips(g: nx.MultiDiGraph, on_gpu: Callable[[str], bool], registry
             placed[key] = not only_int32 and runs_on_host(op, types, registry, node.get("label", ""))
         return placed[key]
 
-    def gpu_side(name: str) -> bool:
-        node = g.nodes[name]
-        return (node["op"] not in _NOT_PLACED and on_gpu(name) and (live is None or name in live)
-                and not host(name))
-
     def nbytes(src: str, port: int) -> int:
         node = g.nodes[src]
         types = output_dtypes(registry.op(node["op"]), node.get("dtypes") or {}, node.get("ints") or {})
@@ -126,6 +121,11 @@ def host_round_trips(g: nx.MultiDiGraph, on_gpu: Callable[[str], bool], registry
         return elements(out[port]) * dt.itemsize(dtype if dtype is not None else dt.FLOAT) if port < len(out) else 0
 
     hosts = {name for name in g.nodes if host(name)}
+
+    def gpu_side(name: str) -> bool:
+        return (name not in hosts and g.nodes[name]["op"] not in _NOT_PLACED and on_gpu(name)
+                and (live is None or name in live))
+
     trips = []
     seen: set[str] = set()
     for start in sorted(hosts):
